@@ -1,0 +1,485 @@
+"""One typed config tree for every brisk command.
+
+A run is described by a YAML file plus ``key.sub=value`` overrides. Every key is checked against the
+dataclasses below: an unknown key, a value of the wrong type or a missing file is a ``ConfigError`` that
+names the key and says how to fix it. Relative paths in a YAML file are resolved against that file's folder,
+relative paths given on the command line against the current directory. The resolved config is saved in
+the run folder and in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config key, type or path is wrong; the message names it."""
+
+
+# ----------------------------------------------------------------------------------------------- model
+@dataclass
+class FrontendConfig:
+    """Kaldi fbank + low-frame-rate stacking, as FunASR's WavFrontend computes it."""
+
+    fs: int = 16000
+    n_mels: int = 80
+    frame_length: float = 25.0  # ms
+    frame_shift: float = 10.0  # ms
+    window: str = "hamming"
+    lfr_m: int = 7
+    lfr_n: int = 6
+    dither: float = 1.0  # FunASR's default; 0 makes features deterministic (needed by speed.encoder_cache)
+    cmvn_file: str | None = None
+    upscale_samples: bool = True  # FunASR scales [-1, 1] audio to the int16 range before fbank
+
+    def __post_init__(self):
+        if self.window not in ("hamming", "hanning", "povey", "rectangular", "blackman"):
+            raise ConfigError(f"model.frontend.window={self.window!r}: use hamming, hanning, povey, rectangular or blackman")
+
+
+@dataclass
+class EncoderConfig:
+    """SANM audio encoder (FunASR's SenseVoiceEncoderSmall)."""
+
+    output_size: int = 512
+    attention_heads: int = 4
+    linear_units: int = 2048
+    num_blocks: int = 50
+    tp_blocks: int = 20
+    kernel_size: int = 11
+    sanm_shift: int = 0
+    dropout_rate: float = 0.1
+    attention_dropout_rate: float = 0.0
+    freeze: bool = True
+
+
+@dataclass
+class AdaptorConfig:
+    """Transformer adaptor between the encoder and the LLM."""
+
+    downsample_rate: int = 1
+    ffn_dim: int = 2048
+    n_layer: int = 2
+    attention_heads: int = 8
+    dropout_rate: float = 0.0
+    use_low_frame_rate: bool = True  # only the first ~L/8 adaptor outputs reach the LLM
+    freeze: bool = True
+
+
+@dataclass
+class CTCConfig:
+    """Optional CTC branch (FunASR's ctc_decoder + ctc). Built for checkpoint compatibility; not in the loss."""
+
+    enabled: bool = False
+    n_layer: int = 5
+    ffn_dim: int = 2048
+    dim: int = 512
+    downsample_rate: int = 1
+    vocab_size: int = 60515
+    freeze: bool = False
+
+
+@dataclass
+class LLMConfig:
+    """The decoder: any transformers causal LM, from a local folder or an inline config."""
+
+    path: str | None = None  # local folder with config.json (and tokenizer, and optionally weights)
+    config: dict = field(default_factory=dict)  # inline transformers config when path is None, else overrides
+    dtype: str = "fp32"  # fp32 | bf16 (bf16 runs under autocast, as FunASR does)
+    freeze: bool = False
+    load_weights: bool = True  # load *.safetensors from path when present (a FunASR model.pt overrides them)
+
+    def __post_init__(self):
+        if self.dtype not in ("fp32", "bf16"):
+            raise ConfigError(f"model.llm.dtype={self.dtype!r}: use fp32 or bf16")
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = None  # a FunASR model folder (config.yaml, model.pt, the LLM folder); overrides sizes
+    init: str | None = None  # weights to start from: FunASR model.pt, brisk checkpoint, or .safetensors
+    seed: int = 0  # seed of the random initialisation (before any weights are loaded)
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    adaptor: AdaptorConfig = field(default_factory=AdaptorConfig)
+    ctc: CTCConfig = field(default_factory=CTCConfig)
+    llm: LLMConfig = field(default_factory=LLMConfig)
+
+
+# ------------------------------------------------------------------------------------------------ data
+@dataclass
+class DataConfig:
+    train: str | None = None  # FunASR jsonl
+    valid: str | None = None
+    tokenizer: str | None = None  # a tokenizer folder; defaults to model.llm.path
+    profile: str | None = None  # a length profile (speech_length/text_length jsonl) for synthetic batches
+    batch_tokens: int = 6000  # budget on padded (speech_length + text_length), FunASR's batch_size
+    max_utts: int = 10  # utterances a batch at most
+    sort_size: int = 1024  # utterances sorted by length together before batching
+    shuffle: bool = True
+    num_workers: int = 2
+    pin_memory: bool = True
+    max_speech_length: int = 8000  # 10 ms frames; longer utterances are bad input
+    max_text_length: int = 2048  # tokens
+    max_token_length: int = 1500  # LLM tokens of one utterance's prompt + answer
+    skip_bad: bool = False  # skip (and count) malformed lines and unreadable audio instead of stopping
+    sys_prompt: bool = True  # FunASR dataset_conf.sys_prompt
+    do_think: bool = True  # FunASR dataset_conf.do_think: False appends an empty <think></think>
+    multiturn_max: int = 5
+
+    def __post_init__(self):
+        for k in ("batch_tokens", "max_utts", "sort_size"):
+            if getattr(self, k) < 1:
+                raise ConfigError(f"data.{k}={getattr(self, k)}: must be at least 1")
+
+
+# ------------------------------------------------------------------------------------------- training
+@dataclass
+class OptimConfig:
+    lr: float = 2e-4
+    weight_decay: float = 0.01  # torch.optim.AdamW's default, which FunASR inherits
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    warmup_steps: int = 2500  # FunASR's WarmupLR: peak lr at warmup_steps, then ~1/sqrt(step)
+    grad_clip: float = 5.0  # 0 disables clipping (the grad norm is still measured)
+
+
+@dataclass
+class TrainConfig:
+    output_dir: str = "runs/demo"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    seed: int = 1234
+    max_epochs: int = 1
+    max_steps: int = 0  # 0: no limit
+    accum_grad: int = 1
+    log_every: int = 10  # metrics are read from the device (one sync) every log_every steps
+    val_every: int = 0  # steps; 0: only at epoch end
+    save_every: int = 0  # steps; 0: only at epoch end
+    keep_n: int = 3  # keep the n best checkpoints (by keep_metric) plus the latest
+    keep_metric: str = "loss"  # loss | acc (validation)
+    resume: bool = False  # continue from the latest checkpoint in output_dir
+    resume_from: str | None = None  # or from this checkpoint file
+    progress: bool = True
+    tensorboard: bool = True
+    gc_every: int = 0  # >0: freeze+disable Python's GC after step 1 and collect every N steps (tagged)
+    export_safetensors: bool = True  # write model.safetensors + model.pt (FunASR keys) at the end
+
+    def __post_init__(self):
+        if self.keep_metric not in ("loss", "acc"):
+            raise ConfigError(f"train.keep_metric={self.keep_metric!r}: use loss or acc")
+        if self.accum_grad < 1:
+            raise ConfigError("train.accum_grad must be at least 1")
+
+
+@dataclass
+class SpeedConfig:
+    """Opt-in speed switches. Every default is torch's own eager computation."""
+
+    sdpa_backends: list[str] | None = None  # e.g. [flash, efficient, math]; None: torch's own choice
+    compile: bool = False  # torch.compile the LLM decoder (CUDA inputs only)
+    compile_scope: str = "layer"  # layer: each decoder layer; stack: the whole decoder stack
+    compile_dynamic: bool | None = None  # passed to torch.compile; None: automatic dynamic shapes
+    compile_on_error: str = "warn"  # warn: fall back to eager; raise
+    inductor_cache_dir: str | None = None  # persistent Inductor/Triton cache (TORCHINDUCTOR_CACHE_DIR)
+    fused_adamw: bool = False
+    tf32: bool = False  # TF32 matmuls/convolutions for the fp32 parts (process-wide, restored at the end)
+    frozen_eval: bool = False  # frozen modules in eval mode (no dropout), run without autograd
+    packing: bool = False  # one row of tokens per batch, per-utterance positions, varlen attention
+    pack_buckets: list[int] = field(default_factory=lambda: [256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 2048])
+    speech_buckets: list[int] = field(default_factory=lambda: [64, 96, 128, 160, 192, 256, 320, 384, 512])
+    cuda_graph: bool = False  # capture each bucket's whole step once, replay it after
+    encoder_cache: bool = False  # reuse frozen encoder+adaptor outputs per utterance across epochs
+    encoder_dtype: str = "fp32"  # fp32 | bf16: dtype of the frozen encoder and adaptor
+
+    def __post_init__(self):
+        valid = {"flash", "efficient", "math", "cudnn"}
+        if self.sdpa_backends is not None:
+            bad = [b for b in self.sdpa_backends if b not in valid]
+            if bad or not self.sdpa_backends:
+                raise ConfigError(f"speed.sdpa_backends={self.sdpa_backends}: choose from {sorted(valid)}")
+        if self.compile_scope not in ("layer", "stack"):
+            raise ConfigError(f"speed.compile_scope={self.compile_scope!r}: use layer or stack")
+        if self.compile_on_error not in ("warn", "raise"):
+            raise ConfigError(f"speed.compile_on_error={self.compile_on_error!r}: use warn or raise")
+        if self.encoder_dtype not in ("fp32", "bf16"):
+            raise ConfigError(f"speed.encoder_dtype={self.encoder_dtype!r}: use fp32 or bf16")
+        if sorted(self.pack_buckets) != self.pack_buckets or sorted(self.speech_buckets) != self.speech_buckets:
+            raise ConfigError("speed.pack_buckets and speed.speech_buckets must be sorted ascending")
+        if self.cuda_graph and not self.packing:
+            raise ConfigError("speed.cuda_graph needs speed.packing=true: graphs are captured per packed bucket")
+        if self.encoder_cache and not self.frozen_eval:
+            raise ConfigError("speed.encoder_cache needs speed.frozen_eval=true: cached outputs must not depend on dropout")
+
+
+@dataclass
+class DiagnoseConfig:
+    slow_factor: float = 3.0  # a step over slow_factor x the running median is explained at once
+    warmup_steps: int = 3  # steps before the detector starts judging
+    window: int = 50  # steps in the running median
+    report: bool = True  # write the report (plots + markdown) at the end of `brisk train`
+
+
+@dataclass
+class ProbeConfig:
+    enabled: bool = False
+    param_norm_steps: list[int] = field(default_factory=lambda: [1, 2, 10, 50, 100, 200, 300, 500, 1000])
+
+
+@dataclass
+class BenchArm:
+    name: str = "arm"
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BenchConfig:
+    arms: list[BenchArm] = field(default_factory=list)
+    runs: int = 2  # runs an arm, interleaved A B A B
+    steps: int = 40  # timed steps a run
+    warmup: int = 5  # steps a run before timing (shape plans, compile)
+    batches: int = 0  # distinct batches in the stream (0: steps + warmup)
+    profile_steps: int = 3  # steps under torch.profiler for the launch count
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
+    diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# Keys that hold file or folder paths, resolved against the folder of the YAML file they appear in.
+PATH_KEYS = {
+    "model.path", "model.init", "model.frontend.cmvn_file", "model.llm.path",
+    "data.train", "data.valid", "data.tokenizer", "data.profile",
+    "train.output_dir", "train.resume_from", "speed.inductor_cache_dir",
+}
+# Paths that must exist when given (outputs and caches are created).
+MUST_EXIST = PATH_KEYS - {"train.output_dir", "speed.inductor_cache_dir"}
+
+
+# ------------------------------------------------------------------------------------------- loading
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check (and gently convert) ``value`` against the annotation ``tp``; raise naming ``key``."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}: got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} keys, got {value!r}")
+        return build(tp, value, key)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if isinstance(value, (tuple, list)):
+            return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+        raise ConfigError(f"{key}: expected a list, got {value!r} (write it as [a, b, c])")
+    if tp is dict or origin is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    if tp is Any:
+        return value
+    raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")
+
+
+def build(cls, data: dict, prefix: str = ""):
+    """Build dataclass ``cls`` from a dict, refusing unknown keys."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(
+            f"unknown config key {where}{unknown[0]}; valid keys under {prefix or 'the top level'}: {', '.join(sorted(names))}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else name
+        kwargs[name] = _coerce(value, hints[name], key)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except TypeError as e:  # pragma: no cover - dataclass signature errors
+        raise ConfigError(f"{prefix}: {e}") from e
+
+
+def _known_path(key: str) -> bool:
+    """Is ``key`` (dotted) a valid leaf or node of Config? Free-form dicts accept any sub-key."""
+    cls: Any = Config
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if not dataclasses.is_dataclass(cls):
+            return False
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            return False
+        tp = hints[part]
+        if tp is dict:
+            return True  # e.g. model.llm.config.hidden_size
+        cls = tp
+    return True
+
+
+def _set_dotted(tree: dict, key: str, value: Any) -> None:
+    node = tree
+    parts = key.split(".")
+    for p in parts[:-1]:
+        if not isinstance(node.get(p), dict):
+            node[p] = {}
+        node = node[p]
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not key=value (for example train.max_steps=100)")
+    key, raw = text.split("=", 1)
+    key = key.strip().lstrip("+")
+    if not _known_path(key):
+        parent = key.rsplit(".", 1)[0] if "." in key else ""
+        raise ConfigError(f"unknown config key {key} (from override {text!r}); see `brisk train --help-config`"
+                          + (f" for the keys under {parent}" if parent else ""))
+    value = yaml.safe_load(raw) if raw.strip() else None
+    return key, value
+
+
+def _resolve_paths(tree: dict, base: Path, keys: set[str]) -> None:
+    for key in keys:
+        node = tree
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.get(p) if isinstance(node, dict) else None
+            if node is None:
+                break
+        if isinstance(node, dict) and isinstance(node.get(parts[-1]), str):
+            p = Path(node[parts[-1]]).expanduser()
+            node[parts[-1]] = str(p if p.is_absolute() else (base / p).resolve())
+
+
+def _flatten(tree: dict, prefix: str = "") -> set[str]:
+    out = set()
+    for k, v in tree.items():
+        key = f"{prefix}.{k}" if prefix else k
+        out.add(key)
+        if isinstance(v, dict):
+            out |= _flatten(v, key)
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, check_paths: bool = True) -> Config:
+    """YAML file (optional) + dotted overrides -> a checked ``Config``."""
+    tree: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from e
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections (model, data, train, ...)")
+        _resolve_paths(tree, path.parent.resolve(), PATH_KEYS & _flatten(tree))
+    cli: dict = {}
+    for text in overrides or []:
+        key, value = parse_override(text)
+        _set_dotted(cli, key, value)
+    _resolve_paths(cli, Path.cwd(), PATH_KEYS & _flatten(cli))
+    merged = _merge(tree, cli)
+    folder = (merged.get("model") or {}).get("path")
+    if folder:  # a FunASR model folder supplies the sizes; keys set here win over it
+        from .models.build import funasr_folder_config
+
+        merged = _merge({"model": funasr_folder_config(folder)}, merged)
+    cfg = build(Config, merged)
+    if check_paths:
+        check_files(cfg)
+    return cfg
+
+
+def _merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "config":
+            out[k] = _merge(out[k], v)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):  # llm.config: merge free-form keys too
+            out[k] = {**out[k], **v}
+        else:
+            out[k] = v
+    return out
+
+
+def get_dotted(cfg: Any, key: str) -> Any:
+    node = cfg
+    for part in key.split("."):
+        node = node[part] if isinstance(node, dict) else getattr(node, part)
+    return node
+
+
+def check_files(cfg: Config) -> None:
+    for key in sorted(MUST_EXIST):
+        value = get_dotted(cfg, key)
+        if value is not None and not Path(value).exists():
+            raise ConfigError(f"{key}: {value} does not exist")
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8")
+
+
+def config_from_dict(tree: dict) -> Config:
+    """Rebuild a Config saved by ``save_config`` or stored in a checkpoint."""
+    return build(Config, tree)

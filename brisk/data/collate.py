@@ -1,0 +1,130 @@
+"""Samples -> Batch, padded (FunASR's layout) or packed (one row, varlen attention, bucketed length)."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from .batch import Batch
+from .dataset import Sample
+
+
+def bucket(n: int, buckets: list[int]) -> int:
+    """The smallest bucket >= n; past the largest, the next multiple of the largest bucket."""
+    if not buckets:
+        return n
+    i = bisect.bisect_left(buckets, n)
+    if i < len(buckets):
+        return buckets[i]
+    top = buckets[-1]
+    return -(-n // top) * top
+
+
+def _counts(good: list[Sample]) -> list[int]:
+    return [sum(n for _, n in s.tokens.audio_slots) for s in good]
+
+
+@dataclass
+class Collator:
+    """Picklable collate_fn for DataLoader workers.
+
+    packed: one row per batch, padded up to a ``token_buckets`` length. For static shapes (CUDA graphs)
+    also pad the speech to ``speech_buckets`` frames and ``pad_utts`` segments, the audio slots to the row
+    length, and cu_seqlens to ``pad_utts + 2`` entries.
+    """
+
+    packed: bool = False
+    token_buckets: tuple[int, ...] = ()
+    speech_buckets: tuple[int, ...] = ()
+    pad_utts: int = 0  # 0: no padding of the utterance count
+    static: bool = False
+
+    def __call__(self, samples: list[Sample]) -> Batch | None:
+        bad = [s.error for s in samples if s.error]
+        good = [s for s in samples if not s.error]
+        if not good:
+            return Batch(*(torch.zeros(0, dtype=torch.long) for _ in range(5)), bad=bad, n_utts=0)
+        batch = self._packed(good) if self.packed else self._padded(good)
+        batch.bad = bad
+        return batch
+
+    # ----------------------------------------------------------------------------------- speech side
+    def _speech(self, good: list[Sample]):
+        feats = [f for s in good for f in s.feats]
+        lengths = torch.tensor([f.shape[0] for f in feats], dtype=torch.long)
+        speech = pad_sequence(feats, batch_first=True)  # [N, F, D]
+        if self.static:
+            frames = bucket(speech.shape[1], list(self.speech_buckets))
+            n = max(self.pad_utts, speech.shape[0])
+            pad = speech.new_zeros(n, frames, speech.shape[2])
+            pad[: speech.shape[0], : speech.shape[1]] = speech
+            # Padding segments get one (zero) frame so that no attention row is empty.
+            lengths = torch.cat([lengths, torch.ones(n - len(feats), dtype=torch.long)])
+            speech = pad
+        return speech, lengths, int(sum(f.shape[0] for f in feats))
+
+    @staticmethod
+    def _slots(good: list[Sample], row_offsets: list[int]):
+        utt, frame, pos = [], [], []
+        seg = 0
+        for s, off in zip(good, row_offsets):
+            for beg, n in s.tokens.audio_slots:
+                utt += [seg] * n
+                frame += range(n)
+                pos += range(off + beg, off + beg + n)
+                seg += 1
+        return utt, frame, pos
+
+    # ---------------------------------------------------------------------------------------- padded
+    def _padded(self, good: list[Sample]) -> Batch:
+        t = max(len(s.tokens.input_ids) for s in good)
+        b = len(good)
+        ids = torch.zeros(b, t, dtype=torch.long)
+        labels = torch.full((b, t), -100, dtype=torch.long)
+        mask = torch.zeros(b, t, dtype=torch.long)
+        for i, s in enumerate(good):
+            n = len(s.tokens.input_ids)
+            ids[i, :n] = torch.tensor(s.tokens.input_ids)
+            labels[i, :n] = torch.tensor(s.tokens.labels)
+            mask[i, :n] = 1
+        speech, lengths, frames = self._speech(good)
+        utt, frame, pos = self._slots(good, [i * t for i in range(b)])
+        return Batch(ids, labels, torch.tensor(utt, dtype=torch.long), torch.tensor(frame, dtype=torch.long),
+                     torch.tensor(pos, dtype=torch.long), speech, lengths, attention_mask=mask,
+                     layout="padded", keys=[s.key for s in good], slot_counts=_counts(good), n_utts=b, n_tokens=int(mask.sum()),
+                     n_label_tokens=int((labels[:, 1:] != -100).sum()), speech_frames=frames)
+
+    # ---------------------------------------------------------------------------------------- packed
+    def _packed(self, good: list[Sample]) -> Batch:
+        lens = [len(s.tokens.input_ids) for s in good]
+        total = sum(lens)
+        t = bucket(total, list(self.token_buckets))
+        ids = torch.zeros(1, t, dtype=torch.long)
+        labels = torch.full((1, t), -100, dtype=torch.long)
+        pos_ids = torch.zeros(1, t, dtype=torch.long)
+        offsets, off = [], 0
+        for s, n in zip(good, lens):
+            if s.tokens.labels[0] != -100:  # the shifted loss relies on it: no target crosses utterances
+                raise ValueError(f"{s.key}: the first token of an utterance must carry no label")
+            ids[0, off:off + n] = torch.tensor(s.tokens.input_ids)
+            labels[0, off:off + n] = torch.tensor(s.tokens.labels)
+            pos_ids[0, off:off + n] = torch.arange(n)
+            offsets.append(off)
+            off += n
+        pos_ids[0, total:] = torch.arange(t - total)  # the padding tail is a sequence of its own
+        cu = [0] + [sum(lens[: i + 1]) for i in range(len(lens))] + [t]
+        if self.static:
+            cu += [t] * (self.pad_utts + 2 - len(cu))  # empty sequences keep cu_seqlens' length fixed
+        speech, lengths, frames = self._speech(good)
+        utt, frame, pos = self._slots(good, offsets)
+        if self.static:  # a fixed number of audio slots; the extra ones write to the scratch row (t)
+            extra = t - len(pos)
+            utt, frame, pos = utt + [0] * extra, frame + [0] * extra, pos + [t] * extra
+        return Batch(ids, labels, torch.tensor(utt, dtype=torch.long), torch.tensor(frame, dtype=torch.long),
+                     torch.tensor(pos, dtype=torch.long), speech, lengths, position_ids=pos_ids,
+                     cu_seqlens=torch.tensor(cu, dtype=torch.int32), max_seqlen=t if self.static else max(max(lens), t - total),
+                     layout="packed", keys=[s.key for s in good], slot_counts=_counts(good), n_utts=len(good), n_tokens=total,
+                     n_label_tokens=int((labels[:, 1:] != -100).sum()), speech_frames=frames)

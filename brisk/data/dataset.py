@@ -1,0 +1,133 @@
+"""Datasets that turn an utterance index into samples: features + prompt tokens.
+
+Indices arrive as (index, epoch) pairs from the batch sampler, so the per-sample randomness (FunASR's
+fbank dither) is seeded by (seed, epoch, index): identical on every run and after a resume, whichever
+worker computes it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import FrontendConfig
+from ..models.speech_llm import audio_token_count
+from .audio import AudioError, read_audio
+from .features import Frontend
+from .jsonl import DataError, Utterance
+from .prompt import PromptBuilder, Tokens
+
+
+@dataclass
+class Sample:
+    key: str
+    feats: list[torch.Tensor] = field(default_factory=list)  # one [F, D] per audio reference
+    tokens: Tokens | None = None
+    error: str | None = None  # set (and the rest empty) for a bad sample under skip_bad
+
+    @property
+    def source_len(self) -> int:
+        return sum(f.shape[0] for f in self.feats) + len(self.tokens.input_ids if self.tokens else [])
+
+
+def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed((seed * 1_000_003 + epoch) * 10_000_019 + index)
+    return g
+
+
+class SpeechDataset(torch.utils.data.Dataset):
+    def __init__(self, utterances: list[Utterance], frontend: FrontendConfig, builder: PromptBuilder, *,
+                 seed: int, skip_bad: bool, max_speech_length: int):
+        self.utts = utterances
+        self.frontend = Frontend(frontend)
+        self.builder = builder
+        self.seed, self.skip_bad = seed, skip_bad
+        self.max_lfr = math.ceil(max_speech_length / frontend.lfr_n)
+
+    def __len__(self) -> int:
+        return len(self.utts)
+
+    def lengths(self) -> list[int]:
+        return [u.source_len for u in self.utts]
+
+    def __getitem__(self, item: tuple[int, int] | int) -> Sample:
+        index, epoch = item if isinstance(item, tuple) else (item, 0)
+        utt = self.utts[index]
+        try:
+            return self._load(utt, sample_generator(self.seed, epoch, index))
+        except (AudioError, DataError) as e:
+            message = f"{utt.source}: {e}" if not str(e).startswith(utt.source) else str(e)
+            if not self.skip_bad:
+                raise DataError(f"{message} (set data.skip_bad=true to skip and count such samples)") from None
+            return Sample(utt.key, error=message)
+
+    def _load(self, utt: Utterance, gen: torch.Generator) -> Sample:
+        feats = []
+        for path in utt.audio_paths():
+            wave = read_audio(path, self.frontend.cfg.fs)
+            f = self.frontend(wave, gen)
+            if f.shape[0] == 0:
+                raise AudioError(f"audio file {path} is shorter than one frame ({wave.numel()} samples)")
+            if f.shape[0] > self.max_lfr:
+                raise DataError(f"audio file {path} gives {f.shape[0]} LFR frames, over the cap from data.max_speech_length")
+            feats.append(f)
+        tokens = self.builder.build(utt, [f.shape[0] for f in feats])
+        return Sample(utt.key, feats[: len(tokens.audio_slots)], tokens)
+
+
+class SyntheticDataset(torch.utils.data.Dataset):
+    """Batches with the shapes of real data and random content, from a length profile.
+
+    Each row of the profile gives speech_length (10 ms frames) and text_length (tokens); a sample gets
+    random LFR features of the matching length and a prompt of FunASR's token layout (about 17 system +
+    user tokens, the audio slots, 5 tokens to open the answer, the text and <|im_end|>). For benchmarks
+    and GPU runs that need no audio files or tokenizer.
+    """
+
+    PREFIX, SUFFIX = 17, 5
+
+    def __init__(self, rows: list[tuple[int, int]], feat_dim: int, vocab_size: int, lfr_n: int = 6, seed: int = 0,
+                 use_low_frame_rate: bool = True):
+        self.rows, self.feat_dim, self.vocab, self.lfr_n, self.seed = rows, feat_dim, vocab_size, lfr_n, seed
+        self.low_frame_rate = use_low_frame_rate
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def lengths(self) -> list[int]:
+        return [s + t for s, t in self.rows]
+
+    def __getitem__(self, item: tuple[int, int] | int) -> Sample:
+        index, _ = item if isinstance(item, tuple) else (item, 0)
+        speech_length, text_length = self.rows[index]
+        g = sample_generator(self.seed, 0, index)
+        frames = max(1, math.ceil(speech_length / self.lfr_n))
+        feats = torch.randn(frames, self.feat_dim, generator=g)
+        n_audio = audio_token_count(frames, self.low_frame_rate)
+        rand = lambda n: torch.randint(1, self.vocab, (n,), generator=g).tolist()  # noqa: E731
+        prompt = rand(self.PREFIX) + [0] * n_audio + rand(self.SUFFIX)
+        target = rand(text_length + 1)
+        tokens = Tokens(prompt + target, [-100] * len(prompt) + target, [(self.PREFIX, n_audio)], ["<synthetic>"])
+        return Sample(f"synthetic_{index}", [feats], tokens)
+
+
+def read_profile(path: str) -> list[tuple[int, int]]:
+    """A length profile: jsonl rows with speech_length and text_length (a FunASR jsonl works too)."""
+    import json
+
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                rows.append((int(obj["speech_length"]), int(obj["text_length"])))
+            except (ValueError, KeyError, TypeError) as e:
+                raise DataError(f"{path}:{n}: a profile row needs speech_length and text_length ({e})") from None
+    if not rows:
+        raise DataError(f"{path}: empty length profile")
+    return rows

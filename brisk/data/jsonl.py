@@ -1,0 +1,146 @@
+"""FunASR-format jsonl: one utterance (a short chat) a line.
+
+    {"messages": [{"role": "system", "content": "You are a helpful assistant."},
+                  {"role": "user", "content": "语音转写：<|startofspeech|>!/path/a.wav<|endofspeech|>"},
+                  {"role": "assistant", "content": "transcript"}],
+     "speech_length": 433, "text_length": 12, "key": "utt1"}
+
+speech_length counts 10 ms frames, text_length tokens (FunASR's scp2jsonl writes both). Relative audio
+paths are resolved against the jsonl file's folder, so a data set can move as a whole. Every problem is
+reported with the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("brisk")
+
+SPEECH = re.compile(r"<\|startofspeech\|>(.*?)<\|endofspeech\|>")
+
+
+class DataError(ValueError):
+    """A data problem; the message names the file and line."""
+
+
+@dataclass
+class Utterance:
+    key: str
+    source: str  # "file:line", for messages
+    system: list[str]
+    user: list[str]  # user turns, audio references resolved to absolute paths
+    assistant: list[str]
+    prev_content: list[str | None]  # FunASR's optional assistant "prev_content" per turn
+    speech_length: int  # 10 ms frames
+    text_length: int
+
+    @property
+    def source_len(self) -> int:
+        """The batching length FunASR uses: speech frames + text tokens."""
+        return self.speech_length + self.text_length
+
+    def audio_paths(self) -> list[str]:
+        out = []
+        for turn in self.user:
+            out += [m[1:] for m in SPEECH.findall(turn) if m.startswith("!")]
+        return out
+
+
+@dataclass
+class JsonlIndex:
+    utterances: list[Utterance]
+    skipped: list[str] = field(default_factory=list)  # "file:line: reason" under skip_bad
+
+
+def _resolve(turn: str, base: Path) -> str:
+    def fix(m: re.Match) -> str:
+        ref = m.group(1)
+        if ref.startswith("!") and not ref.startswith("!!"):
+            p = Path(ref[1:]).expanduser()
+            if not p.is_absolute():
+                p = base / p
+            return f"<|startofspeech|>!{p}<|endofspeech|>"
+        return m.group(0)
+
+    return SPEECH.sub(fix, turn)
+
+
+def parse_line(text: str, where: str, base: Path) -> Utterance:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):
+        raise DataError(f"{where}: expected an object with a 'messages' list")
+    system, user, assistant, prev = [], [], [], []
+    for i, msg in enumerate(obj["messages"]):
+        if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
+            raise DataError(f"{where}: messages[{i}] needs 'role' and 'content'")
+        role, content = msg["role"], msg["content"]
+        if not isinstance(content, str):
+            raise DataError(f"{where}: messages[{i}].content must be a string")
+        if role == "system":
+            system.append(content)
+        elif role == "user":
+            user.append(_resolve(content, base))
+        elif role == "assistant":
+            assistant.append(content)
+            prev.append(msg.get("prev_content"))
+        else:
+            raise DataError(f"{where}: messages[{i}] has unknown role {role!r}")
+    if not user or not assistant:
+        raise DataError(f"{where}: needs at least one user and one assistant message")
+    if len(user) != len(assistant):
+        raise DataError(f"{where}: {len(user)} user turns but {len(assistant)} assistant turns")
+    if not any(SPEECH.search(u) for u in user):
+        raise DataError(f"{where}: no <|startofspeech|>!path<|endofspeech|> audio reference in a user turn")
+
+    def length(name: str) -> int:
+        v = obj.get(name, 0)
+        v = v[0] if isinstance(v, (list, tuple)) and v else v
+        try:
+            return int(v)
+        except (TypeError, ValueError):
+            raise DataError(f"{where}: {name}={v!r} is not a number") from None
+
+    # FunASR repeats one system prompt for every turn and supplies a default one.
+    system = (system or ["You are a helpful assistant."]) * len(user) if len(system) <= 1 else system
+    key = obj.get("key", where)
+    key = key[0] if isinstance(key, (list, tuple)) else key
+    return Utterance(str(key), where, system, user, assistant, prev, length("speech_length"), length("text_length"))
+
+
+def read_jsonl(path: str | Path, *, max_speech_length: int, max_text_length: int, skip_bad: bool) -> JsonlIndex:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data file {path} does not exist")
+    index = JsonlIndex([])
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{n}"
+            try:
+                utt = parse_line(line, where, path.parent)
+                if utt.speech_length <= 0:
+                    raise DataError(f"{where}: speech_length={utt.speech_length}: zero-length audio")
+                if utt.speech_length > max_speech_length:
+                    raise DataError(f"{where}: speech_length={utt.speech_length} frames is over the cap "
+                                    f"data.max_speech_length={max_speech_length}")
+                if utt.text_length > max_text_length:
+                    raise DataError(f"{where}: text_length={utt.text_length} is over data.max_text_length={max_text_length}")
+            except DataError as e:
+                if not skip_bad:
+                    raise DataError(f"{e} (set data.skip_bad=true to skip and count such lines)") from None
+                index.skipped.append(str(e))
+                continue
+            index.utterances.append(utt)
+    if not index.utterances:
+        raise DataError(f"{path}: no usable utterances")
+    if index.skipped:
+        log.warning("%s: skipped %d bad lines (data.skip_bad=true), first: %s", path, len(index.skipped), index.skipped[0])
+    return index

@@ -1,0 +1,69 @@
+"""Datasets, samplers and DataLoaders for a run, from the config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import Config, ConfigError
+from .collate import Collator
+from .dataset import SpeechDataset, SyntheticDataset, read_profile
+from .jsonl import read_jsonl
+from .prompt import PromptBuilder
+from .sampler import TokenBatchSampler
+
+
+def load_tokenizer(cfg: Config):
+    from transformers import AutoTokenizer
+
+    path = cfg.data.tokenizer or cfg.model.llm.path
+    if not path:
+        raise ConfigError("data.tokenizer: give a local tokenizer folder (or model.llm.path that holds one)")
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+@dataclass
+class Split:
+    dataset: torch.utils.data.Dataset
+    sampler: TokenBatchSampler
+    loader: torch.utils.data.DataLoader
+    skipped_lines: list[str]
+
+
+def build_split(cfg: Config, which: str, collator: Collator, vocab_size: int, rank: int = 0, world: int = 1,
+                tokenizer=None) -> Split | None:
+    d = cfg.data
+    path = d.train if which == "train" else d.valid
+    skipped: list[str] = []
+    if path:
+        index = read_jsonl(path, max_speech_length=d.max_speech_length, max_text_length=d.max_text_length,
+                           skip_bad=d.skip_bad)
+        skipped = index.skipped
+        builder = PromptBuilder(tokenizer if tokenizer is not None else load_tokenizer(cfg), sys_prompt=d.sys_prompt,
+                                do_think=d.do_think, multiturn_max=d.multiturn_max, max_token_length=d.max_token_length,
+                                use_low_frame_rate=cfg.model.adaptor.use_low_frame_rate)
+        dataset = SpeechDataset(index.utterances, cfg.model.frontend, builder, seed=cfg.train.seed,
+                                skip_bad=d.skip_bad, max_speech_length=d.max_speech_length)
+    elif which == "train" and d.profile:
+        fe = cfg.model.frontend
+        dataset = SyntheticDataset(read_profile(d.profile), fe.n_mels * fe.lfr_m, vocab_size, fe.lfr_n,
+                                   seed=cfg.train.seed, use_low_frame_rate=cfg.model.adaptor.use_low_frame_rate)
+    else:
+        if which == "train":
+            raise ConfigError("data.train: give a FunASR jsonl (or data.profile for synthetic batches)")
+        return None
+    sampler = TokenBatchSampler(dataset.lengths(), batch_tokens=d.batch_tokens, max_utts=d.max_utts,
+                                sort_size=d.sort_size, shuffle=d.shuffle and which == "train", seed=cfg.train.seed,
+                                rank=rank, world_size=world)
+    # Our own generator: the loader then draws its worker seeds from it, not from torch's global RNG,
+    # so dropout randomness in the model is the same with or without a resume.
+    gen = torch.Generator()
+    gen.manual_seed(cfg.train.seed)
+    workers = d.num_workers
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_sampler=sampler, collate_fn=collator, num_workers=workers,
+        pin_memory=d.pin_memory and torch.cuda.is_available(), generator=gen,
+        prefetch_factor=4 if workers else None, persistent_workers=workers > 0,
+    )
+    return Split(dataset, sampler, loader, skipped)

@@ -1,0 +1,105 @@
+"""The acceleration state of a run, in one line at start and in accel.json in the run folder.
+
+Also the cuDNN-SDPA plan-build check: on sm_90/sm_100 with a torch that puts cuDNN first in the SDPA order,
+an attention call with an explicit (padding) mask goes to cuDNN, which builds an execution plan for every
+new (batch, length) shape, ~0.5 s in forward and ~0.5 s in backward.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ..config import Config
+from ..speed.flags import backend_flags
+
+_SDP_NAMES = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
+
+
+def sdpa_order() -> list[str]:
+    try:
+        return [_SDP_NAMES.get(int(i), str(i)) for i in torch._C._get_sdp_priority_order()]
+    except Exception:  # pragma: no cover - older torch
+        return []
+
+
+def cudnn_first(order: list[str] | None = None) -> bool:
+    """Would cuDNN win the SDPA dispatch (it is enabled and ahead of flash/efficient)?"""
+    order = sdpa_order() if order is None else order
+    if not torch.backends.cuda.cudnn_sdp_enabled() or "cudnn" not in order:
+        return False
+    i = order.index("cudnn")
+    return all(order.index(b) > i for b in ("flash", "efficient") if b in order)
+
+
+def plan_build_trap(device: torch.device, cfg: Config) -> str | None:
+    """Why first-seen shapes would build cuDNN plans in this run, or None if they cannot."""
+    if device.type != "cuda":
+        return None
+    major, _ = torch.cuda.get_device_capability(device)
+    if major not in (9, 10):
+        return None
+    if cfg.speed.packing and not cfg.speed.sdpa_backends:
+        return None  # packed rows use varlen attention, no padded-mask SDPA call
+    if cfg.speed.sdpa_backends and "cudnn" not in cfg.speed.sdpa_backends:
+        return None
+    if os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED") == "1" or not cudnn_first():
+        return None
+    return (f"sm_{major}x with cuDNN first in the SDPA order ({', '.join(sdpa_order())}): the LLM's padded-mask "
+            "attention goes to cuDNN, which builds an execution plan for every new (batch, length) shape, "
+            "~0.5 s forward + ~0.5 s backward. Fix: speed.sdpa_backends=[flash,efficient,math] "
+            "or TORCH_CUDNN_SDPA_DEPRIORITIZED=1 in the environment")
+
+
+def acceleration_state(cfg: Config, device: torch.device) -> dict:
+    state = {
+        "device": str(device),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "speed": asdict(cfg.speed),
+        "llm_dtype": cfg.model.llm.dtype,
+        "encoder_dtype": cfg.speed.encoder_dtype,
+        "flags": backend_flags(),
+        "sdpa_order": sdpa_order(),
+        "env": {k: os.environ[k] for k in ("TORCH_CUDNN_SDPA_DEPRIORITIZED", "TORCHINDUCTOR_CACHE_DIR",
+                                            "PYTORCH_CUDA_ALLOC_CONF", "OMP_NUM_THREADS") if k in os.environ},
+    }
+    try:
+        import transformers
+
+        state["transformers"] = transformers.__version__
+    except Exception:  # pragma: no cover
+        pass
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        state.update(gpu=p.name, capability=f"sm_{p.major}{p.minor}", cuda=torch.version.cuda,
+                     cudnn=torch.backends.cudnn.version())
+    else:
+        state["threads"] = torch.get_num_threads()
+    state["plan_build_trap"] = plan_build_trap(device, cfg)
+    return state
+
+
+def one_line(state: dict) -> str:
+    s = state["speed"]
+    on = [k for k in ("compile", "fused_adamw", "tf32", "frozen_eval", "packing", "cuda_graph", "encoder_cache") if s[k]]
+    parts = [
+        f"device={state.get('gpu', state['device'])}" + (f" ({state['capability']})" if "capability" in state else ""),
+        f"torch={state['torch']}" + (f" cuda={state['cuda']} cudnn={state['cudnn']}" if "cuda" in state else ""),
+        f"llm={state['llm_dtype']} encoder={state['encoder_dtype']}",
+        f"switches={','.join(on) or 'none (eager defaults)'}",
+        f"sdpa_backends={s['sdpa_backends'] or 'torch default'} order={'>'.join(state['sdpa_order'])}",
+        f"tf32={state['flags']['matmul.allow_tf32']}",
+    ]
+    if s["compile"]:
+        parts.append(f"compile=scope:{s['compile_scope']},dynamic:{s['compile_dynamic']}")
+    return "acceleration: " + " | ".join(parts)
+
+
+def write_state(state: dict, run_dir: Path) -> None:
+    (run_dir / "accel.json").write_text(json.dumps(state, indent=2, default=str), encoding="utf-8")

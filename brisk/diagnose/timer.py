@@ -1,0 +1,136 @@
+"""Step timer: data wait, forward, backward, optimizer and total time of every step, with its batch shape.
+
+On a GPU the phases are CUDA events recorded at the phase ends (no sync inside the step) and read back a
+couple of steps later; on the CPU they are clock readings. The step's time on a GPU is the device's span
+from the step's first to its last event: host stalls inside the step (a cuDNN plan build, a compile) show
+up as idle device time inside that span, while the host running ahead of the device does not. Data wait,
+and work between steps (validation, checkpoints, garbage collection), are host clock readings added to it.
+One JSON line a step goes to steps.jsonl in the run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from pathlib import Path
+
+import torch
+
+PHASES = ("forward", "backward", "optimizer")
+
+
+class StepTimer:
+    def __init__(self, device: torch.device, path: Path | None = None, lag: int = 2):
+        self.cuda = device.type == "cuda"
+        self.path = path
+        self.file = path.open("a", encoding="utf-8") if path else None
+        self.lag = lag
+        self.pending: deque[dict] = deque()
+        self.current: dict | None = None
+        self.seen_shapes: set = set()
+
+    # ------------------------------------------------------------------------------ inside the loop
+    def _stamp(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def start(self, step: int, epoch: int, batch, data_wait: float, counters: dict) -> None:
+        key = batch.shape_key()
+        self.current = {"step": step, "epoch": epoch, "data": data_wait, "shape": batch.shape,
+                        "new_shape": key not in self.seen_shapes, "events": {}, "marks": [("start", self._stamp())],
+                        "host_start": time.perf_counter(), "counters0": counters}
+        self.seen_shapes.add(key)
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    def mark(self, name: str) -> None:
+        if self.current is not None:
+            self.current["marks"].append((name, self._stamp()))
+
+    def event(self, name: str, seconds: float) -> None:
+        """Work charged to the current step from outside it (validation, checkpoint, gc)."""
+        if self.current is not None:
+            self.current["events"][name] = self.current["events"].get(name, 0.0) + seconds
+
+    def end(self, counters: dict) -> list[dict]:
+        """Close the current step; returns the records that are now complete (older steps on a GPU)."""
+        rec = self.current
+        if rec is None:
+            return []
+        rec["host_end"] = time.perf_counter()
+        rec["counters1"] = counters
+        if self.cuda:
+            rec["mem_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        self.pending.append(rec)
+        self.current = None
+        return self._drain(force=False)
+
+    def flush(self) -> list[dict]:
+        return self._drain(force=True)
+
+    # ------------------------------------------------------------------------------------ read back
+    def _drain(self, force: bool) -> list[dict]:
+        done = []
+        while self.pending and (force or len(self.pending) > self.lag or self._ready(self.pending[0])):
+            done.append(self._finish(self.pending.popleft()))
+        return done
+
+    def _ready(self, rec: dict) -> bool:
+        return not self.cuda or rec["marks"][-1][1].query()
+
+    def _finish(self, rec: dict) -> dict:
+        marks = rec.pop("marks")
+        if self.cuda:
+            marks[-1][1].synchronize()  # an old event: normally long complete, so no real wait
+            span = lambda a, b: a.elapsed_time(b) / 1000.0  # noqa: E731
+        else:
+            span = lambda a, b: b - a  # noqa: E731
+        phases = {p: 0.0 for p in PHASES}
+        for (_, a), (name, b) in zip(marks, marks[1:]):
+            if name in phases:
+                phases[name] += span(a, b)
+        compute = span(marks[0][1], marks[-1][1])
+        extra = sum(rec["events"].values())
+        c0, c1 = rec.pop("counters0"), rec.pop("counters1")
+        out = {
+            "step": rec["step"], "epoch": rec["epoch"],
+            "total": rec["data"] + compute + extra,
+            "data": rec["data"], "compute": compute, **phases,
+            "host": rec["host_end"] - rec["host_start"],
+            "events": rec["events"], "shape": rec["shape"], "new_shape": rec["new_shape"],
+            "compiles": c1.get("graphs", 0) - c0.get("graphs", 0),
+            "gc": c1.get("gc_seconds", 0.0) - c0.get("gc_seconds", 0.0),
+        }
+        if "mem_peak_gb" in rec:
+            out["mem_peak_gb"] = round(rec["mem_peak_gb"], 3)
+        if self.file:
+            self.file.write(json.dumps(out) + "\n")
+            self.file.flush()
+        return out
+
+    def close(self) -> list[dict]:
+        done = self.flush()
+        if self.file:
+            self.file.close()
+            self.file = None
+        return done
+
+
+class RunningMedian:
+    def __init__(self, window: int):
+        self.values: deque[float] = deque(maxlen=window)
+
+    def add(self, v: float) -> None:
+        self.values.append(v)
+
+    @property
+    def value(self) -> float:
+        s = sorted(self.values)
+        n = len(s)
+        if not n:
+            return 0.0
+        return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])

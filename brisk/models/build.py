@@ -1,0 +1,175 @@
+"""Build the speech-LLM from a config, and move weights in and out in FunASR's layout.
+
+Everything is read from local paths; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import yaml
+from torch import nn
+
+from ..config import ConfigError, ModelConfig
+from .speech_llm import SpeechLLM
+
+log = logging.getLogger("brisk")
+
+
+def build_llm(cfg: ModelConfig) -> nn.Module:
+    """A transformers causal LM from a local folder (config.json) or an inline config, random weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    llm = cfg.llm
+    if llm.path:
+        hf_cfg = AutoConfig.from_pretrained(llm.path, local_files_only=True)
+        for k, v in llm.config.items():
+            setattr(hf_cfg, k, v)
+    else:
+        if "model_type" not in llm.config:
+            raise ConfigError("model.llm: give model.llm.path (a local folder) or model.llm.config with a model_type")
+        extra = dict(llm.config)
+        hf_cfg = AutoConfig.for_model(extra.pop("model_type"), **extra)
+    return AutoModelForCausalLM.from_config(hf_cfg)
+
+
+def build_model(cfg: ModelConfig) -> SpeechLLM:
+    torch.manual_seed(cfg.seed)  # the random initialisation is part of the run's definition
+    model = SpeechLLM(cfg, build_llm(cfg))
+    if cfg.llm.path and cfg.llm.load_weights and _has_hf_weights(Path(cfg.llm.path)):
+        _load_hf_llm_weights(model, Path(cfg.llm.path))
+    if cfg.path and (Path(cfg.path) / "model.pt").is_file():
+        load_weights(model, Path(cfg.path) / "model.pt")
+    if cfg.init:
+        load_weights(model, Path(cfg.init))
+    return model
+
+
+def _has_hf_weights(folder: Path) -> bool:
+    return any(folder.glob("*.safetensors"))
+
+
+def _load_hf_llm_weights(model: SpeechLLM, folder: Path) -> None:
+    from safetensors.torch import load_file
+
+    state = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    missing, unexpected = model.llm.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
+    if missing or unexpected:
+        raise RuntimeError(f"{folder}: LLM weights do not match the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    log.info("loaded LLM weights from %s", folder)
+
+
+# ------------------------------------------------------------------------------------------ weights
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """A FunASR model.pt, a brisk checkpoint, or a .safetensors file -> flat state dict."""
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file {path} does not exist")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    obj = torch.load(path, map_location="cpu", weights_only=False)
+    for key in ("state_dict", "model_state_dict", "model"):
+        if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
+            obj = obj[key]
+    return {k.removeprefix("module."): v for k, v in obj.items()}
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    state = read_state_dict(path)
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    # A tied lm_head may be stored once; everything else must match exactly.
+    missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(
+            f"{path}: keys do not match the model built from the config: "
+            f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
+            "Check model.encoder/adaptor/ctc/llm sizes against the checkpoint."
+        )
+    for k, v in state.items():
+        if own[k].shape != v.shape:
+            raise RuntimeError(f"{path}: {k} has shape {tuple(v.shape)}, the model expects {tuple(own[k].shape)}")
+    model.load_state_dict(state, strict=False)
+    log.info("loaded %d tensors from %s", len(state), path)
+
+
+def atomic_save(obj, path: Path) -> None:
+    """torch.save to a temp file in the same folder, fsync, then rename: never a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def export_weights(model: nn.Module, folder: Path) -> list[Path]:
+    """model.pt (FunASR's {"state_dict": ...} layout, loadable by FunASR) and model.safetensors."""
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    pt = folder / "model.pt"
+    atomic_save({"state_dict": state}, pt)
+    st = folder / "model.safetensors"
+    # safetensors refuses shared storage: store the tied lm_head once (loaders re-tie it).
+    shared = {k for k in state if k.endswith("lm_head.weight") and
+              any(o.endswith("embed_tokens.weight") and state[o].data_ptr() == state[k].data_ptr() for o in state)}
+    tmp = folder / ".model.safetensors.tmp"
+    save_file({k: v.clone() for k, v in state.items() if k not in shared}, str(tmp))
+    os.replace(tmp, st)
+    return [pt, st]
+
+
+# ------------------------------------------------------------------------------ FunASR model folder
+def funasr_folder_config(folder: str | Path) -> dict:
+    """Map a FunASR model folder's config.yaml onto brisk's model section (sizes, frontend, LLM path)."""
+    folder = Path(folder)
+    cfg_file = folder / "config.yaml"
+    if not cfg_file.is_file():
+        raise ConfigError(f"model.path={folder}: no config.yaml there (expected a FunASR model folder)")
+    raw = yaml.safe_load(cfg_file.read_text(encoding="utf-8")) or {}
+    out: dict = {}
+    enc = raw.get("audio_encoder_conf") or {}
+    out["encoder"] = {k2: enc[k1] for k1, k2 in [
+        ("output_size", "output_size"), ("attention_heads", "attention_heads"), ("linear_units", "linear_units"),
+        ("num_blocks", "num_blocks"), ("tp_blocks", "tp_blocks"), ("kernel_size", "kernel_size"),
+        ("sanm_shfit", "sanm_shift"), ("dropout_rate", "dropout_rate"),
+        ("attention_dropout_rate", "attention_dropout_rate"), ("freeze", "freeze")] if k1 in enc}
+    ad = raw.get("audio_adaptor_conf") or {}
+    out["adaptor"] = {k: ad[k] for k in ("downsample_rate", "ffn_dim", "n_layer", "attention_heads", "dropout_rate",
+                                          "use_low_frame_rate", "freeze") if k in ad}
+    llm = raw.get("llm_conf") or {}
+    out["llm"] = {}
+    if llm.get("init_param_path"):
+        p = Path(llm["init_param_path"])
+        out["llm"]["path"] = str(p if p.is_absolute() else folder / p)
+    if "llm_dtype" in llm:
+        out["llm"]["dtype"] = {"bfloat16": "bf16", "float32": "fp32"}.get(llm["llm_dtype"], llm["llm_dtype"])
+    if "freeze" in llm:
+        out["llm"]["freeze"] = llm["freeze"]
+    fe = raw.get("frontend_conf") or {}
+    out["frontend"] = {k: fe[k] for k in ("fs", "n_mels", "frame_length", "frame_shift", "window", "lfr_m", "lfr_n",
+                                           "dither") if k in fe}
+    if fe.get("cmvn_file"):
+        out["frontend"]["cmvn_file"] = str(folder / fe["cmvn_file"])
+    if raw.get("ctc_decoder"):
+        cd = raw.get("ctc_decoder_conf") or {}
+        out["ctc"] = {"enabled": True, **{k2: cd[k1] for k1, k2 in [("n_layer", "n_layer"), ("ffn_dim", "ffn_dim"),
+                      ("llm_dim", "dim"), ("downsample_rate", "downsample_rate"), ("freeze", "freeze")] if k1 in cd}}
+        if "ctc_vocab_size" in raw:
+            out["ctc"]["vocab_size"] = raw["ctc_vocab_size"]
+    return out

@@ -1,0 +1,134 @@
+"""The speech-LLM: SANM encoder -> adaptor -> audio frames spliced into a causal LM's input embeddings.
+
+A plain nn.Module with FunASR's FunASRNano parameter layout (``audio_encoder.*``, ``llm.*``,
+``audio_adaptor.*``, optional ``ctc_decoder.*`` and ``ctc.*``), so FunASR checkpoints load with
+``strict=True`` and checkpoints saved here load back into FunASR. It knows nothing of speed switches.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ModelConfig
+from ..data.batch import Batch
+from .adaptor import CTCHead, TransformerAdaptor
+from .sanm import SANMEncoder
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def audio_token_count(lfr_frames: int, use_low_frame_rate: bool = True) -> int:
+    """How many adaptor outputs reach the LLM: ceil(ceil(ceil(L/2)/2)/2) with low frame rate, else L."""
+    if not use_low_frame_rate:
+        return lfr_frames
+    n = lfr_frames
+    for _ in range(3):
+        n = (n - 1) // 2 + 1
+    return n
+
+
+class SpeechLLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, llm: nn.Module):
+        super().__init__()
+        self.cfg = cfg
+        fe = cfg.frontend
+        self.audio_encoder = SANMEncoder(fe.n_mels * fe.lfr_m, cfg.encoder)
+        self.llm = llm.to(DTYPES[cfg.llm.dtype])
+        llm_dim = llm.get_input_embeddings().weight.shape[-1]
+        ad = cfg.adaptor
+        self.audio_adaptor = TransformerAdaptor(
+            cfg.encoder.output_size, llm_dim, ad.ffn_dim, ad.n_layer, ad.attention_heads, ad.downsample_rate, ad.dropout_rate
+        )
+        self.ctc_decoder = self.ctc = None
+        if cfg.ctc.enabled:
+            c = cfg.ctc
+            self.ctc_decoder = TransformerAdaptor(cfg.encoder.output_size, c.dim, c.ffn_dim, c.n_layer, 8, c.downsample_rate)
+            self.ctc = CTCHead(c.dim, c.vocab_size)
+        self.llm_dtype = DTYPES[cfg.llm.dtype]
+        for module, frozen in self.freeze_plan().items():
+            module.requires_grad_(not frozen)
+
+    def freeze_plan(self) -> dict[nn.Module, bool]:
+        plan = {self.audio_encoder: self.cfg.encoder.freeze, self.audio_adaptor: self.cfg.adaptor.freeze,
+                self.llm: self.cfg.llm.freeze}
+        if self.ctc_decoder is not None:
+            plan[self.ctc_decoder] = self.cfg.ctc.freeze
+            plan[self.ctc] = self.cfg.ctc.freeze
+        return plan
+
+    # ------------------------------------------------------------------------------------ audio path
+    def encode_audio(self, speech: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """LFR frames [N, F, 560] -> adaptor outputs [N, F', llm_dim]."""
+        enc, lens = self.audio_encoder(speech, lengths)
+        out, _ = self.audio_adaptor(enc, lens)
+        return out
+
+    def audio_rows(self, batch: Batch) -> torch.Tensor:
+        """The adaptor frames that fill the batch's audio slots, [A, llm_dim]."""
+        adapted = self.encode_audio(batch.speech, batch.speech_lengths)
+        return adapted[batch.audio_utt, batch.audio_frame]
+
+    # ---------------------------------------------------------------------------------- text + LLM
+    def embed(self, batch: Batch, audio_rows: torch.Tensor | None) -> torch.Tensor:
+        emb = self.llm.get_input_embeddings()(batch.input_ids)  # [B, T, D]
+        if audio_rows is None or audio_rows.numel() == 0:
+            return emb
+        b, t, d = emb.shape
+        # One scratch row past the end takes the padding slots (audio_pos == B*T), then is dropped.
+        flat = torch.cat([emb.reshape(b * t, d), emb.new_zeros(1, d)])
+        flat = flat.index_copy(0, batch.audio_pos, audio_rows.to(emb.dtype))
+        return flat[:-1].view(b, t, d)
+
+    def forward(self, batch: Batch, audio_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab]. ``audio_rows`` may be given precomputed (a frozen or cached encoder)."""
+        if audio_rows is None and batch.speech is not None:
+            audio_rows = self.audio_rows(batch)
+        embeds = self.embed(batch, audio_rows)
+        attn_kwargs = {}
+        if batch.layout == "packed":
+            attn_kwargs = dict(cu_seq_lens_q=batch.cu_seqlens, cu_seq_lens_k=batch.cu_seqlens)
+        autocast = (torch.autocast(embeds.device.type, dtype=self.llm_dtype)
+                    if self.llm_dtype != torch.float32 else nullcontext())
+        with autocast:
+            out = self.llm(inputs_embeds=embeds.to(self.llm_dtype), attention_mask=batch.attention_mask,
+                           position_ids=batch.position_ids, use_cache=False, **attn_kwargs)
+        return out.logits
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FunASR's (transformers') causal-LM loss: mean cross-entropy of next-token targets, fp32 logits.
+
+    Returns (loss, correct, count): the argmax-equals-label count and the label count, both kept on the
+    device so that reading them costs no sync until the caller asks.
+    """
+    logits = logits[:, :-1]
+    target = labels[:, 1:]
+    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
+    with torch.no_grad():
+        valid = target != -100
+        correct = ((logits.argmax(-1) == target) & valid).sum()
+        count = valid.sum()
+    return loss, correct, count
+
+
+def param_count(module: nn.Module, trainable: bool | None = None) -> int:
+    seen, n = set(), 0
+    for p in module.parameters():
+        if id(p) in seen or (trainable is not None and p.requires_grad != trainable):
+            continue
+        seen.add(id(p))
+        n += p.numel()
+    return n
+
+
+def human(n: float) -> str:
+    for unit in ("", "K", "M", "B"):
+        if abs(n) < 1000:
+            return f"{n:.1f}{unit}" if unit else f"{n:.0f}"
+        n /= 1000
+    return f"{n:.1f}T"
+

@@ -1,0 +1,47 @@
+"""speed.tf32: TF32 for fp32 matmuls and convolutions (the SANM encoder and adaptor when they run in fp32).
+
+Process-wide: torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 and the float32
+matmul precision are set for the duration of ``tf32_scope`` (the whole training run) and restored after it.
+The bf16 LLM is unaffected. Numerical effect: fp32 matmuls keep a 10-bit mantissa on their inputs.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+
+def backend_flags() -> dict:
+    """Every torch flag a speed switch could touch: the regression tests compare this before and after."""
+    b = torch.backends
+    return {
+        "matmul.allow_tf32": b.cuda.matmul.allow_tf32,
+        "cudnn.allow_tf32": b.cudnn.allow_tf32,
+        "cudnn.benchmark": b.cudnn.benchmark,
+        "cudnn.deterministic": b.cudnn.deterministic,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "sdp.flash": b.cuda.flash_sdp_enabled(),
+        "sdp.mem_efficient": b.cuda.mem_efficient_sdp_enabled(),
+        "sdp.math": b.cuda.math_sdp_enabled(),
+        "sdp.cudnn": b.cuda.cudnn_sdp_enabled(),
+        "grad_enabled": torch.is_grad_enabled(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+    }
+
+
+@contextmanager
+def tf32_scope(enabled: bool):
+    if not enabled:
+        yield
+        return
+    b = torch.backends
+    saved = (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    b.cuda.matmul.allow_tf32 = True
+    b.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32 = saved[0], saved[1]
+        torch.set_float32_matmul_precision(saved[2])

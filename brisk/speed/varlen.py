@@ -1,0 +1,74 @@
+"""Variable-length attention for packed rows, plugged into transformers' attention interface.
+
+Registered as ``brisk_varlen``. Without a mask function of its own, transformers builds no mask for it
+(no [T, T] tensor, no host sync in mask creation); the packing boundaries come from ``cu_seq_lens_q``,
+which SpeechLLM.forward passes for packed batches. On CUDA it calls torch.nn.attention.varlen.varlen_attn
+(FlashAttention-2, causal); on the CPU an equivalent SDPA call with a block-diagonal causal mask, which is
+also the reference the CUDA kernel is tested against.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+NAME = "brisk_varlen"
+
+
+def _varlen_kernel():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # pragma: no cover - torch < 2.10
+        return None, False
+    return varlen_attn, "enable_gqa" in inspect.signature(varlen_attn).parameters
+
+
+def block_causal_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
+    """[T, T] bool: token i may see token j iff same sequence and j <= i."""
+    pos = torch.arange(length, device=cu_seqlens.device)
+    seq = torch.searchsorted(cu_seqlens.to(torch.long)[1:], pos, right=True)
+    return (seq[:, None] == seq[None, :]) & (pos[None, :] <= pos[:, None])
+
+
+def varlen_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """transformers attention signature: q [1, H, T, D], k/v [1, Hkv, T, D] -> ([1, T, H, D], None)."""
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None or query.shape[0] != 1:
+        raise ValueError("brisk_varlen attention needs a packed batch (one row and cu_seq_lens_q)")
+    # The row length bounds every sequence in it; using it (not a per-batch int) keeps compiled code
+    # free of a guard on the longest sequence, so a bucket never recompiles for a new batch.
+    max_len = query.shape[2]
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, H, D]
+    kernel, has_gqa = _varlen_kernel()
+    if query.is_cuda and kernel is not None:
+        extra = {}
+        if k.shape[1] != q.shape[1]:
+            if has_gqa:
+                extra["enable_gqa"] = True
+            else:  # torch 2.11's varlen_attn has no GQA: repeat the KV heads
+                rep = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = kernel(q, k, v, cu, cu, max_len, max_len, scale=scaling, window_size=(-1, 0), **extra)
+    else:
+        t = q.shape[0]
+        mask = block_causal_mask(cu, t)
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
+                                             enable_gqa=key.shape[1] != query.shape[1])
+        return out.transpose(1, 2).contiguous(), None
+    return out.unsqueeze(0), None
+
+
+def register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, varlen_attention)
+
+
+def apply_varlen_attention(llm) -> str:
+    """Switch a transformers model to brisk_varlen (packed rows only)."""
+    register()
+    previous = llm.config._attn_implementation
+    llm.set_attn_implementation(NAME)
+    return f"packing: attention {previous} -> {NAME} (varlen_attn on CUDA)"

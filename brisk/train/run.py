@@ -1,0 +1,155 @@
+"""Assemble a run from a config: device and ranks, model, speed plan, optimizer, data, trainer."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from ..config import Config, ConfigError, save_config
+from ..data.loader import build_split, load_tokenizer
+from ..diagnose.accel import acceleration_state, one_line, write_state
+from ..models.build import build_model, export_weights
+from ..models.speech_llm import human, param_count
+from ..speed import apply_speed
+from .optim import WarmupLR, build_optimizer
+from .step import StepHooks, TrainStep
+from .trainer import Trainer
+
+log = logging.getLogger("brisk")
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"train.device={name}: no CUDA device is available")
+    return dev
+
+
+def init_distributed(device: torch.device) -> tuple[int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1
+    if not torch.distributed.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return torch.distributed.get_rank(), world
+
+
+def setup_logging(run_dir: Path | None, rank: int = 0) -> None:
+    from rich.logging import RichHandler
+
+    logger = logging.getLogger("brisk")
+    logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    logger.handlers.clear()
+    logger.addHandler(RichHandler(show_path=False, rich_tracebacks=False, markup=False))
+    if run_dir is not None:
+        fh = logging.FileHandler(run_dir / "train.log", encoding="utf-8")
+        fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logger.addHandler(fh)
+    logger.propagate = False
+
+
+def example_batches(cfg: Config, collator, vocab: int) -> list:
+    """One synthetic batch per token bucket (for capturing CUDA graphs up front)."""
+    from ..data.dataset import SyntheticDataset
+
+    fe = cfg.model.frontend
+    out = []
+    for t in cfg.speed.pack_buckets:
+        if t > 3072:
+            break
+        text = max(1, t // 2 - 40)
+        ds = SyntheticDataset([(600, text)], fe.n_mels * fe.lfr_m, vocab, fe.lfr_n)
+        out.append(collator([ds[0]]))
+    for f in cfg.speed.speech_buckets:  # also every speech bucket, so encoder graphs exist up front
+        ds = SyntheticDataset([(max(1, f * fe.lfr_n - 1), 4)], fe.n_mels * fe.lfr_m, vocab, fe.lfr_n)
+        out.append(collator([ds[0]]))
+    return out
+
+
+def build_trainer(cfg: Config) -> Trainer:
+    device = pick_device(cfg.train.device)
+    rank, world = init_distributed(device)
+    run_dir = Path(cfg.train.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    setup_logging(run_dir, rank)
+    if rank == 0:
+        save_config(cfg, run_dir / "config.yaml")
+
+    t0 = time.perf_counter()
+    model = build_model(cfg.model).to(device)
+    torch.manual_seed(cfg.train.seed + rank)  # training randomness (dropout), separate from the init
+    log.info("model: %s parameters, %s trainable (built in %.1f s)", human(param_count(model)),
+             human(param_count(model, trainable=True)), time.perf_counter() - t0)
+
+    plan = apply_speed(model, cfg, device)
+    for note in plan.notes:
+        log.info("speed %s", note)
+    state = acceleration_state(cfg, device)
+    log.info(one_line(state))
+    if rank == 0:
+        write_state(state, run_dir)
+
+    optimizer = build_optimizer(model, cfg.optim, fused=plan.fused_adamw, capturable=plan.capturable)
+    schedule = WarmupLR(optimizer, cfg.optim.lr, cfg.optim.warmup_steps)
+    tokenizer = load_tokenizer(cfg) if (cfg.data.train or cfg.data.valid) else None
+    vocab = model.llm.get_input_embeddings().weight.shape[0]
+    train = build_split(cfg, "train", plan.collator, vocab, rank, world, tokenizer)
+    valid = build_split(cfg, "valid", plan.collator, vocab, rank, world, tokenizer)
+
+    net = model
+    if world > 1:
+        if cfg.speed.cuda_graph:
+            raise ConfigError("speed.cuda_graph is single-GPU for now; run without it under torchrun")
+        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                                        find_unused_parameters=model.ctc is not None and not cfg.model.ctc.freeze)
+    probe = None
+    if cfg.probe.enabled:
+        from ..probe.record import ProbeRecorder
+
+        probe = ProbeRecorder(run_dir / f"probe.rank{rank}.jsonl", model, cfg.probe.param_norm_steps, rank, cfg.to_dict())
+    hooks = StepHooks(context=plan.context, audio=plan.audio, logit_stats=probe is not None,
+                      on_grads=[probe.on_grads] if probe is not None else [])
+    step = TrainStep(net, optimizer, schedule, grad_clip=cfg.optim.grad_clip, on_device_skip=plan.on_device_skip, hooks=hooks)
+    trainer = Trainer(cfg, run_dir, model, step, optimizer, schedule, train, valid, device, plan, rank, probe)
+    hooks.mark = trainer.timer.mark
+
+    resume = Path(cfg.train.resume_from) if cfg.train.resume_from else (trainer.ckpts.latest() if cfg.train.resume and trainer.ckpts else None)
+    if resume is not None:
+        trainer.resume(resume)
+    if cfg.speed.cuda_graph:
+        from ..speed.graph import GraphedStep
+
+        graphed = GraphedStep(step, plan.audio, grad_clip=cfg.optim.grad_clip)
+        seconds = graphed.prepare([b.to(device) for b in example_batches(cfg, plan.collator, vocab)])
+        log.info("cuda_graph: %d step graphs and %d encoder graphs captured up front in %.1f s",
+                 len(graphed.graphs), len(graphed.encoder.graphs), seconds)
+        trainer.step_fn = graphed
+    return trainer
+
+
+def train(cfg: Config) -> dict:
+    trainer = build_trainer(cfg)
+    result = trainer.fit()
+    run_dir = trainer.run_dir
+    if trainer.rank == 0:
+        if cfg.train.export_safetensors:
+            paths = export_weights(trainer.model, run_dir)
+            log.info("exported %s", ", ".join(str(p) for p in paths))
+        if cfg.diagnose.report:
+            from ..diagnose.report import write_report
+
+            out = write_report(run_dir)
+            log.info("report: %s", out)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return result

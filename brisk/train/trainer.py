@@ -1,0 +1,245 @@
+"""The training loop. Timing, metrics, probe, slow-step detection and GC are components around the step."""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..config import Config, ConfigError
+from ..data.loader import Split
+from ..diagnose.slow import GCWatch, SlowStepDetector
+from ..diagnose.timer import StepTimer
+from ..models.speech_llm import lm_loss
+from ..speed import SpeedPlan
+from ..speed.compile import compile_counters
+from ..speed.flags import tf32_scope
+from .checkpoint import Checkpoints, rng_state, set_rng_state
+from .monitor import Monitor
+
+log = logging.getLogger("brisk")
+
+
+@dataclass
+class Position:
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    batches_in_epoch: int = 0  # batches of this epoch already trained on (resume skips them)
+    bad_samples: int = 0
+    empty_batches: int = 0
+    history: list[dict] = field(default_factory=list)  # validation results
+
+
+@dataclass
+class Trainer:
+    cfg: Config
+    run_dir: Path
+    model: torch.nn.Module  # the plain SpeechLLM (unwrapped)
+    step_fn: object  # TrainStep or GraphedStep (maybe around a DDP-wrapped model)
+    optimizer: torch.optim.Optimizer
+    schedule: object
+    train: Split
+    valid: Split | None
+    device: torch.device
+    plan: SpeedPlan
+    rank: int = 0
+    probe: object | None = None
+    pos: Position = field(default_factory=Position)
+    saved_step: int = -1
+
+    def __post_init__(self):
+        c = self.cfg
+        self.ckpts = Checkpoints(self.run_dir, c.train.keep_n, c.train.keep_metric) if self.rank == 0 else None
+        self.timer = StepTimer(self.device, self.run_dir / "steps.jsonl" if self.rank == 0 else None)
+        from ..diagnose.accel import plan_build_trap
+
+        self.detector = SlowStepDetector(c.diagnose.slow_factor, c.diagnose.warmup_steps, c.diagnose.window,
+                                         plan_build_trap(self.device, c), self.run_dir / "slow_steps.jsonl" if self.rank == 0 else None)
+        self.gcwatch = GCWatch()
+        self.monitor = Monitor(self.run_dir, self.total_steps(), every=c.train.log_every, progress=c.train.progress,
+                               tensorboard=c.train.tensorboard, rank=self.rank)
+        if self.probe is not None:
+            self.monitor.listeners.append(self.probe.on_metrics)
+
+    def total_steps(self) -> int:
+        per_epoch = len(self.train.sampler.batches(0)) // self.cfg.train.accum_grad
+        total = per_epoch * self.cfg.train.max_epochs
+        return min(total, self.cfg.train.max_steps) if self.cfg.train.max_steps else total
+
+    def counters(self) -> dict:
+        return {**compile_counters(), "gc_seconds": self.gcwatch.seconds}
+
+    # ------------------------------------------------------------------------------------ the loop
+    def fit(self) -> dict:
+        c = self.cfg.train
+        self.model.train()
+        with tf32_scope(self.cfg.speed.tf32):
+            while self.pos.epoch < c.max_epochs and not self.done():
+                self.train.sampler.set_epoch(self.pos.epoch, self.pos.batches_in_epoch)
+                for batches, wait in self.groups(self.train.loader):
+                    self.train_step(batches, wait)
+                    if self.done():
+                        break
+                else:
+                    self.end_epoch()
+            if self.saved_step != self.pos.step:  # stopped by max_steps inside an epoch
+                self.timed("validation", self.validate)
+                self.timed("checkpoint", self.save)
+        return self.finish()
+
+    def done(self) -> bool:
+        return bool(self.cfg.train.max_steps) and self.pos.step >= self.cfg.train.max_steps
+
+    def groups(self, loader):
+        """Yield (batches for one optimizer step, seconds waited for them); skips batches left empty by skip_bad."""
+        group, waited, t0 = [], 0.0, time.perf_counter()
+        for batch in loader:
+            waited += time.perf_counter() - t0
+            self.pos.bad_samples += len(batch.bad)
+            for reason in batch.bad:
+                log.warning("skipped a bad sample: %s", reason)
+            if batch.n_utts == 0:
+                self.pos.empty_batches += 1
+                self.pos.batches_in_epoch += 1
+            else:
+                group.append(batch.to(self.device, non_blocking=True))
+                if len(group) == self.cfg.train.accum_grad:
+                    yield group, waited
+                    group, waited = [], 0.0
+            t0 = time.perf_counter()
+
+    def train_step(self, batches, wait: float) -> None:
+        p, c = self.pos, self.cfg.train
+        p.step += 1
+        t0 = time.perf_counter()
+        self.timer.start(p.step, p.epoch, batches[0], wait, self.counters())
+        if self.probe is not None:
+            self.probe.on_batch(p.step, batches[0])
+        lr = self.schedule.lr
+        metrics = self.step_fn(batches)
+        p.batches_in_epoch += len(batches)
+        self.monitor.add(p.step, metrics, lr)
+        if self.probe is not None:
+            self.probe.after_step(p.step)
+        if c.val_every and p.step % c.val_every == 0:
+            self.timed("validation", self.validate)
+        if c.save_every and p.step % c.save_every == 0:
+            self.timed("checkpoint", self.save)
+        if c.gc_every:
+            if p.step == 1:
+                gc.collect()
+                gc.freeze()  # everything alive now (model, data) is never scanned again
+                gc.disable()
+            elif p.step % c.gc_every == 0:
+                self.timed("gc", gc.collect)
+        for rec in self.timer.end(self.counters()):
+            self.monitor.step_time(rec["total"])
+            self.detector.observe(rec)
+        log.debug("step %d host time %.3f s", p.step, time.perf_counter() - t0)
+
+    def timed(self, name: str, fn) -> None:
+        t0 = time.perf_counter()
+        fn()
+        self.timer.event(name, time.perf_counter() - t0)
+
+    def end_epoch(self) -> None:
+        self.timed("validation", self.validate)
+        self.pos.epoch += 1
+        self.pos.batches_in_epoch = 0
+        self.timed("checkpoint", self.save)
+
+    # ------------------------------------------------------------------------- validation and saving
+    @torch.no_grad()
+    def validate(self) -> dict | None:
+        if self.valid is None:
+            return None
+        self.monitor.flush()
+        self.model.eval()
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        correct = torch.zeros((), device=self.device, dtype=torch.long)
+        count = torch.zeros((), device=self.device, dtype=torch.long)
+        audio, ctx = self.plan.audio, self.plan.context
+        for batch in self.valid.loader:
+            if batch.n_utts == 0:
+                continue
+            batch = batch.to(self.device, non_blocking=True)
+            with ctx():
+                logits = self.model(batch, audio_rows=audio(batch) if audio else None)
+                loss, c, n = lm_loss(logits, batch.labels)
+            loss_sum += loss.double() * n
+            correct += c
+            count += n
+        self.model.train()
+        if torch.distributed.is_initialized():
+            for t in (loss_sum, correct, count):
+                torch.distributed.all_reduce(t)
+        n = max(int(count), 1)
+        val = {"loss": float(loss_sum) / n, "acc": int(correct) / n, "tokens": int(count)}
+        self.pos.history.append({"step": self.pos.step, **val})
+        if self.rank == 0:
+            with (self.run_dir / "history.jsonl").open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": self.pos.step, **val}) + "\n")
+        log.info("validation at step %d: loss %.4f  acc %.4f  (%d tokens)", self.pos.step, val["loss"], val["acc"], n)
+        self.monitor.scalar("valid/loss", val["loss"], self.pos.step)
+        self.monitor.scalar("valid/acc", val["acc"], self.pos.step)
+        if self.probe is not None:
+            self.probe.on_validation(self.pos.step, val)
+        return val
+
+    def state(self) -> dict:
+        p = self.pos
+        return {
+            "state_dict": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict(),
+            "trainer": {"step": p.step, "epoch": p.epoch, "batches_in_epoch": p.batches_in_epoch,
+                        "bad_samples": p.bad_samples, "history": p.history},
+            "rng": rng_state(),
+            "config": self.cfg.to_dict(),
+        }
+
+    def save(self) -> None:
+        if self.ckpts is None:  # only rank 0 writes
+            self.saved_step = self.pos.step
+            return
+        self.monitor.flush()
+        last = self.pos.history[-1] if self.pos.history and self.pos.history[-1]["step"] == self.pos.step else None
+        path = self.ckpts.save(self.state(), self.pos.step, last and {"loss": last["loss"], "acc": last["acc"]})
+        self.saved_step = self.pos.step
+        log.info("saved %s", path)
+
+    def resume(self, path: Path) -> None:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        if "trainer" not in ckpt:
+            raise ConfigError(f"{path}: not a brisk checkpoint (no trainer state); use model.init to start from its weights")
+        self.model.load_state_dict(ckpt["state_dict"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.schedule.load_state_dict(ckpt["schedule"])
+        t = ckpt["trainer"]
+        self.pos = Position(t["step"], t["epoch"], t["batches_in_epoch"], t.get("bad_samples", 0), 0, t.get("history", []))
+        set_rng_state(ckpt["rng"])
+        log.info("resumed from %s at step %d (epoch %d, batch %d of the epoch)", path, t["step"], t["epoch"], t["batches_in_epoch"])
+
+    def finish(self) -> dict:
+        self.monitor.close()
+        for rec in self.timer.close():
+            self.monitor.step_time(rec["total"])
+            self.detector.observe(rec)
+        self.detector.close()
+        self.gcwatch.close()
+        if self.cfg.train.gc_every:
+            gc.enable()
+            gc.unfreeze()
+        if self.probe is not None:
+            self.probe.close()
+        if self.pos.bad_samples or self.train.skipped_lines:
+            log.warning("data.skip_bad: skipped %d bad samples and %d bad jsonl lines in training",
+                        self.pos.bad_samples, len(self.train.skipped_lines))
+        return {"step": self.pos.step, "history": self.pos.history, "slow_steps": self.detector.slow,
+                "bad_samples": self.pos.bad_samples, "bad_lines": len(self.train.skipped_lines),
+                "last": self.monitor.last}

@@ -1,0 +1,473 @@
+#!/usr/bin/env python3
+"""Regenerate brisk's bundled demo speech data set (data/demo) from scratch.
+
+What it makes (under --out, default ``data/demo``):
+
+* ``audio/train/utt0001.flac`` ... 160 training and ``audio/valid/...`` 40
+  validation utterances of synthesized English speech, 16 kHz mono 16-bit
+  FLAC (two training utterances are written as WAV so both formats are
+  exercised).  Sentences come from a tiny fixed grammar (~80 lowercase words:
+  colours, numbers, animals, objects, simple verbs) so a tiny model can learn
+  them; validation uses the same voices but sentences not seen in training.
+* ``tokenizer/`` - a tiny byte-level BPE tokenizer (tokenizer.json +
+  tokenizer_config.json) loadable with ``transformers.AutoTokenizer``, with
+  the chat / speech special tokens brisk uses.
+* ``train.jsonl`` / ``valid.jsonl`` - FunASR-style ("scp2jsonl") manifests
+  with audio paths relative to the jsonl file's folder.
+* ``README.md`` - a description of the set with its statistics.
+
+Speech is synthesized with the ``espeak-ng`` program and resampled from its
+native 22050 Hz to 16 kHz with ``sox`` (nothing is trimmed).  Install them
+with ``apt-get install -y espeak-ng sox``.
+
+Output is deterministic for a given ``--seed`` (and given espeak-ng / sox /
+tokenizers versions): the same sentences, voices and speaking rates are
+chosen and sox is run without dither, so reruns produce identical files.
+
+Run from the repository root::
+
+    python tools/make_demo_data.py                 # writes data/demo
+    python tools/make_demo_data.py --out /tmp/demo --seed 1234
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_SEED = 1234
+N_TRAIN = 160
+N_VALID = 40
+# Training utterances (1-based) written as 16 kHz WAV instead of FLAC, so that
+# loaders are exercised on both formats.
+WAV_TRAIN_UTTS = (2, 9)
+SAMPLE_RATE = 16000
+RATE_RANGE = (140, 190)  # espeak-ng -s (words per minute), inclusive
+# An utterance shorter than this is re-spoken at the slowest rate, so that even
+# the shortest sentences at fast rates give a reasonable amount of audio.
+MIN_SECONDS = 1.5
+MAX_TOTAL_AUDIO_BYTES = 8_000_000  # keep the repo light: <= 8 MB of audio
+
+# espeak-ng voice[+variant] names.  NOTE: variants attached to "en-gb"
+# (e.g. "en-gb+m3") are silently ignored by espeak-ng 1.51 and give plain
+# en-gb audio, so British variants are spelled "en+...".  check_voices()
+# guards against such silent duplicates.
+VOICES = (
+    "en-us",  # American English, default male
+    "en-gb",  # British English, default male
+    "en-us+f3",  # American, female variant 3
+    "en+m3",  # British, male variant 3
+    "en-us+f2",  # American, female variant 2
+    "en+klatt",  # British, Klatt-synthesizer variant
+    "en-gb-scotland+f4",  # Scottish English, female variant 4
+    "en-gb-x-rp+f5",  # Received Pronunciation, female variant 5
+)
+
+SYSTEM_PROMPT = "You are a helpful assistant."
+USER_PROMPT = "语音转写："  # "speech transcription:", FunASR's usual ASR prompt
+
+SPECIAL_TOKENS = (
+    "<|endoftext|>",  # first, so it gets id 0 (also pad and eos)
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|startofspeech|>",
+    "<|endofspeech|>",
+    "<think>",
+    "</think>",
+)
+TOKENIZER_VOCAB_SIZE = 512
+
+# --------------------------------------------------------------------------
+# The grammar.  A closed vocabulary keeps the task learnable by a tiny model.
+# --------------------------------------------------------------------------
+NUMBERS = ("two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+COLOURS = ("red", "green", "blue", "yellow", "black", "white", "brown", "pink")
+SIZES = ("big", "small", "tall", "little", "old")
+ANIMALS = {  # singular -> plural
+    "fox": "foxes", "cat": "cats", "dog": "dogs", "bird": "birds",
+    "fish": "fish", "horse": "horses", "mouse": "mice", "frog": "frogs",
+    "duck": "ducks", "bear": "bears",
+}
+OBJECTS = {
+    "box": "boxes", "ball": "balls", "cup": "cups", "hat": "hats",
+    "book": "books", "car": "cars", "tree": "trees", "chair": "chairs",
+}
+VERBS = {  # third person singular -> plural
+    "sees": "see", "likes": "like", "finds": "find", "takes": "take",
+    "wants": "want", "pushes": "push", "holds": "hold",
+}
+PLACES = ("on", "under", "near", "behind")
+
+# (weight, template).  Slots: {num} {colour} {size} {animal} {animals}
+# {object} {objects} {verb_s} {verb_p} {place}; {animal2} is an animal other
+# than {animal}.  Templates have 5-8 words: shorter ones are weighted up so
+# the audio stays small (about 2.3 s on average) and none is much under 1.5 s.
+TEMPLATES = (
+    (1, "the {size} {colour} {animal} {verb_s} {num} {colour2} {objects}"),
+    (2, "the {colour} {animal} {verb_s} the {object}"),
+    (2, "{num} {colour} {animals} {verb_p} the {object}"),
+    (2, "the {animal} is {place} the {object}"),
+    (3, "the {num} {objects} are {colour}"),
+    (2, "the {size} {animal} {verb_s} {num} {objects}"),
+    (3, "the {colour} {object} is {size}"),
+    (1, "{num} {size} {animals} are {place} the {object}"),
+    (1, "the {animal} and the {animal2} {verb_p} {num} {objects}"),
+    (2, "the {animal} {verb_s} one {colour} {object}"),
+    (3, "{num} {animals} {verb_p} {num2} {objects}"),
+)
+
+
+def grammar_words() -> list[str]:
+    """Every word the grammar can produce, sorted (used for the README and as
+    tokenizer training text)."""
+    words = {"the", "is", "are", "and", "one"}
+    words.update(NUMBERS, COLOURS, SIZES, PLACES)
+    for table in (ANIMALS, OBJECTS, VERBS):
+        words.update(table)
+        words.update(table.values())
+    return sorted(words)
+
+
+def random_sentence(rng: random.Random) -> str:
+    """Draw one sentence: pick a template, then fill each slot."""
+    weights = [w for w, _ in TEMPLATES]
+    template = rng.choices([t for _, t in TEMPLATES], weights=weights)[0]
+    animal, animal2 = rng.sample(sorted(ANIMALS), 2)
+    obj = rng.choice(sorted(OBJECTS))
+    verb = rng.choice(sorted(VERBS))
+    slots = {
+        "num": rng.choice(NUMBERS), "num2": rng.choice(NUMBERS),
+        "colour": rng.choice(COLOURS), "colour2": rng.choice(COLOURS),
+        "size": rng.choice(SIZES), "place": rng.choice(PLACES),
+        "animal": animal, "animal2": animal2, "animals": ANIMALS[animal],
+        "object": obj, "objects": OBJECTS[obj],
+        "verb_s": verb, "verb_p": VERBS[verb],
+    }
+    return template.format(**slots)
+
+
+def make_sentences(seed: int) -> tuple[list[str], list[str]]:
+    """Unique training sentences, then validation sentences that are not in
+    the training set but only use words the training set contains (so the
+    validation set measures generalisation, not unseen vocabulary)."""
+    rng = random.Random(f"sentences-{seed}")
+    train: list[str] = []
+    while len(train) < N_TRAIN:
+        s = random_sentence(rng)
+        if s not in train:
+            train.append(s)
+    train_words = {w for s in train for w in s.split()}
+    valid: list[str] = []
+    while len(valid) < N_VALID:
+        s = random_sentence(rng)
+        if s not in train and s not in valid and set(s.split()) <= train_words:
+            valid.append(s)
+    return train, valid
+
+
+# --------------------------------------------------------------------------
+# Synthesis
+# --------------------------------------------------------------------------
+@dataclass
+class Utterance:
+    split: str  # "train" or "valid"
+    index: int  # 1-based within the split
+    text: str
+    voice: str
+    rate: int
+    ext: str  # "flac" or "wav"
+
+    @property
+    def key(self) -> str:
+        return f"{self.split}_{self.index:04d}"
+
+    @property
+    def rel_path(self) -> str:
+        """Audio path relative to the data set folder (= the jsonl folder)."""
+        return f"audio/{self.split}/utt{self.index:04d}.{self.ext}"
+
+
+def plan_utterances(seed: int) -> list[Utterance]:
+    """Assign sentence, voice and rate to every utterance.  Voices go round
+    robin so each split has every voice equally often (20 / 5 each)."""
+    train, valid = make_sentences(seed)
+    rng = random.Random(f"rates-{seed}")
+    utts = []
+    for split, sentences in (("train", train), ("valid", valid)):
+        for i, text in enumerate(sentences):
+            index = i + 1
+            is_wav = split == "train" and index in WAV_TRAIN_UTTS
+            utts.append(Utterance(
+                split=split, index=index, text=text,
+                voice=VOICES[i % len(VOICES)],
+                rate=rng.randint(*RATE_RANGE),
+                ext="wav" if is_wav else "flac",
+            ))
+    return utts
+
+
+def run(cmd: list[str]) -> None:
+    """Run a command, raising with its stderr if it fails."""
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr}")
+
+
+def synthesize(text: str, voice: str, rate: int, out_path: Path, tmp_dir: Path) -> None:
+    """espeak-ng -> 22050 Hz WAV -> sox -> 16 kHz mono 16-bit FLAC/WAV."""
+    raw = tmp_dir / "espeak.wav"
+    run(["espeak-ng", "-v", voice, "-s", str(rate), "-w", str(raw), text])
+    # -D: no dither.  sox dithers with random noise by default when it
+    # resamples, which would make every run differ (and compress worse).
+    # "gain -1" leaves 1 dB of headroom: espeak-ng peaks at full scale and the
+    # resampler's overshoot would otherwise clip a few samples.
+    run(["sox", "-D", str(raw), "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16",
+         "-e", "signed-integer", str(out_path), "gain", "-1"])
+
+
+def check_tools() -> None:
+    missing = [t for t in ("espeak-ng", "sox") if shutil.which(t) is None]
+    if missing:
+        sys.exit(f"error: {' and '.join(missing)} not found on PATH; this script needs the "
+                 f"espeak-ng and sox programs (e.g. `apt-get install -y espeak-ng sox`).")
+
+
+def check_voices(tmp_dir: Path) -> None:
+    """Fail if a voice is unknown or silently falls back to another voice
+    (espeak-ng ignores some variant spellings without an error)."""
+    seen: dict[str, str] = {}
+    for voice in VOICES:
+        path = tmp_dir / "probe.wav"
+        run(["espeak-ng", "-v", voice, "-s", "160", "-w", str(path), "the red fox"])
+        digest = hashlib.md5(path.read_bytes()).hexdigest()
+        if digest in seen:
+            raise RuntimeError(f"voices {seen[digest]!r} and {voice!r} produce identical audio")
+        seen[digest] = voice
+
+
+def tool_version(cmd: list[str]) -> str:
+    """First line of `cmd`'s output, without espeak-ng's data path."""
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    line = (proc.stdout or proc.stderr).strip().splitlines()[0]
+    return " ".join(line.split("Data at:")[0].split())
+
+
+# --------------------------------------------------------------------------
+# Tokenizer
+# --------------------------------------------------------------------------
+def train_tokenizer(texts: list[str], out_dir: Path) -> None:
+    """Train a tiny Qwen-like byte-level BPE tokenizer and save it in the
+    layout transformers' AutoTokenizer loads (tokenizer.json +
+    tokenizer_config.json, PreTrainedTokenizerFast)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers.trainers import BpeTrainer
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.normalizer = normalizers.NFC()
+    # Byte-level: every UTF-8 string (e.g. the Chinese prompt) is encodable,
+    # so no unknown token is needed.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    # ByteLevel post-processing only fixes offsets; it adds no BOS/EOS.
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),  # ids 0..6, special=True
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "additional_special_tokens": list(SPECIAL_TOKENS[1:]),
+        "model_max_length": 4096,
+        "clean_up_tokenization_spaces": False,
+        "split_special_tokens": False,
+        "errors": "replace",
+    }
+    write_text(out_dir / "tokenizer_config.json", json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+def tokenizer_texts(train_texts: list[str]) -> list[str]:
+    """Tokenizer training text: training transcripts, the word list and the
+    prompt / chat-role strings that appear in rendered conversations."""
+    chat = [SYSTEM_PROMPT, USER_PROMPT, "system\n", "user\n", "assistant\n"]
+    return train_texts + [" ".join(grammar_words())] + chat
+
+
+# --------------------------------------------------------------------------
+# Manifests and README
+# --------------------------------------------------------------------------
+def speech_length(duration_s: float) -> int:
+    """Number of 25 ms / 10 ms-shift fbank frames, as FunASR computes it."""
+    return int((duration_s * 1000 - 25) // 10 + 1)
+
+
+def jsonl_record(utt: Utterance, duration_s: float, text_length: int) -> dict:
+    return {
+        "key": utt.key,
+        "messages": [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user",
+             "content": f"{USER_PROMPT}<|startofspeech|>!{utt.rel_path}<|endofspeech|>"},
+            {"role": "assistant", "content": utt.text},
+        ],
+        "speech_length": speech_length(duration_s),
+        "text_length": text_length,
+    }
+
+
+def write_text(path: Path, text: str) -> None:
+    # Explicit newline="\n" so the files are byte-identical on every platform.
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.write(text)
+
+
+def write_readme(out: Path, seed: int, utts: list[Utterance], durations: dict[str, float],
+                 total_bytes: int, vocab_size: int, special_ids: dict[str, int]) -> None:
+    """README with the set's statistics, so it always matches the files."""
+    def seconds(split: str) -> float:
+        return sum(durations[u.key] for u in utts if u.split == split)
+
+    n_train = sum(u.split == "train" for u in utts)
+    n_valid = len(utts) - n_train
+    total_s = seconds("train") + seconds("valid")
+    n_words = [len(u.text.split()) for u in utts]
+    wavs = ", ".join(f"`utt{i:04d}.wav`" for i in WAV_TRAIN_UTTS)
+    voices = ", ".join(f"`{v}`" for v in VOICES)
+    specials = ", ".join(f"`{t}` = {i}" for t, i in special_ids.items())
+    espeak = tool_version(["espeak-ng", "--version"])
+    sox = tool_version(["sox", "--version"])
+    text = f"""# brisk demo speech data set
+
+A tiny synthetic English speech-recognition set for brisk's demos, tests and
+smoke-training of small speech-LLMs.  Everything here is generated by
+`tools/make_demo_data.py`; do not edit it by hand, rerun the script:
+
+```bash
+apt-get install -y espeak-ng sox
+python tools/make_demo_data.py --out data/demo --seed {seed}
+```
+
+## How it was made
+
+* Sentences: {min(n_words)}-{max(n_words)} words, lowercase ASCII, no punctuation,
+  drawn from a small fixed grammar of {len(grammar_words())} distinct words (listed below).
+  Validation sentences never occur in training, but all their words do.
+* Speech: `espeak-ng` ({espeak}), {len(VOICES)} voices used round robin (the same
+  in both splits): {voices}.  Speaking rate drawn from {RATE_RANGE[0]}-{RATE_RANGE[1]}
+  words per minute; an utterance under {MIN_SECONDS} s is re-spoken at {RATE_RANGE[0]}.
+* Audio: resampled from 22050 Hz to 16 kHz mono 16-bit with `sox` ({sox}),
+  1 dB lower (headroom against clipping), no dither, nothing trimmed.
+  Other tool versions may give slightly different audio.
+
+## Contents
+
+| split | utterances | audio | duration |
+|-------|-----------:|-------|---------:|
+| train | {n_train} | `audio/train/*.flac` ({wavs} are WAV) | {seconds("train"):.1f} s |
+| valid | {n_valid} | `audio/valid/*.flac` | {seconds("valid"):.1f} s |
+
+Total: {total_s:.1f} s ({total_s / 60:.1f} min) of audio in {total_bytes / 1e6:.2f} MB; utterances last
+{min(durations.values()):.2f}-{max(durations.values()):.2f} s.
+
+* `train.jsonl`, `valid.jsonl`: FunASR `scp2jsonl` format, one JSON object per
+  line: `key`, `messages` (system, user, assistant), `speech_length` (fbank
+  frames: 25 ms window, 10 ms shift) and `text_length` (tokens of the transcript
+  under the tokenizer below).  The user turn is
+  `{USER_PROMPT}<|startofspeech|>!audio/train/utt0001.flac<|endofspeech|>`; audio
+  paths are relative to this folder.
+* `tokenizer/`: Qwen-style byte-level BPE tokenizer, {vocab_size} tokens, trained on
+  the training transcripts and prompts.  Load it with
+  `transformers.AutoTokenizer.from_pretrained("data/demo/tokenizer")`.
+  Special tokens: {specials}.
+  `<|endoftext|>` is also the pad and eos token; no BOS/EOS is added automatically.
+
+Vocabulary: {" ".join(grammar_words())}.
+
+## Licence
+
+The speech was synthesized with espeak-ng, a GPL-3.0 program; the GPL covers
+the program, not the audio it produces.  The sentences, audio, manifests and
+tokenizer were generated for this project and are distributed under brisk's
+licence (Apache-2.0).
+"""
+    write_text(out / "README.md", text)
+
+
+# --------------------------------------------------------------------------
+def prepare_out_dir(out: Path) -> None:
+    """Remove only what this script generates, so a rerun starts clean."""
+    for sub in ("audio", "tokenizer"):
+        if (out / sub).exists():
+            shutil.rmtree(out / sub)
+    for name in ("train.jsonl", "valid.jsonl", "README.md"):
+        (out / name).unlink(missing_ok=True)
+    for split in ("train", "valid"):
+        (out / "audio" / split).mkdir(parents=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="data/demo", help="output folder (default: data/demo)")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                        help=f"random seed for sentences and rates (default: {DEFAULT_SEED})")
+    args = parser.parse_args()
+    out = Path(args.out)
+
+    check_tools()
+    import soundfile as sf  # imported late so the tool check comes first
+    from transformers import AutoTokenizer
+
+    utts = plan_utterances(args.seed)
+    prepare_out_dir(out)
+    with tempfile.TemporaryDirectory() as tmp:
+        check_voices(Path(tmp))
+        for n, utt in enumerate(utts, 1):
+            path = out / utt.rel_path
+            synthesize(utt.text, utt.voice, utt.rate, path, Path(tmp))
+            if sf.info(str(path)).duration < MIN_SECONDS and utt.rate > RATE_RANGE[0]:
+                utt.rate = RATE_RANGE[0]
+                synthesize(utt.text, utt.voice, utt.rate, path, Path(tmp))
+            if n % 50 == 0:
+                print(f"synthesized {n}/{len(utts)}", flush=True)
+
+    total_bytes = sum((out / u.rel_path).stat().st_size for u in utts)
+    if total_bytes > MAX_TOTAL_AUDIO_BYTES:
+        sys.exit(f"error: audio totals {total_bytes} bytes, over the {MAX_TOTAL_AUDIO_BYTES} budget")
+
+    train_tokenizer(tokenizer_texts([u.text for u in utts if u.split == "train"]), out / "tokenizer")
+    tok = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
+
+    durations: dict[str, float] = {}
+    for split in ("train", "valid"):
+        lines = []
+        for utt in (u for u in utts if u.split == split):
+            durations[utt.key] = sf.info(str(out / utt.rel_path)).duration
+            record = jsonl_record(utt, durations[utt.key], len(tok.tokenize(utt.text)))
+            lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+        write_text(out / f"{split}.jsonl", "".join(lines))
+
+    special_ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    write_readme(out, args.seed, utts, durations, total_bytes, len(tok), special_ids)
+    print(f"wrote {len(utts)} utterances ({sum(durations.values()):.1f} s, "
+          f"{total_bytes / 1e6:.2f} MB of audio) and tokenizer (vocab {len(tok)}) to {out}")
+
+
+if __name__ == "__main__":
+    main()
