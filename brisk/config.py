@@ -322,6 +322,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise ConfigError(f"{key}: expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, str):
@@ -419,20 +424,29 @@ def _flatten(tree: dict, prefix: str = "") -> set[str]:
     return out
 
 
+def read_yaml(path: Path, _seen: tuple = ()) -> dict:
+    """A config file as a dict, its paths resolved; ``include: other.yaml`` pulls in a base file first."""
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    if path.resolve() in _seen:
+        raise ConfigError(f"{path}: include cycle")
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (model, data, train, ...)")
+    _resolve_paths(tree, path.parent.resolve(), PATH_KEYS & _flatten(tree))
+    base = tree.pop("include", None)
+    if base is not None:
+        base_path = Path(base) if Path(base).is_absolute() else path.parent / base
+        tree = _merge(read_yaml(base_path, _seen + (path.resolve(),)), tree)
+    return tree
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None, check_paths: bool = True) -> Config:
     """YAML file (optional) + dotted overrides -> a checked ``Config``."""
-    tree: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        try:
-            tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from e
-        if not isinstance(tree, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections (model, data, train, ...)")
-        _resolve_paths(tree, path.parent.resolve(), PATH_KEYS & _flatten(tree))
+    tree: dict = read_yaml(Path(path)) if path is not None else {}
     cli: dict = {}
     for text in overrides or []:
         key, value = parse_override(text)

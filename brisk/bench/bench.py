@@ -1,0 +1,173 @@
+"""`brisk bench CONFIG`: arms run interleaved on the same batches, a markdown table at the end.
+
+Each arm is the config plus its own overrides (bench.arms). Runs go A B C A B C ... (bench.runs per arm),
+each from a fresh model with the same seed, training on the same batch stream: ``bench.warmup`` steps,
+then ``bench.steps`` timed steps (the device is synchronised around each step; that is the measured
+region). Per run: mean and median step time, steps over 3x the median, phase medians (CUDA events),
+first-step time, the wall time of the whole training phase, peak allocated memory. For the first run of
+each arm also: kernel launches a step (torch.profiler over bench.profile_steps steps) and, for the first
+arm, the model FLOPs a step, which give each arm's fraction of the measured matmul rate (the roofline).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import statistics
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ..config import Config, _merge, _set_dotted, build, parse_override
+from ..diagnose.timer import StepTimer
+from .harness import build_runner, count_flops, llm_vocab, matmul_rate, sample_stream, sync
+
+log = logging.getLogger("brisk")
+
+
+def launches(runner, batches) -> dict:
+    """Host launch calls and device kernels a step, from torch.profiler over ``batches``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from .profile import launch_counts
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for b in batches:
+            runner.run(b)
+        sync(runner.device)
+    return launch_counts(prof.events(), len(batches))
+
+
+def one_run(cfg: Config, stream: list, warmup: int, steps: int, profile_steps: int) -> tuple[dict, object]:
+    runner = build_runner(cfg)
+    batches = [runner.collate(s) for s in stream]
+    dev = runner.device
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    timer = StepTimer(dev)
+    runner.hooks.mark = timer.mark
+    walls, recs = [], []
+    phase_t0 = time.perf_counter()
+    for i, b in enumerate(batches[: warmup + steps]):
+        sync(dev)
+        t0 = time.perf_counter()
+        timer.start(i + 1, 0, b, 0.0, {})
+        runner.run(b)
+        sync(dev)
+        walls.append(time.perf_counter() - t0)
+        recs += timer.end({})
+    recs += timer.flush()
+    phase = time.perf_counter() - phase_t0
+    timed = walls[warmup:]
+    med = statistics.median(timed)
+    tr = recs[warmup:]
+    out = {
+        "mean": statistics.fmean(timed), "median": med, "slow": sum(1 for w in timed if w > 3 * med),
+        "forward": statistics.median(r["forward"] for r in tr), "backward": statistics.median(r["backward"] for r in tr),
+        "optimizer": statistics.median(r["optimizer"] for r in tr), "first_step": walls[0], "setup": runner.setup_seconds,
+        "phase_wall": phase, "peak_gb": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else 0.0,
+        "steps": walls,
+    }
+    return out, (runner, batches)
+
+
+def run_bench(cfg: Config, out_dir: Path | None = None) -> str:
+    b = cfg.bench
+    if not b.arms:
+        raise ValueError("bench.arms is empty: list the arms (name + overrides) in the config")
+    out_dir = out_dir or Path(cfg.train.output_dir) / "bench"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n = b.batches or (b.warmup + b.steps + b.profile_steps)
+    stream = sample_stream(cfg, n, llm_vocab(cfg))
+    configs = [with_overrides(cfg, arm.overrides) for arm in b.arms]
+    results: dict[str, list[dict]] = {arm.name: [] for arm in b.arms}
+    extra: dict[str, dict] = {}
+    flops = None
+    for rep in range(b.runs):
+        for arm, acfg in zip(b.arms, configs):
+            log.info("bench: run %d of arm %s", rep + 1, arm.name)
+            res, (runner, batches) = one_run(acfg, stream, b.warmup, b.steps, b.profile_steps)
+            if rep == 0:
+                tail = batches[b.warmup + b.steps:][: b.profile_steps] or batches[-b.profile_steps:]
+                extra[arm.name] = launches(runner, tail)
+                if flops is None:
+                    flops = count_flops(runner, batches[b.warmup: b.warmup + b.steps])
+            results[arm.name].append(res)
+            log.info("bench: %s run %d: mean %.1f ms, median %.1f ms", arm.name, rep + 1, res["mean"] * 1e3, res["median"] * 1e3)
+            del runner, batches
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    device = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
+    rate, rate_what = matmul_rate(device)
+    table = render(results, extra, flops or 0.0, rate, rate_what, b)
+    (out_dir / "bench.md").write_text(table, encoding="utf-8")
+    (out_dir / "bench.json").write_text(json.dumps({"results": results, "extra": extra, "flops": flops, "rate": rate,
+                                                    "arms": [asdict(a) for a in b.arms]}, indent=1), encoding="utf-8")
+    print(table)
+    return table
+
+
+def with_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """The base config with an arm's key=value overrides on top (checked like any override)."""
+    tree = cfg.to_dict()
+    for text in overrides:
+        key, value = parse_override(text)
+        patch: dict = {}
+        _set_dotted(patch, key, value)
+        tree = _merge(tree, patch)
+    return build(Config, tree)
+
+
+def flops_str(x: float) -> str:
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if x >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.3g} FLOP"
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1000:.1f}"
+
+
+def render(results: dict, extra: dict, flops: float, rate: float, rate_what: str, b) -> str:
+    names = list(results)
+    base = statistics.fmean(r["mean"] for r in results[names[0]])
+    lines = [
+        f"Arms interleaved, {b.runs} runs each, {b.steps} timed steps after {b.warmup} warm-up steps, same batches. "
+        f"Roofline: {flops_str(flops)} a step (counted) against {flops_str(rate)}/s ({rate_what}, measured).",
+        "",
+        "| arm | mean ms (runs) | median ms (runs) | steps >3x median | fwd / bwd / opt median ms | launches / kernels a step "
+        "| peak GiB | setup s | first step s | phase wall s | roofline | vs first |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        rs = results[name]
+        mean = statistics.fmean(r["mean"] for r in rs)
+        e = extra.get(name, {})
+        roof = flops / mean / rate if rate and mean else 0.0
+        lines.append(
+            f"| {name} | {_ms(mean)} ({', '.join(_ms(r['mean']) for r in rs)}) "
+            f"| {_ms(statistics.fmean(r['median'] for r in rs))} ({', '.join(_ms(r['median']) for r in rs)}) "
+            f"| {', '.join(str(r['slow']) for r in rs)} "
+            f"| {_ms(rs[0]['forward'])} / {_ms(rs[0]['backward'])} / {_ms(rs[0]['optimizer'])} "
+            f"| {e.get('launches', 0):.0f} / {e.get('kernels', 0):.0f} "
+            f"| {max(r['peak_gb'] for r in rs):.2f} | {_join(rs, 'setup', 1)} "
+            f"| {_join(rs, 'first_step', 2)} | {_join(rs, 'phase_wall', 1)} "
+            f"| {roof * 100:.1f}% | {base / mean:.2f}x |")
+    spread = [f"{n}: {(_spread(results[n])):.1f}%" for n in names]
+    lines += ["", "Run-to-run spread of the mean (max-min over mean): " + ", ".join(spread)]
+    return "\n".join(lines) + "\n"
+
+
+def _join(rs: list[dict], key: str, digits: int) -> str:
+    return ", ".join(f"{r[key]:.{digits}f}" for r in rs)
+
+
+def _spread(rs: list[dict]) -> float:
+    means = [r["mean"] for r in rs]
+    return (max(means) - min(means)) / statistics.fmean(means) * 100 if len(means) > 1 else 0.0

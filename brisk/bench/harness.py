@@ -1,0 +1,130 @@
+"""What `brisk bench` and `brisk profile` share: a fixed batch stream and a training step built from a config.
+
+The stream is a list of sample groups taken once from the configured data (the demo jsonl, a FunASR jsonl,
+or a length profile with random features), so every arm trains on the same utterances in the same order;
+each arm collates them its own way (padded, packed, static buckets).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..config import Config
+from ..data.loader import build_split
+from ..models.build import build_model
+from ..speed import apply_speed, collator_for
+from ..speed.flags import tf32_scope
+from ..train.optim import WarmupLR, build_optimizer
+from ..train.run import example_batches, pick_device
+from ..train.step import StepHooks, TrainStep
+
+
+def sample_stream(cfg: Config, n: int, vocab: int) -> list[list]:
+    """The first ``n`` batches (as lists of samples) of epoch 0, cycling if the data is shorter."""
+    split = build_split(cfg, "train", collator_for(cfg), vocab)
+    batches = split.sampler.batches(0)
+    if not batches:
+        raise ValueError("the data gives no batches")
+    out = []
+    while len(out) < n:
+        for idx in batches[: n - len(out)]:
+            out.append([split.dataset[(i, 0)] for i in idx])
+    return out
+
+
+def llm_vocab(cfg: Config) -> int:
+    if cfg.model.llm.path:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(cfg.model.llm.path, local_files_only=True).vocab_size
+    return int(cfg.model.llm.config["vocab_size"])
+
+
+@dataclass
+class Runner:
+    cfg: Config
+    device: torch.device
+    model: torch.nn.Module
+    step: object
+    collator: object
+    setup_seconds: float
+    hooks: StepHooks
+
+    def collate(self, samples: list) -> object:
+        return self.collator(samples)
+
+    def run(self, batch) -> dict:
+        with tf32_scope(self.cfg.speed.tf32):
+            return self.step([batch.to(self.device, non_blocking=True)])
+
+
+def build_runner(cfg: Config) -> Runner:
+    t0 = time.perf_counter()
+    device = pick_device(cfg.train.device)
+    model = build_model(cfg.model).to(device)
+    torch.manual_seed(cfg.train.seed)
+    model.train()
+    plan = apply_speed(model, cfg, device)
+    optimizer = build_optimizer(model, cfg.optim, fused=plan.fused_adamw, capturable=plan.capturable)
+    schedule = WarmupLR(optimizer, cfg.optim.lr, cfg.optim.warmup_steps)
+    hooks = StepHooks(context=plan.context, audio=plan.audio)
+    step = TrainStep(model, optimizer, schedule, grad_clip=cfg.optim.grad_clip, on_device_skip=plan.on_device_skip, hooks=hooks)
+    if cfg.speed.cuda_graph:
+        from ..speed.graph import GraphedStep
+
+        graphed = GraphedStep(step, plan.audio, grad_clip=cfg.optim.grad_clip)
+        vocab = model.llm.get_input_embeddings().weight.shape[0]
+        graphed.prepare([b.to(device) for b in example_batches(cfg, plan.collator, vocab)])
+        step = graphed
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return Runner(cfg, device, model, step, plan.collator, time.perf_counter() - t0, hooks)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_rate(device: torch.device) -> tuple[float, str]:
+    """Measured dense matmul rate (FLOP/s): bf16 8192^3 on a GPU, fp32 1024^3 on the CPU."""
+    if device.type == "cuda":
+        n, dtype, reps = 8192, torch.bfloat16, 10
+    else:
+        n, dtype, reps = 1024, torch.float32, 5
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync(device)
+    rate = 2 * n**3 * reps / (time.perf_counter() - t0)
+    return rate, f"{'bf16' if dtype == torch.bfloat16 else 'fp32'} {n}^3 matmul"
+
+
+def count_flops(runner: Runner, batches: list) -> float:
+    """Model FLOPs of forward + backward (torch's FlopCounterMode), mean over ``batches``; nothing is updated."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = runner.model
+    hooks = runner.hooks
+    total = 0.0
+    from ..models.speech_llm import lm_loss
+
+    for b in batches:
+        b = b.to(runner.device)
+        with FlopCounterMode(display=False) as fc:
+            rows = hooks.audio(b) if hooks.audio else None
+            with hooks.context():
+                logits = model(b, audio_rows=rows)
+                loss, _, _ = lm_loss(logits, b.labels)
+                loss.backward()
+        total += fc.get_total_flops()
+        model.zero_grad(set_to_none=True)
+    return total / max(len(batches), 1)

@@ -1,0 +1,108 @@
+"""`brisk profile CONFIG --steps N`: where a steady step's time goes.
+
+torch.profiler over N steps after a warm-up: the top operations by CPU time and by GPU time (calls, average,
+total), kernel launches a step, the fraction of the profiled wall time the GPU was busy (union of kernel
+intervals), the roofline fraction, and a one-line verdict: host-bound (the GPU waits on launches) or
+device-bound. Writes profile.md and a Chrome/Perfetto trace (trace.json; open it in ui.perfetto.dev).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from ..config import Config
+from .bench import flops_str
+from .harness import build_runner, count_flops, llm_vocab, matmul_rate, sample_stream, sync
+
+log = logging.getLogger("brisk")
+
+LAUNCH_NAMES = {"cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch",
+                "cudaLaunchCooperativeKernel"}
+
+
+def is_kernel(e) -> bool:
+    return str(getattr(e, "device_type", "")).endswith("CUDA") and not e.name.startswith(("Memcpy", "Memset"))
+
+
+def launch_counts(events, steps: int) -> dict:
+    """Host launch calls (a graph replay is one) and device kernels, per step."""
+    n = max(steps, 1)
+    return {"launches": sum(1 for e in events if e.name in LAUNCH_NAMES) / n,
+            "kernels": sum(1 for e in events if is_kernel(e)) / n}
+
+
+def _table(rows: list, title: str, key: str) -> list[str]:
+    out = [f"### {title}", "", "| operation | calls | avg us | total ms |", "|---|---|---|---|"]
+    for e in rows:
+        total = getattr(e, key) / 1000.0
+        out.append(f"| `{e.key[:80]}` | {e.count} | {getattr(e, key) / max(e.count, 1):.1f} | {total:.2f} |")
+    return out + [""]
+
+
+def busy_fraction(events, wall_us: float) -> float:
+    """Union of device kernel intervals over the profiled wall time."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events
+                   if is_kernel(e) and e.time_range.end > e.time_range.start)
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, e in spans:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        busy += cur_e - cur_s
+    return busy / wall_us if wall_us else 0.0
+
+
+def run_profile(cfg: Config, steps: int = 3, warmup: int = 5, out: Path | None = None) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    out = out or Path(cfg.train.output_dir) / "profile"
+    out.mkdir(parents=True, exist_ok=True)
+    stream = sample_stream(cfg, warmup + steps, llm_vocab(cfg))
+    runner = build_runner(cfg)
+    batches = [runner.collate(s) for s in stream]
+    for b in batches[:warmup]:
+        runner.run(b)
+    sync(runner.device)
+    cuda = runner.device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        for b in batches[warmup:]:
+            runner.run(b)
+        sync(runner.device)
+    wall = time.perf_counter() - t0
+    prof.export_chrome_trace(str(out / "trace.json"))
+    events = prof.events()
+    counts = launch_counts(events, steps)
+    launches, kernels = counts["launches"], counts["kernels"]
+    busy = busy_fraction(events, wall * 1e6) if cuda else 1.0
+    flops = count_flops(runner, batches[warmup:])
+    rate, rate_what = matmul_rate(runner.device)
+    step_s = wall / steps
+    roof = flops / step_s / rate
+    if cuda:
+        verdict = ("host-bound: the GPU is idle {:.0%} of the step, waiting for launches".format(1 - busy) if busy < 0.6
+                   else "device-bound: the GPU is busy {:.0%} of the step; faster kernels or less work will help".format(busy))
+    else:
+        verdict = "CPU run: everything is host time"
+    ka = prof.key_averages()
+    lines = [f"# Profile of {steps} steady steps", "",
+             f"- step time {step_s * 1000:.1f} ms (profiler on), kernel launches a step {launches:.0f}, device kernels a step {kernels:.0f}",
+             f"- GPU busy {busy:.0%} of the wall time" if cuda else "- no GPU",
+             f"- model FLOPs a step {flops_str(flops)}; roofline {roof:.1%} of {flops_str(rate)}/s ({rate_what}, measured)",
+             f"- verdict: {verdict}", "", f"Trace: {out / 'trace.json'} (open in https://ui.perfetto.dev)", ""]
+    lines += _table(sorted(ka, key=lambda e: e.self_cpu_time_total, reverse=True)[:20], "Top operations by CPU time (self)", "self_cpu_time_total")
+    if cuda:
+        lines += _table(sorted(ka, key=lambda e: e.self_device_time_total, reverse=True)[:20], "Top operations by GPU time (self)", "self_device_time_total")
+    text = "\n".join(lines) + "\n"
+    (out / "profile.md").write_text(text, encoding="utf-8")
+    print(text)
+    return text

@@ -1,0 +1,213 @@
+"""`brisk probe compare A B` and `brisk probe calibrate A B [C ...]`.
+
+compare: every checkpoint of B against A's under the tolerance of its metric; a summary table (what was
+recorded, max and mean difference, tolerance, met or unmet with counts), the worst offenders, and exit
+status 1 when any gate is unmet. A checkpoint present in one record only is unmet ("missing").
+
+calibrate: records of the same configuration that differ only in harmless ways (another seed for the
+GPU's own nondeterminism, an equivalent attention kernel) give the spread the numbers have anyway; the
+proposed tolerance of each metric is ``margin`` x the largest difference seen against the first record,
+so a gate can say "within run-to-run noise".
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+DEFAULT_TOLERANCES = Path(__file__).with_name("tolerances.yaml")
+
+
+def record_path(p: str | Path) -> Path:
+    p = Path(p)
+    if p.is_dir():
+        p = p / "probe.rank0.jsonl"
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no probe record (run with probe.enabled=true)")
+    return p
+
+
+def load_record(p: str | Path) -> dict[tuple[str, int], float]:
+    out = {}
+    with record_path(p).open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            obj = json.loads(line)
+            if "metric" in obj:
+                out[(obj["metric"], int(obj["step"]))] = float(obj["value"])
+            elif n == 1 and obj.get("probe") != 1:
+                raise ValueError(f"{p}: not a brisk probe record")
+    return out
+
+
+def load_tolerances(path: str | Path | None) -> dict[str, dict]:
+    path = Path(path) if path else DEFAULT_TOLERANCES
+    rules = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    for k, rule in rules.items():
+        if not isinstance(rule, dict) or not ({"abs", "rel", "exact", "frac"} & set(rule)):
+            raise ValueError(f"{path}: tolerance for {k!r} needs abs, rel, frac (with frac_of) or exact")
+    return rules
+
+
+def rule_for(metric: str, rules: dict) -> tuple[str, dict] | None:
+    if metric in rules:
+        return metric, rules[metric]
+    for pattern, rule in rules.items():
+        if fnmatch.fnmatchcase(metric, pattern):
+            return pattern, rule
+    return None
+
+
+def allowed(rule: dict, ref: float, step: int, a: dict) -> float:
+    if rule.get("exact"):
+        return 0.0
+    if "frac" in rule:
+        return rule["frac"] * abs(a.get((rule["frac_of"], step), 0.0))
+    bound = 0.0
+    if "abs" in rule:
+        bound = max(bound, rule["abs"])
+    if "rel" in rule:
+        bound = max(bound, rule["rel"] * abs(ref))
+    return bound
+
+
+def describe(rule: dict) -> str:
+    if rule.get("exact"):
+        return "exact"
+    if "frac" in rule:
+        return f"{rule['frac']:.2%} of {rule['frac_of']}"
+    parts = []
+    if "abs" in rule:
+        parts.append(f"{rule['abs']:.3g} abs")
+    if "rel" in rule:
+        parts.append(f"{rule['rel']:.3g} rel")
+    return " or ".join(parts)
+
+
+@dataclass
+class Check:
+    metric: str
+    step: int
+    a: float | None
+    b: float | None
+    diff: float
+    bound: float
+
+    @property
+    def met(self) -> bool:
+        return self.a is not None and self.b is not None and math.isfinite(self.diff) and self.diff <= self.bound
+
+    @property
+    def severity(self) -> float:
+        if self.a is None or self.b is None or not math.isfinite(self.diff):
+            return math.inf
+        return self.diff / self.bound if self.bound > 0 else (math.inf if self.diff > 0 else 0.0)
+
+
+def family(metric: str) -> str:
+    if metric.startswith("grad_norm."):
+        return "grad_norm.<module>"
+    if metric.startswith("batch."):
+        return "batch shapes (batch.*)"
+    return metric
+
+
+def compare(a: dict, b: dict, rules: dict) -> list[Check]:
+    checks = []
+    for key in sorted(set(a) | set(b), key=lambda k: (k[0], k[1])):
+        metric, step = key
+        found = rule_for(metric, rules)
+        if found is None:
+            continue  # recorded but not gated
+        va, vb = a.get(key), b.get(key)
+        diff = abs(va - vb) if va is not None and vb is not None else math.inf
+        checks.append(Check(metric, step, va, vb, diff, allowed(found[1], va if va is not None else 0.0, step, a)))
+    return checks
+
+
+def render(checks: list[Check], rules: dict, name_a: str, name_b: str, worst: int = 10) -> str:
+    fams: dict[str, list[Check]] = {}
+    for c in checks:
+        fams.setdefault(family(c.metric), []).append(c)
+    unmet_total = sum(1 for c in checks if not c.met)
+    lines = [f"Probe: {name_b} against {name_a}: {len(checks)} checkpoints, "
+             f"{len(checks) - unmet_total} within tolerance, {unmet_total} not.", "",
+             "| recorded | checkpoints | max diff | mean diff | tolerance | gate |", "|---|---|---|---|---|---|"]
+    for fam, cs in fams.items():
+        finite = [c.diff for c in cs if math.isfinite(c.diff)]
+        unmet = [c for c in cs if not c.met]
+        rule = rule_for(cs[0].metric, rules)[1]
+        gate = "met" if not unmet else f"unmet on {len(unmet)} of {len(cs)}"
+        lines.append(f"| {fam} | {len(cs)} | {max(finite) if finite else float('nan'):.4g} | "
+                     f"{statistics.fmean(finite) if finite else float('nan'):.4g} | {describe(rule)} | {gate} |")
+    bad = sorted((c for c in checks if not c.met), key=lambda c: -c.severity)[:worst]
+    if bad:
+        lines += ["", "Worst offenders:", "", "| metric | step | reference | this run | diff | allowed |", "|---|---|---|---|---|---|"]
+        for c in bad:
+            fmt = lambda v: "missing" if v is None else f"{v:.6g}"  # noqa: E731
+            lines.append(f"| {c.metric} | {c.step} | {fmt(c.a)} | {fmt(c.b)} | {c.diff:.4g} | {c.bound:.4g} |")
+    return "\n".join(lines) + "\n"
+
+
+def compare_main(a: str, b: str, tolerances: str | None, out: str | None) -> int:
+    rules = load_tolerances(tolerances)
+    checks = compare(load_record(a), load_record(b), rules)
+    if not checks:
+        raise ValueError("no gated checkpoints in common: are these probe records of the same kind of run?")
+    text = render(checks, rules, str(a), str(b))
+    print(text)
+    if out:
+        Path(out).write_text(text, encoding="utf-8")
+    return 0 if all(c.met for c in checks) else 1
+
+
+def calibrate(records: list[dict], rules: dict, margin: float) -> dict[str, dict]:
+    """Proposed rules: margin x the largest spread against the first record, in each rule's own terms."""
+    ref = records[0]
+    proposed: dict[str, dict] = {}
+    for pattern, rule in rules.items():
+        keys = [k for k in ref if rule_for(k[0], rules) and rule_for(k[0], rules)[0] == pattern]
+        if not keys:
+            continue
+        worst_abs = worst_rel = worst_frac = 0.0
+        for other in records[1:]:
+            for k in keys:
+                if k not in other:
+                    continue
+                d = abs(ref[k] - other[k])
+                worst_abs = max(worst_abs, d)
+                if ref[k]:
+                    worst_rel = max(worst_rel, d / abs(ref[k]))
+                if "frac" in rule:
+                    base = abs(ref.get((rule["frac_of"], k[1]), 0.0))
+                    if base:
+                        worst_frac = max(worst_frac, d / base)
+        if rule.get("exact"):
+            new = {"exact": True} if worst_abs == 0 else {"abs": margin * worst_abs}
+        elif "frac" in rule:
+            new = {"frac_of": rule["frac_of"], "frac": float(f"{max(margin * worst_frac, 1e-9):.3g}")}
+        elif "rel" in rule:
+            new = {"rel": float(f"{max(margin * worst_rel, 1e-9):.3g}")}
+        else:
+            new = {"abs": float(f"{max(margin * worst_abs, 1e-12):.3g}")}
+        new["observed"] = {"max_abs": worst_abs, "max_rel": worst_rel, "checkpoints": len(keys), "pairs": len(records) - 1}
+        proposed[pattern] = new
+    return proposed
+
+
+def calibrate_main(paths: list[str], out: str | None, margin: float) -> int:
+    rules = load_tolerances(None)
+    proposed = calibrate([load_record(p) for p in paths], rules, margin)
+    header = (f"# Proposed by `brisk probe calibrate` from {len(paths)} records ({', '.join(map(str, paths))}),\n"
+              f"# margin {margin} x the largest difference against the first. 'observed' is informational.\n")
+    text = header + yaml.safe_dump(proposed, sort_keys=False)
+    if out:
+        Path(out).write_text(text, encoding="utf-8")
+    sys.stdout.write(text)
+    return 0
