@@ -71,7 +71,7 @@ def check_varlen() -> dict:
 
 def check_packed_vs_padded() -> dict:
     cfg = load_config(REPO / "configs/fun_asr_nano.yaml", SMALL + ["model.llm.dtype=fp32", "speed.packing=true"])
-    model = build_model(cfg.model).cuda().eval()
+    model = build_model(cfg.model, "cuda").eval()
     from brisk.speed import apply_speed
 
     apply_speed(model, cfg, torch.device("cuda"))  # installs the varlen attention for packed rows
@@ -84,7 +84,17 @@ def check_packed_vs_padded() -> dict:
         model.llm.config._attn_implementation = "brisk_varlen"
         l2, _, _ = lm_loss(model(packed), packed.labels)
     rel = abs(l1.item() - l2.item()) / abs(l1.item())
-    return {"padded_loss": l1.item(), "packed_loss": l2.item(), "rel": rel, "ok": rel < 1e-4}
+    out = {"fp32_padded_loss": l1.item(), "fp32_packed_loss": l2.item(), "fp32_rel": rel}
+    model.llm.to(torch.bfloat16)  # bf16 LLM: the packed row now takes FlashAttention varlen
+    model.llm_dtype = torch.bfloat16
+    with torch.no_grad():
+        model.llm.config._attn_implementation = "sdpa"
+        l1, _, _ = lm_loss(model(padded), padded.labels)
+        model.llm.config._attn_implementation = "brisk_varlen"
+        l2, _, _ = lm_loss(model(packed), packed.labels)
+    rel16 = abs(l1.item() - l2.item()) / abs(l1.item())
+    return {**out, "bf16_padded_loss": l1.item(), "bf16_packed_loss": l2.item(), "bf16_rel": rel16,
+            "ok": rel < 1e-4 and rel16 < 1e-2}
 
 
 def run_steps(overrides: list[str], n: int) -> tuple[list[float], dict, dict, float]:

@@ -16,6 +16,7 @@ import json
 import logging
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -87,6 +88,34 @@ def run_bench(cfg: Config, out_dir: Path | None = None) -> str:
     results: dict[str, list[dict]] = {arm.name: [] for arm in b.arms}
     extra: dict[str, dict] = {}
     flops = None
+    with dynamo_limits(64):
+        flops = _runs(b, configs, stream, results, extra)
+    device = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
+    rate, rate_what = matmul_rate(device)
+    table = render(results, extra, flops or 0.0, rate, rate_what, b)
+    (out_dir / "bench.md").write_text(table, encoding="utf-8")
+    (out_dir / "bench.json").write_text(json.dumps({"results": results, "extra": extra, "flops": flops, "rate": rate,
+                                                    "arms": [asdict(a) for a in b.arms]}, indent=1), encoding="utf-8")
+    print(table)
+    return table
+
+
+@contextmanager
+def dynamo_limits(limit: int):
+    """Every compiled run in a bench builds a new model; Dynamo's per-function recompile limit (8) would
+    send later runs silently to eager. Raised for the bench, restored after."""
+    import torch._dynamo.config as dc
+
+    saved = dc.recompile_limit
+    dc.recompile_limit = max(saved, limit)
+    try:
+        yield
+    finally:
+        dc.recompile_limit = saved
+
+
+def _runs(b, configs, stream, results, extra) -> float | None:
+    flops = None
     for rep in range(b.runs):
         for arm, acfg in zip(b.arms, configs):
             log.info("bench: run %d of arm %s", rep + 1, arm.name)
@@ -102,14 +131,7 @@ def run_bench(cfg: Config, out_dir: Path | None = None) -> str:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
-    rate, rate_what = matmul_rate(device)
-    table = render(results, extra, flops or 0.0, rate, rate_what, b)
-    (out_dir / "bench.md").write_text(table, encoding="utf-8")
-    (out_dir / "bench.json").write_text(json.dumps({"results": results, "extra": extra, "flops": flops, "rate": rate,
-                                                    "arms": [asdict(a) for a in b.arms]}, indent=1), encoding="utf-8")
-    print(table)
-    return table
+    return flops
 
 
 def with_overrides(cfg: Config, overrides: list[str]) -> Config:

@@ -64,7 +64,7 @@ class Runner:
 def build_runner(cfg: Config) -> Runner:
     t0 = time.perf_counter()
     device = pick_device(cfg.train.device)
-    model = build_model(cfg.model).to(device)
+    model = build_model(cfg.model, device)
     torch.manual_seed(cfg.train.seed)
     model.train()
     plan = apply_speed(model, cfg, device)

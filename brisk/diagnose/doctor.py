@@ -13,23 +13,7 @@ import tempfile
 
 import torch
 
-from .accel import cudnn_first, sdpa_order
-
-
-def _sdpa_backend_taken(device: torch.device) -> str:
-    """Run one padded-mask bf16 attention call and read which kernel the profiler saw."""
-    from torch.profiler import ProfilerActivity, profile
-
-    q = torch.randn(2, 16, 64, 128, device=device, dtype=torch.bfloat16)
-    mask = torch.ones(2, 1, 64, 64, device=device, dtype=torch.bool)
-    mask[1, :, :, 48:] = False
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
-    names = " ".join(e.name for e in prof.events())
-    for key, label in (("cudnn", "cuDNN"), ("flash", "flash"), ("efficient", "memory-efficient"), ("math", "math")):
-        if key in names.lower():
-            return label
-    return "unknown"
+from .accel import masked_sdpa_backend, sdpa_order
 
 
 def doctor() -> str:
@@ -59,9 +43,9 @@ def doctor() -> str:
         p = torch.cuda.get_device_properties(dev)
         lines.append(f"- GPU: {p.name}, sm_{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs; "
                      f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}")
-        taken = _sdpa_backend_taken(dev)
+        taken = masked_sdpa_backend(dev)
         lines.append(f"- a padded-mask bf16 attention call here takes: {taken}")
-        if p.major in (9, 10) and (taken == "cuDNN" or (cudnn_first() and env != "1")):
+        if p.major in (9, 10) and taken == "cuDNN":
             traps.append("cuDNN SDPA plan builds: on this sm_{}{} GPU the LLM's padded-mask attention goes to cuDNN, which "
                          "builds an execution plan for every new (batch, padded length), ~0.5 s forward + ~0.5 s backward. "
                          "Token-bucketed batches hit a new shape every few steps. Fix: speed.sdpa_backends=[flash,efficient,math] "

@@ -166,7 +166,9 @@ class GraphedStep:
             t = b.input_ids.shape[1]
             if t not in self.graphs and t <= MAX_GRAPH_TOKENS:
                 self._warm(b, rows)
-                self.graphs[t] = self._capture(b, rows)
+                cap = self._capture(b, rows)
+                cap.graph.replay()  # the first replay of a graph pays its upload; do it here, at lr = 0
+                self.graphs[t] = cap
         for g, v in zip(self.optimizer.param_groups, lr):
             g["lr"].copy_(v)
         for p, st in self.optimizer.state.items():

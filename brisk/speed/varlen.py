@@ -4,7 +4,8 @@ Registered as ``brisk_varlen``. Without a mask function of its own, transformers
 (no [T, T] tensor, no host sync in mask creation); the packing boundaries come from ``cu_seq_lens_q``,
 which SpeechLLM.forward passes for packed batches. On CUDA it calls torch.nn.attention.varlen.varlen_attn
 (FlashAttention-2, causal); on the CPU an equivalent SDPA call with a block-diagonal causal mask, which is
-also the reference the CUDA kernel is tested against.
+also the reference the CUDA kernel is tested against, and the path an fp32 LLM takes on CUDA (FlashAttention
+has no fp32 kernel).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def varlen_attention(module, query, key, value, attention_mask, dropout: float =
     max_len = query.shape[2]
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, H, D]
     kernel, has_gqa = _varlen_kernel()
-    if query.is_cuda and kernel is not None:
+    if query.is_cuda and kernel is not None and query.dtype in (torch.float16, torch.bfloat16):
         extra = {}
         if k.shape[1] != q.shape[1]:
             if has_gqa:
