@@ -170,6 +170,7 @@ class TrainConfig:
     tensorboard: bool = True
     gc_every: int = 0  # >0: freeze+disable Python's GC after step 1 and collect every N steps (tagged)
     export_safetensors: bool = True  # write model.safetensors + model.pt (FunASR keys) at the end
+    save_final: bool = True  # checkpoint at the end of a run stopped by max_steps (false: measurement runs)
 
     def __post_init__(self):
         if self.keep_metric not in ("loss", "acc"):

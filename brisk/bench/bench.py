@@ -2,8 +2,9 @@
 
 Each arm is the config plus its own overrides (bench.arms). Runs go A B C A B C ... (bench.runs per arm),
 each from a fresh model with the same seed, training on the same batch stream: ``bench.warmup`` steps,
-then ``bench.steps`` timed steps (the device is synchronised around each step; that is the measured
-region). Per run: mean and median step time, steps over 3x the median, phase medians (CUDA events),
+then ``bench.steps`` timed steps run as the trainer runs them (pinned batches, no sync inside a step; the
+device is synchronised at the two ends of the timed region). Per run: mean step time (region wall / steps),
+median and steps over 3x the median (per-step CUDA-event spans), phase medians (CUDA events),
 first-step time, the wall time of the whole training phase, peak allocated memory. For the first run of
 each arm also: kernel launches a step (torch.profiler over bench.profile_steps steps) and, for the first
 arm, the model FLOPs a step, which give each arm's fraction of the measured matmul rate (the roofline).
@@ -44,34 +45,49 @@ def launches(runner, batches) -> dict:
 
 
 def one_run(cfg: Config, stream: list, warmup: int, steps: int, profile_steps: int) -> tuple[dict, object]:
+    """One run: warm-up steps, then timed steps as the trainer runs them (no sync inside a step).
+
+    The mean is the timed region's wall time over its steps (one sync at each end), so host work that
+    overlaps the device is not counted twice; per-step times (median, slow steps, phases) are the CUDA-event
+    spans of each step, and per-step host walls are kept too.
+    """
     runner = build_runner(cfg)
+    pin = runner.device.type == "cuda"
     batches = [runner.collate(s) for s in stream]
+    batches = [b.pin_memory() if pin else b for b in batches]  # as DataLoader(pin_memory=True) delivers them
     dev = runner.device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    timer = StepTimer(dev)
+    timer = StepTimer(dev, lag=10**9)
     runner.hooks.mark = timer.mark
     walls, recs = [], []
     phase_t0 = time.perf_counter()
+    first = None
     for i, b in enumerate(batches[: warmup + steps]):
-        sync(dev)
+        if i == warmup:
+            sync(dev)
+            region_t0 = time.perf_counter()
         t0 = time.perf_counter()
         timer.start(i + 1, 0, b, 0.0, {})
         runner.run(b)
-        sync(dev)
-        walls.append(time.perf_counter() - t0)
         recs += timer.end({})
-    recs += timer.flush()
+        if i == 0:
+            sync(dev)
+            first = time.perf_counter() - t0
+        walls.append(time.perf_counter() - t0)
+    sync(dev)
+    region = time.perf_counter() - region_t0
     phase = time.perf_counter() - phase_t0
-    timed = walls[warmup:]
-    med = statistics.median(timed)
+    recs += timer.flush()
     tr = recs[warmup:]
+    per_step = [r["total"] for r in tr]
+    med = statistics.median(per_step)
     out = {
-        "mean": statistics.fmean(timed), "median": med, "slow": sum(1 for w in timed if w > 3 * med),
+        "mean": region / steps, "median": med, "slow": sum(1 for t in per_step if t > 3 * med),
         "forward": statistics.median(r["forward"] for r in tr), "backward": statistics.median(r["backward"] for r in tr),
-        "optimizer": statistics.median(r["optimizer"] for r in tr), "first_step": walls[0], "setup": runner.setup_seconds,
+        "optimizer": statistics.median(r["optimizer"] for r in tr), "first_step": first, "setup": runner.setup_seconds,
         "phase_wall": phase, "peak_gb": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else 0.0,
-        "steps": walls,
+        "steps": per_step, "host_walls": walls,
     }
     return out, (runner, batches)
 

@@ -96,9 +96,17 @@ def apply_compile(model: nn.Module, cfg: SpeedConfig) -> str:
     for i, module in targets:
         name = "decoder stack" if i is None else "decoder layer"
         module.forward = CudaOnlyCompiled(module.forward, name, cfg.compile_dynamic, cfg.compile_on_error)
+    what = f"{len(targets)} x {'decoder layer' if cfg.compile_scope == 'layer' else 'decoder stack'}"
+    if cfg.frozen_eval and model.cfg.encoder.freeze:
+        # A frozen encoder in eval mode has no dropout and no autograd: its blocks compile cleanly, and
+        # fusing their elementwise work removes ~2,000 small kernels a step.
+        blocks = [*model.audio_encoder.encoders0, *model.audio_encoder.encoders, *model.audio_encoder.tp_encoders]
+        for block in blocks:
+            block.forward = CudaOnlyCompiled(block.forward, "encoder block", cfg.compile_dynamic, cfg.compile_on_error)
+        what += f" + {len(blocks)} x frozen encoder block"
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "default (/tmp/torchinductor_<user>)")
-    return (f"compile: {len(targets)} x {'decoder layer' if cfg.compile_scope == 'layer' else 'decoder stack'}, "
-            f"dynamic={cfg.compile_dynamic}, CUDA inputs only, on_error={cfg.compile_on_error}, inductor cache {cache}")
+    return (f"compile: {what}, dynamic={cfg.compile_dynamic}, CUDA inputs only, on_error={cfg.compile_on_error}, "
+            f"inductor cache {cache}")
 
 
 def total_compile_seconds(model: nn.Module) -> float:

@@ -89,7 +89,8 @@ class Trainer:
                     self.end_epoch()
             if self.saved_step != self.pos.step:  # stopped by max_steps inside an epoch
                 self.timed("validation", self.validate)
-                self.timed("checkpoint", self.save)
+                if c.save_final:
+                    self.timed("checkpoint", self.save)
         return self.finish()
 
     def done(self) -> bool:
