@@ -52,3 +52,16 @@ def tiny_overrides(run_dir: Path, **extra) -> list[str]:
     }
     items.update(extra)
     return [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in items.items()]
+
+
+def tiny_config(run_dir: Path, **extra):
+    from brisk.config import load_config
+
+    return load_config(DEMO_CONFIG, tiny_overrides(run_dir, **extra))
+
+
+def run_train(run_dir: Path, **extra) -> dict:
+    """A short real training run of the tiny demo model on the bundled data."""
+    from brisk.train.run import train
+
+    return train(tiny_config(run_dir, **extra))

@@ -134,3 +134,29 @@ def test_encoder_output_and_loss_match_funasr_fp32(brisk_side, funasr_side):
         loss, correct, count = lm_loss(logits, ours_batch.labels)
     assert abs(loss.item() - ref_loss.item()) / abs(ref_loss.item()) <= 1e-5, (loss.item(), ref_loss.item())
     assert abs(correct.item() / count.item() - float(stats["acc"])) < 1e-6
+
+
+def test_multiturn_and_do_think_match_funasr_dataset(tmp_path, tokenizer):
+    """Two user turns with audio each, no system message, do_think=false: FunASR's dataset vs brisk's."""
+    import funasr.datasets.fun_asr_datasets.datasets  # noqa: F401
+    from funasr.frontends.wav_frontend import WavFrontend
+    from funasr.register import tables
+
+    a, b = DEMO / "audio/train/utt0001.flac", DEMO / "audio/train/utt0003.flac"
+    obj = {"key": "mt", "speech_length": 300, "text_length": 9, "messages": [
+        {"role": "user", "content": f"语音转写：<|startofspeech|>!{a}<|endofspeech|>"},
+        {"role": "assistant", "content": "the blue box is little"},
+        {"role": "user", "content": f"Speech transcription:<|startofspeech|>!{b}<|endofspeech|>"},
+        {"role": "assistant", "content": "one more line"}]}
+    p = tmp_path / "mt.jsonl"
+    p.write_text(json.dumps(obj, ensure_ascii=False) + "\n", encoding="utf-8")
+    fe = WavFrontend(fs=16000, window="hamming", n_mels=80, frame_length=25, frame_shift=10, lfr_m=7, lfr_n=6, dither=0.0)
+    ref = tables.dataset_classes["FunASR"](str(p), index_ds="FunASR", frontend=fe, tokenizer=tokenizer, do_think=False)[0]
+    index = read_jsonl(p, max_speech_length=8000, max_text_length=2048, skip_bad=False)
+    ds = SpeechDataset(index.utterances, FrontendConfig(dither=0.0), PromptBuilder(tokenizer, do_think=False), seed=0,
+                       skip_bad=False, max_speech_length=8000)
+    ours = ds[0]
+    assert ours.tokens.input_ids == ref["input_ids"].tolist()
+    assert ours.tokens.labels == ref["labels_ids"].tolist()
+    assert [beg for beg, _ in ours.tokens.audio_slots] == ref["fbank_beg"].tolist()
+    assert [n for _, n in ours.tokens.audio_slots] == ref["fake_token_len"].tolist()

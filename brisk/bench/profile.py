@@ -43,8 +43,12 @@ def _table(rows: list, title: str, key: str) -> list[str]:
     return out + [""]
 
 
-def busy_fraction(events, wall_us: float) -> float:
-    """Union of device kernel intervals over the profiled wall time."""
+def busy_fraction(events) -> float:
+    """Union of device kernel intervals over the device span (first kernel start to last kernel end).
+
+    Measured on the device timeline rather than against the host's wall clock, so the profiler's own
+    start-up and the final synchronisation do not count as idle time.
+    """
     spans = sorted((e.time_range.start, e.time_range.end) for e in events
                    if is_kernel(e) and e.time_range.end > e.time_range.start)
     busy, cur_s, cur_e = 0.0, None, None
@@ -57,7 +61,10 @@ def busy_fraction(events, wall_us: float) -> float:
             cur_e = max(cur_e, e)
     if cur_e is not None:
         busy += cur_e - cur_s
-    return busy / wall_us if wall_us else 0.0
+    if not spans:
+        return 0.0
+    span = max(e for _, e in spans) - spans[0][0]
+    return busy / span if span else 0.0
 
 
 def run_profile(cfg: Config, steps: int = 3, warmup: int = 5, out: Path | None = None) -> str:
@@ -73,17 +80,18 @@ def run_profile(cfg: Config, steps: int = 3, warmup: int = 5, out: Path | None =
     sync(runner.device)
     cuda = runner.device.type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    t0 = time.perf_counter()
     with profile(activities=acts) as prof:
+        sync(runner.device)
+        t0 = time.perf_counter()
         for b in batches[warmup:]:
             runner.run(b)
         sync(runner.device)
-    wall = time.perf_counter() - t0
+        wall = time.perf_counter() - t0
     prof.export_chrome_trace(str(out / "trace.json"))
     events = prof.events()
     counts = launch_counts(events, steps)
     launches, kernels = counts["launches"], counts["kernels"]
-    busy = busy_fraction(events, wall * 1e6) if cuda else 1.0
+    busy = busy_fraction(events) if cuda else 1.0
     flops = count_flops(runner, batches[warmup:])
     rate, rate_what = matmul_rate(runner.device)
     step_s = wall / steps
@@ -95,8 +103,9 @@ def run_profile(cfg: Config, steps: int = 3, warmup: int = 5, out: Path | None =
         verdict = "CPU run: everything is host time"
     ka = prof.key_averages()
     lines = [f"# Profile of {steps} steady steps", "",
-             f"- step time {step_s * 1000:.1f} ms (profiler on), kernel launches a step {launches:.0f}, device kernels a step {kernels:.0f}",
-             f"- GPU busy {busy:.0%} of the wall time" if cuda else "- no GPU",
+             f"- step time {step_s * 1000:.1f} ms with the profiler on (it slows the host), kernel launches a step "
+             f"{launches:.0f}, device kernels a step {kernels:.0f}",
+             f"- GPU busy {busy:.0%} of its timeline from the first kernel to the last" if cuda else "- no GPU",
              f"- model FLOPs a step {flops_str(flops)}; roofline {roof:.1%} of {flops_str(rate)}/s ({rate_what}, measured)",
              f"- verdict: {verdict}", "", f"Trace: {out / 'trace.json'} (open in https://ui.perfetto.dev)", ""]
     lines += _table(sorted(ka, key=lambda e: e.self_cpu_time_total, reverse=True)[:20], "Top operations by CPU time (self)", "self_cpu_time_total")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from functools import lru_cache
 
 import soundfile as sf
@@ -16,10 +17,10 @@ class AudioError(ValueError):
 
 def read_audio(path: str, fs: int) -> torch.Tensor:
     """-> float32 mono waveform [S] in [-1, 1] at ``fs`` Hz."""
+    if not os.path.isfile(path):
+        raise AudioError(f"audio file {path} not found")
     try:
         data, rate = sf.read(path, dtype="float32", always_2d=True)
-    except FileNotFoundError:
-        raise AudioError(f"audio file {path} not found") from None
     except (sf.LibsndfileError, RuntimeError, OSError) as e:
         raise AudioError(f"audio file {path} could not be read: {e}") from None
     wave = torch.from_numpy(data).mean(dim=1)  # FunASR averages channels

@@ -114,7 +114,7 @@ def family(metric: str) -> str:
     if metric.startswith("grad_norm."):
         return "grad_norm.<module>"
     if metric.startswith("batch."):
-        return "batch shapes (batch.*)"
+        return "batch shapes (utts, tokens, speech frames)"
     return metric
 
 
@@ -168,18 +168,25 @@ def compare_main(a: str, b: str, tolerances: str | None, out: str | None) -> int
 
 
 def calibrate(records: list[dict], rules: dict, margin: float) -> dict[str, dict]:
-    """Proposed rules: margin x the largest spread against the first record, in each rule's own terms."""
+    """Proposed rules: margin x the largest spread against the first record, in each rule's own terms.
+
+    Only checkpoints present in both records count; a record sharing none with the first is an error
+    (a crashed run would otherwise look like a perfect match).
+    """
     ref = records[0]
+    for i, other in enumerate(records[1:], 2):
+        if not set(ref) & set(other):
+            raise ValueError(f"record {i} shares no checkpoint with record 1 (did that run fail?)")
     proposed: dict[str, dict] = {}
     for pattern, rule in rules.items():
         keys = [k for k in ref if rule_for(k[0], rules) and rule_for(k[0], rules)[0] == pattern]
-        if not keys:
-            continue
         worst_abs = worst_rel = worst_frac = 0.0
+        compared = 0
         for other in records[1:]:
             for k in keys:
                 if k not in other:
                     continue
+                compared += 1
                 d = abs(ref[k] - other[k])
                 worst_abs = max(worst_abs, d)
                 if ref[k]:
@@ -188,6 +195,8 @@ def calibrate(records: list[dict], rules: dict, margin: float) -> dict[str, dict
                     base = abs(ref.get((rule["frac_of"], k[1]), 0.0))
                     if base:
                         worst_frac = max(worst_frac, d / base)
+        if not compared:
+            continue
         if rule.get("exact"):
             new = {"exact": True} if worst_abs == 0 else {"abs": margin * worst_abs}
         elif "frac" in rule:
@@ -196,7 +205,7 @@ def calibrate(records: list[dict], rules: dict, margin: float) -> dict[str, dict
             new = {"rel": float(f"{max(margin * worst_rel, 1e-9):.3g}")}
         else:
             new = {"abs": float(f"{max(margin * worst_abs, 1e-12):.3g}")}
-        new["observed"] = {"max_abs": worst_abs, "max_rel": worst_rel, "checkpoints": len(keys), "pairs": len(records) - 1}
+        new["observed"] = {"max_abs": worst_abs, "max_rel": worst_rel, "checkpoints": compared, "pairs": len(records) - 1}
         proposed[pattern] = new
     return proposed
 

@@ -1,0 +1,68 @@
+"""End-to-end runs of the `brisk` command on named configs (CPU, bundled data)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from brisk.cli import main
+
+from .conftest import DEMO_CONFIG, REPO, tiny_overrides
+
+
+def test_demo_trains_and_validation_loss_falls(tmp_path, capsys):
+    """The demo config itself (not shrunk), 3 epochs: validation loss must fall clearly."""
+    rc = main(["train", str(DEMO_CONFIG), f"train.output_dir={tmp_path}", "train.max_epochs=3", "train.progress=false",
+               "data.num_workers=0"])
+    assert rc == 0
+    hist = [json.loads(x) for x in (tmp_path / "history.jsonl").read_text().splitlines()]
+    assert len(hist) == 3 and hist[-1]["loss"] < 0.8 * hist[0]["loss"], hist
+    out = capsys.readouterr().out
+    assert "validation loss" in out and "->" in out
+    for name in ("report.png", "report.md", "steps.jsonl", "accel.json", "config.yaml", "model.pt", "model.safetensors"):
+        assert (tmp_path / name).exists(), name
+    # The exported model.pt has FunASR's layout: {"state_dict": {audio_encoder.*, llm.*, audio_adaptor.*}}.
+    sd = torch.load(tmp_path / "model.pt", weights_only=False)["state_dict"]
+    assert {k.split(".")[0] for k in sd} == {"audio_encoder", "llm", "audio_adaptor"}
+    assert list((tmp_path / "tb").iterdir())
+
+
+def test_train_errors_name_the_key(capsys):
+    assert main(["train", str(DEMO_CONFIG), "train.max_stepz=3"]) == 2
+    assert "unknown config key train.max_stepz" in capsys.readouterr().err
+
+
+def test_bench_prints_the_interleaved_table(tmp_path, capsys):
+    rc = main(["bench", str(REPO / "configs/bench_demo.yaml"), *tiny_overrides(tmp_path), "bench.steps=3",
+               "bench.warmup=1", "bench.profile_steps=1", "--out", str(tmp_path / "bench")])
+    assert rc == 0
+    table = (tmp_path / "bench" / "bench.md").read_text()
+    assert table in capsys.readouterr().out
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "arm" not in line and "---" not in line]
+    assert [r.split("|")[1].strip() for r in rows] == ["eager defaults", "packing", "frozen_eval + fused_adamw"]
+    assert rows[0].rstrip().endswith("| 1.00x |")
+    data = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert all(len(v) == 2 for v in data["results"].values()) and data["flops"] > 0
+
+
+def test_profile_writes_op_tables_and_a_verdict(tmp_path):
+    rc = main(["profile", str(DEMO_CONFIG), *tiny_overrides(tmp_path), "--steps", "2", "--warmup", "1",
+               "--out", str(tmp_path / "prof")])
+    assert rc == 0
+    text = (tmp_path / "prof" / "profile.md").read_text()
+    assert "Top operations by CPU time" in text and "verdict:" in text and "roofline" in text
+    assert (tmp_path / "prof" / "trace.json").stat().st_size > 1000
+
+
+def test_probe_compare_exit_status(tmp_path):
+    from .conftest import run_train
+
+    for name, lr in (("a", 0.002), ("b", 0.002), ("c", 0.01)):
+        run_train(tmp_path / name, **{"train.max_steps": 4, "probe.enabled": True, "optim.lr": lr, "optim.warmup_steps": 1})
+    assert main(["probe", "compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    assert main(["probe", "compare", str(tmp_path / "a"), str(tmp_path / "c"), "--out", str(tmp_path / "t.md")]) == 1
+    assert "unmet" in (tmp_path / "t.md").read_text()
+    assert main(["probe", "calibrate", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "tol.yaml")]) == 0
+    assert main(["report", str(tmp_path / "a")]) == 0
+    assert main(["doctor"]) == 0

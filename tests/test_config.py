@@ -1,0 +1,73 @@
+"""The config tree: YAML + overrides, clear errors naming the key, includes, real sizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from brisk.config import ConfigError, load_config
+
+from .conftest import DEMO_CONFIG, REPO
+
+
+def test_demo_config_loads_and_resolves_paths_against_the_file():
+    cfg = load_config(DEMO_CONFIG)
+    assert cfg.data.train == str(REPO / "data/demo/train.jsonl")
+    assert cfg.speed.compile is False and cfg.speed.sdpa_backends is None  # eager defaults
+
+
+def test_unknown_yaml_key_is_named(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  max_stepz: 3\n")
+    with pytest.raises(ConfigError, match="unknown config key train.max_stepz"):
+        load_config(f)
+
+
+def test_unknown_override_is_named():
+    with pytest.raises(ConfigError, match="unknown config key speed.compiel"):
+        load_config(DEMO_CONFIG, ["speed.compiel=true"])
+
+
+def test_wrong_type_is_named():
+    with pytest.raises(ConfigError, match="train.max_steps: expected an integer"):
+        load_config(DEMO_CONFIG, ["train.max_steps=lots"])
+    with pytest.raises(ConfigError, match="speed.compile: expected true or false"):
+        load_config(DEMO_CONFIG, ["speed.compile=maybe"])
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="data.train: .*nope.jsonl does not exist"):
+        load_config(DEMO_CONFIG, [f"data.train={tmp_path / 'nope.jsonl'}"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_bad_values_say_how_to_fix():
+    with pytest.raises(ConfigError, match="speed.sdpa_backends"):
+        load_config(DEMO_CONFIG, ["speed.sdpa_backends=[flesh]"])
+    with pytest.raises(ConfigError, match="cuda_graph needs speed.packing"):
+        load_config(DEMO_CONFIG, ["speed.cuda_graph=true"])
+
+
+def test_include_and_override_order_and_exponent_floats(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text("optim: {lr: 0.5, warmup_steps: 7}\ntrain: {max_steps: 3}\n")
+    top = tmp_path / "top.yaml"
+    top.write_text("include: base.yaml\noptim: {lr: 1e-3}\n")
+    cfg = load_config(top, ["train.max_steps=9"], check_paths=False)
+    assert cfg.optim.lr == 1e-3 and cfg.optim.warmup_steps == 7 and cfg.train.max_steps == 9
+
+
+def test_fun_asr_nano_config_has_the_real_sizes():
+    from brisk.models.build import build_llm
+    from brisk.models.speech_llm import SpeechLLM, param_count
+
+    cfg = load_config(REPO / "configs/fun_asr_nano.yaml")
+    with torch.device("meta"):
+        m = SpeechLLM(cfg.model, build_llm(cfg.model))
+    assert param_count(m.audio_encoder) == 221_136_992
+    assert param_count(m.audio_adaptor) == 12_604_928
+    assert param_count(m.llm) == 596_049_920
+    assert param_count(m, trainable=True) == 596_049_920  # encoder and adaptor frozen, LLM trained
+    assert (cfg.data.batch_tokens, cfg.data.max_utts, cfg.data.sort_size) == (6000, 10, 1024)
+    assert (cfg.optim.lr, cfg.optim.grad_clip, cfg.model.llm.dtype) == (2e-4, 5.0, "bf16")

@@ -1,0 +1,95 @@
+"""Step timer, slow-step detector (each cause from a real trigger), report and doctor, on the CPU."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import soundfile as sf
+import torch
+
+from brisk.data.dataset import SpeechDataset
+from brisk.diagnose.doctor import doctor
+from brisk.train.run import build_trainer
+
+from .conftest import DEMO, tiny_config
+
+
+def _data(tmp_path) -> str:
+    """20 short demo utterances in file order, the 6th replaced by a 60 s one (a shape never seen before)."""
+    lines = (DEMO / "train.jsonl").read_text(encoding="utf-8").splitlines()[:20]
+    waves = [sf.read(f)[0] for f in sorted((DEMO / "audio" / "train").glob("*.flac"))[:10]]
+    long = np.concatenate(waves * 10)[: 16000 * 60]
+    sf.write(tmp_path / "long.wav", long, 16000)
+    out = []
+    for i, text in enumerate(lines):
+        obj = json.loads(text)
+        user = obj["messages"][1]
+        if i == 5:
+            user["content"] = f"语音转写：<|startofspeech|>!{tmp_path / 'long.wav'}<|endofspeech|>"
+            obj["speech_length"] = 5998
+        else:
+            user["content"] = user["content"].replace("!audio/", f"!{DEMO}/audio/")
+        out.append(json.dumps(obj, ensure_ascii=False))
+    p = tmp_path / "data.jsonl"
+    p.write_text("\n".join(out) + "\n", encoding="utf-8")
+    return str(p)
+
+
+def test_slow_steps_are_explained_from_real_triggers(tmp_path, monkeypatch):
+    data = _data(tmp_path)
+    run = tmp_path / "run"
+    cfg = tiny_config(run, **{
+        "data.train": data, "data.valid": None, "data.shuffle": False, "data.sort_size": 1, "data.batch_tokens": 100000,
+        "train.max_steps": 16, "train.save_every": 15, "train.save_final": False, "diagnose.warmup_steps": 3,
+        # A large CTC head (not in the loss) makes the checkpoint heavy while the steps stay light.
+        "model.ctc.enabled": True, "model.ctc.vocab_size": 1500000, "model.ctc.dim": 32, "model.ctc.n_layer": 1,
+        "model.ctc.ffn_dim": 32, "diagnose.report": True})
+    slow_key = json.loads(open(data, encoding="utf-8").readlines()[8])["key"]
+    load = SpeechDataset._load
+
+    def slow_load(self, utt, gen):  # a data worker stuck on storage, for one sample
+        if utt.key == slow_key:
+            import time
+
+            time.sleep(1.5)
+        return load(self, utt, gen)
+
+    monkeypatch.setattr(SpeechDataset, "_load", slow_load)
+    trainer = build_trainer(cfg)
+    step_fn = trainer.step_fn
+    compiled = torch.compile(lambda x: (x.sin() * 2).sum())
+
+    def step_with_recompile(batches):  # step 12 runs freshly compiled code: a real Dynamo compile
+        if trainer.pos.step == 12:
+            compiled(torch.randn(7, 3))
+        return step_fn(batches)
+
+    trainer.step_fn = step_with_recompile
+    trainer.fit()
+    slow = {s["step"]: s for s in trainer.detector.slow}
+    assert slow[6]["cause"] == "new_shape", slow
+    assert slow[9]["cause"] == "data", slow
+    assert slow[12]["cause"] == "recompile", slow
+    assert slow[15]["cause"] == "checkpoint", slow
+    assert not ({1, 2, 3} & set(slow))  # warm-up steps are not judged
+
+    records = [json.loads(x) for x in (run / "steps.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 17))
+    r6 = records[5]
+    assert r6["new_shape"] and r6["shape"]["speech_frames"] > 300 and r6["forward"] > 0 and r6["backward"] > 0
+    assert records[8]["data"] > 1.0 and records[11]["compiles"] >= 1 and records[14]["events"]["checkpoint"] > 0
+
+    from brisk.diagnose.report import write_report
+
+    md = write_report(run).read_text()
+    assert (run / "report.png").stat().st_size > 10_000
+    for cause in ("new_shape", "data", "recompile", "checkpoint"):
+        assert f"| {cause} |" in md
+    state = json.loads((run / "accel.json").read_text())
+    assert state["speed"]["compile"] is False and state["plan_build_trap"] is None
+
+
+def test_doctor_on_a_cpu_machine_says_what_it_could_not_check():
+    text = doctor()
+    assert "SDPA priority order" in text and "no CUDA device: GPU checks skipped" in text

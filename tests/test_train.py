@@ -1,0 +1,96 @@
+"""Training: exact resume, atomic checkpoints with keep-n-best, the non-finite skip, FunASR's schedule."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from brisk.data.collate import Collator
+from brisk.data.loader import build_split
+from brisk.models.build import build_model
+from brisk.train.checkpoint import Checkpoints
+from brisk.train.optim import WarmupLR, build_optimizer
+from brisk.train.step import TrainStep
+
+from .conftest import run_train, tiny_config
+
+
+def _ckpt(run_dir, step):
+    return torch.load(run_dir / "checkpoints" / f"ckpt-{step:08d}.pt", map_location="cpu", weights_only=False)
+
+
+def test_resume_is_exact(tmp_path):
+    """2N steps in one run == N steps, resume, N more (N=10 crosses the epoch end at 18 batches)."""
+    extra = {"data.num_workers": 1, "train.max_steps": 20}
+    run_train(tmp_path / "one", **extra)
+    run_train(tmp_path / "two", **{**extra, "train.max_steps": 10})
+    run_train(tmp_path / "two", **{**extra, "train.resume": True})
+    a, b = _ckpt(tmp_path / "one", 20), _ckpt(tmp_path / "two", 20)
+    assert a["trainer"]["step"] == b["trainer"]["step"] == 20 and a["trainer"]["epoch"] == b["trainer"]["epoch"]
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for k in a["state_dict"]:
+        assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k
+    sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
+    assert all(torch.equal(sa[i]["exp_avg_sq"], sb[i]["exp_avg_sq"]) for i in sa)
+    assert a["schedule"] == b["schedule"]
+
+
+def test_checkpoints_are_atomic_and_keep_n_best(tmp_path, monkeypatch):
+    ck = Checkpoints(tmp_path, keep_n=2, metric="loss")
+    state = {"state_dict": {"w": torch.ones(3)}}
+    for step, loss in [(1, 3.0), (2, 1.0), (3, 2.0), (4, 5.0)]:
+        ck.save(state, step, {"loss": loss, "acc": 0.0})
+    names = sorted(p.name for p in (tmp_path / "checkpoints").glob("ckpt-*.pt"))
+    assert names == ["ckpt-00000002.pt", "ckpt-00000003.pt", "ckpt-00000004.pt"]  # 2 best + the latest
+    assert ck.best().name == "ckpt-00000002.pt" and ck.latest().name == "ckpt-00000004.pt"
+
+    import brisk.models.build as build
+
+    def crash(obj, f):  # half a file, then the machine "dies"
+        f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(build.torch, "save", crash)
+    with pytest.raises(OSError):
+        ck.save(state, 5, {"loss": 0.5, "acc": 0.0})
+    left = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert left == names + ["index.json"]  # no temp file, nothing lost
+    assert "ckpt-00000005.pt" not in json.loads((tmp_path / "checkpoints" / "index.json").read_text())
+    assert torch.equal(torch.load(ck.latest(), weights_only=False)["state_dict"]["w"], torch.ones(3))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_non_finite_step_is_skipped(tmp_path, fused):
+    cfg = tiny_config(tmp_path)
+    model = build_model(cfg.model).train()
+    opt = build_optimizer(model, cfg.optim, fused=fused)
+    sched = WarmupLR(opt, cfg.optim.lr, cfg.optim.warmup_steps)
+    step = TrainStep(model, opt, sched, grad_clip=5.0, on_device_skip=fused)
+    split = build_split(cfg, "train", Collator(), 483)
+    batch = split.loader.collate_fn([split.dataset[(i, 0)] for i in split.sampler.batches(0)[0]])
+    ok = step([batch])
+    assert ok["skipped"].item() == 0 and torch.isfinite(ok["loss"])
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    moments = {id(p): s["exp_avg"].clone() for p, s in opt.state.items()}
+    batch.speech[0, 0, 0] = float("nan")  # a broken sample: the loss and gradients turn NaN
+    bad = step([batch])
+    assert bad["skipped"].item() == 1 and not torch.isfinite(bad["grad_norm"])
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # nothing was updated
+    assert all(torch.equal(moments[id(p)], s["exp_avg"]) for p, s in opt.state.items())
+
+
+def test_warmup_schedule_matches_funasr():
+    from funasr.schedulers.warmup_lr import WarmupLR as FunASRWarmupLR
+
+    ref_opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=2e-4)
+    ref = FunASRWarmupLR(ref_opt, warmup_steps=25)
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=2e-4)
+    ours = WarmupLR(opt, 2e-4, 25)
+    for _ in range(60):
+        assert opt.param_groups[0]["lr"] == pytest.approx(ref_opt.param_groups[0]["lr"], rel=1e-12)
+        ref_opt.step()
+        ref.step()
+        opt.step()
+        ours.step()
