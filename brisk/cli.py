@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -41,6 +42,8 @@ def cmd_train(args) -> int:
 
     cfg = _load(args.items, DEMO)
     result = train(cfg)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0
     hist = result["history"]
     if hist:
         first, last = hist[0], hist[-1]

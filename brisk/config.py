@@ -453,16 +453,34 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         key, value = parse_override(text)
         _set_dotted(cli, key, value)
     _resolve_paths(cli, Path.cwd(), PATH_KEYS & _flatten(cli))
+    folder = (_merge(tree, cli).get("model") or {}).get("path")
+    if folder:
+        tree = _with_model_folder(tree, folder)
     merged = _merge(tree, cli)
-    folder = (merged.get("model") or {}).get("path")
-    if folder:  # a FunASR model folder supplies the sizes; keys set here win over it
-        from .models.build import funasr_folder_config
-
-        merged = _merge({"model": funasr_folder_config(folder)}, merged)
     cfg = build(Config, merged)
     if check_paths:
         check_files(cfg)
     return cfg
+
+
+POLICY_KEYS = {("encoder", "freeze"), ("adaptor", "freeze"), ("ctc", "freeze"), ("llm", "freeze"), ("llm", "dtype")}
+
+
+def _with_model_folder(tree: dict, folder: str) -> dict:
+    """A FunASR model folder defines the architecture: its sizes, front end and LLM folder replace those of the
+    YAML file (whose inline LLM config is dropped). Training policy (freeze flags, LLM dtype) set in the YAML
+    wins over the folder's; command-line overrides win over both."""
+    from .models.build import funasr_folder_config
+
+    found = funasr_folder_config(folder)
+    policy: dict = {}
+    for part, key in POLICY_KEYS:
+        if key in found.get(part, {}):
+            policy.setdefault(part, {})[key] = found[part].pop(key)
+    tree = _merge(tree, {"model": found})
+    if "path" in found.get("llm", {}):
+        tree["model"]["llm"]["config"] = {}
+    return _merge({"model": policy}, tree)
 
 
 def _merge(a: dict, b: dict) -> dict:

@@ -66,3 +66,17 @@ def test_probe_compare_exit_status(tmp_path):
     assert main(["probe", "calibrate", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "tol.yaml")]) == 0
     assert main(["report", str(tmp_path / "a")]) == 0
     assert main(["doctor"]) == 0
+
+
+def test_torchrun_two_processes_on_the_cpu(tmp_path):
+    """Data parallel through torch.distributed (gloo on the CPU): both ranks step, rank 0 writes the run."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "brisk", "train",
+           str(DEMO_CONFIG), *tiny_overrides(tmp_path), "train.max_steps=3"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("3 steps") == 1  # printed by rank 0 only
+    steps = (tmp_path / "steps.jsonl").read_text().splitlines()
+    assert len(steps) == 3 and (tmp_path / "checkpoints" / "ckpt-00000003.pt").exists()

@@ -11,7 +11,7 @@ import soundfile as sf
 import torch
 
 from brisk.config import FrontendConfig
-from brisk.data.audio import AudioError, read_audio, resample
+from brisk.data.audio import read_audio, resample
 from brisk.data.collate import Collator
 from brisk.data.dataset import SpeechDataset
 from brisk.data.features import Frontend, lfr

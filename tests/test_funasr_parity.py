@@ -160,3 +160,62 @@ def test_multiturn_and_do_think_match_funasr_dataset(tmp_path, tokenizer):
     assert ours.tokens.labels == ref["labels_ids"].tolist()
     assert [beg for beg, _ in ours.tokens.audio_slots] == ref["fbank_beg"].tolist()
     assert [n for _, n in ours.tokens.audio_slots] == ref["fake_token_len"].tolist()
+
+
+def test_funasr_model_folder_loads_and_checkpoints_go_back_to_funasr(tmp_path, funasr_side, qwen3_folder, tokenizer):
+    """A FunASR model folder (config.yaml, model.pt, the Qwen3 folder with its tokenizer) loads by model.path;
+    brisk's exported model.pt loads back into FunASR's FunASRNano strictly."""
+    import shutil
+
+    import yaml
+
+    from brisk.config import load_config
+    from brisk.models.build import export_weights
+
+    from .conftest import DEMO_CONFIG
+
+    ref = funasr_side[0]
+    folder = tmp_path / "Fun-ASR-Nano-tiny"
+    shutil.copytree(qwen3_folder, folder / "Qwen3-0.6B")
+    tokenizer.save_pretrained(folder / "Qwen3-0.6B")
+    torch.save({"state_dict": ref.state_dict()}, folder / "model.pt")
+    (folder / "config.yaml").write_text(yaml.safe_dump({
+        "model": "FunASRNano",
+        "audio_encoder": "SenseVoiceEncoderSmall",
+        "audio_encoder_conf": {**ENC, "sanm_shfit": 0, "dropout_rate": 0.1, "attention_dropout_rate": 0.0, "freeze": True},
+        "audio_adaptor": "Transformer",
+        "audio_adaptor_conf": {**AD, "downsample_rate": 1, "use_low_frame_rate": True, "encoder_dim": 32, "llm_dim": 64,
+                               "freeze": True},
+        "llm": "Qwen3-0.6b",
+        "llm_conf": {"init_param_path": "Qwen3-0.6B", "llm_dtype": "fp32", "freeze": True},
+        "frontend_conf": {"fs": 16000, "window": "hamming", "n_mels": 80, "frame_length": 25, "frame_shift": 10,
+                          "lfr_m": 7, "lfr_n": 6},
+    }), encoding="utf-8")
+    # The demo YAML sets other sizes and an inline LLM config: the folder's architecture replaces them.
+    cfg = load_config(DEMO_CONFIG, [f"model.path={folder}", "data.tokenizer=null", "model.llm.freeze=false"])
+    assert cfg.model.encoder.output_size == 32 and cfg.model.llm.path == str(folder / "Qwen3-0.6B")
+    assert cfg.model.llm.config == {}
+    # Training policy: the command line wins, then the YAML (demo: encoder trained), then the folder.
+    assert cfg.model.llm.freeze is False and cfg.model.encoder.freeze is False and cfg.model.adaptor.freeze is False
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("train: {max_steps: 1}\n")
+    plain = load_config(bare, [f"model.path={folder}"])
+    assert plain.model.encoder.freeze and plain.model.adaptor.freeze and plain.model.llm.freeze  # the folder's policy
+    model = build_model(cfg.model)
+    for k, v in ref.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
+    from brisk.data.loader import load_tokenizer
+
+    assert load_tokenizer(cfg).encode("<|im_start|>") == tokenizer.encode("<|im_start|>")
+
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)
+    export_weights(model, tmp_path)
+    state = torch.load(tmp_path / "model.pt", weights_only=False)["state_dict"]
+    ref.load_state_dict(state, strict=True)
+    assert torch.equal(ref.state_dict()["audio_adaptor.linear1.weight"], model.state_dict()["audio_adaptor.linear1.weight"])
+    from safetensors.torch import load_file
+
+    st = load_file(str(tmp_path / "model.safetensors"))
+    assert set(st) <= set(state) and torch.equal(st["llm.model.norm.weight"], state["llm.model.norm.weight"])

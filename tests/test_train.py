@@ -94,3 +94,19 @@ def test_warmup_schedule_matches_funasr():
         ref.step()
         opt.step()
         ours.step()
+
+
+def test_skip_bad_trains_through_bad_input_and_reports_counts(tmp_path):
+    from .conftest import DEMO
+
+    lines = (DEMO / "train.jsonl").read_text(encoding="utf-8").splitlines()[:12]
+    lines = [x.replace("!audio/", f"!{DEMO}/audio/") for x in lines]
+    lines[3] = "{broken"
+    lines[5] = lines[5].replace(f"!{DEMO}/audio/", f"!{tmp_path}/missing/")
+    data = tmp_path / "bad.jsonl"
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = run_train(tmp_path / "run", **{"data.train": str(data), "data.valid": None, "data.skip_bad": True,
+                                            "train.max_epochs": 1, "data.shuffle": False})
+    assert result["bad_lines"] == 1 and result["bad_samples"] == 1 and result["step"] >= 1
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "skipped 1 bad samples and 1 bad jsonl lines" in log and f"{data}:4: not valid JSON" in log

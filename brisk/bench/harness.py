@@ -17,9 +17,8 @@ from ..data.loader import build_split
 from ..models.build import build_model
 from ..speed import apply_speed, collator_for
 from ..speed.flags import tf32_scope
-from ..train.optim import WarmupLR, build_optimizer
-from ..train.run import example_batches, pick_device
-from ..train.step import StepHooks, TrainStep
+from ..train.run import build_step, graph_step, pick_device
+from ..train.step import StepHooks
 
 
 def sample_stream(cfg: Config, n: int, vocab: int) -> list[list]:
@@ -68,19 +67,11 @@ def build_runner(cfg: Config) -> Runner:
     torch.manual_seed(cfg.train.seed)
     model.train()
     plan = apply_speed(model, cfg, device)
-    optimizer = build_optimizer(model, cfg.optim, fused=plan.fused_adamw, capturable=plan.capturable)
-    schedule = WarmupLR(optimizer, cfg.optim.lr, cfg.optim.warmup_steps)
-    hooks = StepHooks(context=plan.context, audio=plan.audio)
-    step = TrainStep(model, optimizer, schedule, grad_clip=cfg.optim.grad_clip, on_device_skip=plan.on_device_skip, hooks=hooks)
+    _, _, step = build_step(cfg, model, plan)
+    hooks = step.hooks
     if cfg.speed.cuda_graph:
-        from ..speed.graph import GraphedStep
-
-        graphed = GraphedStep(step, plan.audio, grad_clip=cfg.optim.grad_clip)
-        vocab = model.llm.get_input_embeddings().weight.shape[0]
-        graphed.prepare([b.to(device) for b in example_batches(cfg, plan.collator, vocab)])
-        step = graphed
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+        step = graph_step(cfg, step, plan, device)
+    sync(device)
     return Runner(cfg, device, model, step, plan.collator, time.perf_counter() - t0, hooks)
 
 

@@ -12,7 +12,6 @@ import logging
 import time
 from pathlib import Path
 
-import torch
 
 from ..config import Config
 from .bench import flops_str

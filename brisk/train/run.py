@@ -76,6 +76,29 @@ def example_batches(cfg: Config, collator, vocab: int) -> list:
     return out
 
 
+def build_step(cfg: Config, model, plan, net=None, hooks: StepHooks | None = None):
+    """The optimizer, FunASR's schedule and the eager training step for a model with its speed plan applied."""
+    optimizer = build_optimizer(model, cfg.optim, fused=plan.fused_adamw, capturable=plan.capturable)
+    schedule = WarmupLR(optimizer, cfg.optim.lr, cfg.optim.warmup_steps)
+    hooks = hooks or StepHooks()
+    hooks.context, hooks.audio = plan.context, plan.audio
+    step = TrainStep(net or model, optimizer, schedule, grad_clip=cfg.optim.grad_clip, on_device_skip=plan.on_device_skip,
+                     hooks=hooks)
+    return optimizer, schedule, step
+
+
+def graph_step(cfg: Config, step: TrainStep, plan, device: torch.device):
+    """speed.cuda_graph: wrap the step and capture every bucket's graph up front."""
+    from ..speed.graph import GraphedStep
+
+    graphed = GraphedStep(step, plan.audio, grad_clip=cfg.optim.grad_clip)
+    vocab = step.model.llm.get_input_embeddings().weight.shape[0]
+    seconds = graphed.prepare([b.to(device) for b in example_batches(cfg, plan.collator, vocab)])
+    log.info("cuda_graph: %d step graphs and %d encoder graphs captured up front in %.1f s",
+             len(graphed.graphs), len(graphed.encoder.graphs), seconds)
+    return graphed
+
+
 def build_trainer(cfg: Config) -> Trainer:
     device = pick_device(cfg.train.device)
     rank, world = init_distributed(device)
@@ -99,8 +122,6 @@ def build_trainer(cfg: Config) -> Trainer:
     if rank == 0:
         write_state(state, run_dir)
 
-    optimizer = build_optimizer(model, cfg.optim, fused=plan.fused_adamw, capturable=plan.capturable)
-    schedule = WarmupLR(optimizer, cfg.optim.lr, cfg.optim.warmup_steps)
     tokenizer = load_tokenizer(cfg) if (cfg.data.train or cfg.data.valid) else None
     vocab = model.llm.get_input_embeddings().weight.shape[0]
     train = build_split(cfg, "train", plan.collator, vocab, rank, world, tokenizer)
@@ -117,9 +138,8 @@ def build_trainer(cfg: Config) -> Trainer:
         from ..probe.record import ProbeRecorder
 
         probe = ProbeRecorder(run_dir / f"probe.rank{rank}.jsonl", model, cfg.probe.param_norm_steps, rank, cfg.to_dict())
-    hooks = StepHooks(context=plan.context, audio=plan.audio, logit_stats=probe is not None,
-                      on_grads=[probe.on_grads] if probe is not None else [])
-    step = TrainStep(net, optimizer, schedule, grad_clip=cfg.optim.grad_clip, on_device_skip=plan.on_device_skip, hooks=hooks)
+    hooks = StepHooks(logit_stats=probe is not None, on_grads=[probe.on_grads] if probe is not None else [])
+    optimizer, schedule, step = build_step(cfg, model, plan, net, hooks)
     trainer = Trainer(cfg, run_dir, model, step, optimizer, schedule, train, valid, device, plan, rank, probe)
     hooks.mark = trainer.timer.mark
 
@@ -127,13 +147,7 @@ def build_trainer(cfg: Config) -> Trainer:
     if resume is not None:
         trainer.resume(resume)
     if cfg.speed.cuda_graph:
-        from ..speed.graph import GraphedStep
-
-        graphed = GraphedStep(step, plan.audio, grad_clip=cfg.optim.grad_clip)
-        seconds = graphed.prepare([b.to(device) for b in example_batches(cfg, plan.collator, vocab)])
-        log.info("cuda_graph: %d step graphs and %d encoder graphs captured up front in %.1f s",
-                 len(graphed.graphs), len(graphed.encoder.graphs), seconds)
-        trainer.step_fn = graphed
+        trainer.step_fn = graph_step(cfg, step, plan, device)
     return trainer
 
 
