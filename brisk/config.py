@@ -511,8 +511,3 @@ def check_files(cfg: Config) -> None:
 
 def save_config(cfg: Config, path: Path) -> None:
     path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8")
-
-
-def config_from_dict(tree: dict) -> Config:
-    """Rebuild a Config saved by ``save_config`` or stored in a checkpoint."""
-    return build(Config, tree)

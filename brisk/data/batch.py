@@ -31,7 +31,6 @@ class Batch:
     attention_mask: torch.Tensor | None = None  # [B, T] int64 (padded layout)
     position_ids: torch.Tensor | None = None  # [1, T] int64 (packed layout)
     cu_seqlens: torch.Tensor | None = None  # [S+1] int32 (packed layout)
-    max_seqlen: int = 0  # packed: longest sequence (a static bucket value, so no sync is needed)
     layout: str = "padded"
     keys: list[str] = field(default_factory=list)
     slot_counts: list[int] = field(default_factory=list)  # audio slots of each utterance, in order

@@ -125,6 +125,6 @@ class Collator:
             utt, frame, pos = utt + [0] * extra, frame + [0] * extra, pos + [t] * extra
         return Batch(ids, labels, torch.tensor(utt, dtype=torch.long), torch.tensor(frame, dtype=torch.long),
                      torch.tensor(pos, dtype=torch.long), speech, lengths, position_ids=pos_ids,
-                     cu_seqlens=torch.tensor(cu, dtype=torch.int32), max_seqlen=t if self.static else max(max(lens), t - total),
+                     cu_seqlens=torch.tensor(cu, dtype=torch.int32),
                      layout="packed", keys=[s.key for s in good], slot_counts=_counts(good), n_utts=len(good), n_tokens=total,
                      n_label_tokens=int((labels[:, 1:] != -100).sum()), speech_frames=frames)

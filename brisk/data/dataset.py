@@ -27,10 +27,6 @@ class Sample:
     tokens: Tokens | None = None
     error: str | None = None  # set (and the rest empty) for a bad sample under skip_bad
 
-    @property
-    def source_len(self) -> int:
-        return sum(f.shape[0] for f in self.feats) + len(self.tokens.input_ids if self.tokens else [])
-
 
 def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
     g = torch.Generator()

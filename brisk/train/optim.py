@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
@@ -101,7 +99,3 @@ def update(optimizer: torch.optim.Optimizer, schedule: WarmupLR, norm: torch.Ten
     optimizer.step()
     schedule.step()
     return torch.zeros((), device=norm.device)
-
-
-def global_norm(tensors) -> float:  # for the probe's parameter norms
-    return math.sqrt(sum(float(t.detach().float().pow(2).sum()) for t in tensors))
