@@ -44,7 +44,7 @@ def launches(runner, batches) -> dict:
     return launch_counts(prof.events(), len(batches))
 
 
-def one_run(cfg: Config, stream: list, warmup: int, steps: int, profile_steps: int) -> tuple[dict, object]:
+def one_run(cfg: Config, stream: list, warmup: int, steps: int) -> tuple[dict, object]:
     """One run: warm-up steps, then timed steps as the trainer runs them (no sync inside a step).
 
     The mean is the timed region's wall time over its steps (one sync at each end), so host work that
@@ -103,7 +103,6 @@ def run_bench(cfg: Config, out_dir: Path | None = None) -> str:
     configs = [with_overrides(cfg, arm.overrides) for arm in b.arms]
     results: dict[str, list[dict]] = {arm.name: [] for arm in b.arms}
     extra: dict[str, dict] = {}
-    flops = None
     with dynamo_limits(64):
         flops = _runs(b, configs, stream, results, extra)
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
@@ -135,7 +134,7 @@ def _runs(b, configs, stream, results, extra) -> float | None:
     for rep in range(b.runs):
         for arm, acfg in zip(b.arms, configs):
             log.info("bench: run %d of arm %s", rep + 1, arm.name)
-            res, (runner, batches) = one_run(acfg, stream, b.warmup, b.steps, b.profile_steps)
+            res, (runner, batches) = one_run(acfg, stream, b.warmup, b.steps)
             if rep == 0:
                 tail = batches[b.warmup + b.steps:][: b.profile_steps] or batches[-b.profile_steps:]
                 extra[arm.name] = launches(runner, tail)

@@ -18,7 +18,7 @@ from ..models.build import build_model
 from ..speed import apply_speed, collator_for
 from ..speed.flags import tf32_scope
 from ..train.run import build_step, graph_step, pick_device
-from ..train.step import StepHooks
+from ..train.step import StepHooks, model_loss
 
 
 def sample_stream(cfg: Config, n: int, vocab: int) -> list[list]:
@@ -103,18 +103,13 @@ def count_flops(runner: Runner, batches: list) -> float:
     """Model FLOPs of forward + backward (torch's FlopCounterMode), mean over ``batches``; nothing is updated."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    model = runner.model
-    hooks = runner.hooks
+    model, hooks = runner.model, runner.hooks
     total = 0.0
-    from ..models.speech_llm import lm_loss
-
     for b in batches:
         b = b.to(runner.device)
         with FlopCounterMode(display=False) as fc:
-            rows = hooks.audio(b) if hooks.audio else None
+            _, loss, _, _ = model_loss(model, b, hooks)
             with hooks.context():
-                logits = model(b, audio_rows=rows)
-                loss, _, _ = lm_loss(logits, b.labels)
                 loss.backward()
         total += fc.get_total_flops()
         model.zero_grad(set_to_none=True)

@@ -177,9 +177,14 @@ def calibrate(records: list[dict], rules: dict, margin: float) -> dict[str, dict
     for i, other in enumerate(records[1:], 2):
         if not set(ref) & set(other):
             raise ValueError(f"record {i} shares no checkpoint with record 1 (did that run fail?)")
+    by_pattern: dict[str, list] = {}
+    for k in ref:
+        found = rule_for(k[0], rules)
+        if found:
+            by_pattern.setdefault(found[0], []).append(k)
     proposed: dict[str, dict] = {}
     for pattern, rule in rules.items():
-        keys = [k for k in ref if rule_for(k[0], rules) and rule_for(k[0], rules)[0] == pattern]
+        keys = by_pattern.get(pattern, [])
         worst_abs = worst_rel = worst_frac = 0.0
         compared = 0
         for other in records[1:]:

@@ -27,8 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ..data.batch import Batch
-from ..models.speech_llm import lm_loss
-from ..train.step import TrainStep, logit_stats
+from ..train.step import TrainStep, logit_stats, model_loss
 
 log = logging.getLogger("brisk")
 
@@ -106,9 +105,7 @@ class GraphedStep:
     def _body(self, batch: Batch, rows: torch.Tensor) -> torch.Tensor:
         h = self.step.hooks
         self.optimizer.zero_grad(set_to_none=False)
-        with h.context():
-            logits = self.model(batch, audio_rows=rows)
-            loss, correct, count = lm_loss(logits, batch.labels)
+        logits, loss, correct, count = model_loss(self.model, batch, h, rows)
         with h.context():
             loss.backward()
         norm = torch.nn.utils.get_total_norm([p.grad for p in self.params])

@@ -140,7 +140,8 @@ def build_trainer(cfg: Config) -> Trainer:
         probe = ProbeRecorder(run_dir / f"probe.rank{rank}.jsonl", model, cfg.probe.param_norm_steps, rank, cfg.to_dict())
     hooks = StepHooks(logit_stats=probe is not None, on_grads=[probe.on_grads] if probe is not None else [])
     optimizer, schedule, step = build_step(cfg, model, plan, net, hooks)
-    trainer = Trainer(cfg, run_dir, model, step, optimizer, schedule, train, valid, device, plan, rank, probe)
+    trainer = Trainer(cfg, run_dir, model, step, optimizer, schedule, train, valid, device, plan, rank, probe,
+                      trap=state["plan_build_trap"])
     hooks.mark = trainer.timer.mark
 
     resume = Path(cfg.train.resume_from) if cfg.train.resume_from else (trainer.ckpts.latest() if cfg.train.resume and trainer.ckpts else None)

@@ -31,6 +31,18 @@ class StepHooks:
     logit_stats: bool = False  # logits abs-mean and std (fp32) for the probe
 
 
+def model_loss(model, batch: Batch, hooks: StepHooks, rows: torch.Tensor | None = None):
+    """Forward and loss as every path runs them (training, graphs, validation, FLOP counting): audio rows from
+    the frozen provider unless given, model and loss inside the step's attention scope.
+    Returns (logits, loss, correct, count)."""
+    if rows is None and hooks.audio is not None:
+        rows = hooks.audio(batch)
+    with hooks.context():
+        logits = model(batch, audio_rows=rows)
+        loss, correct, count = lm_loss(logits, batch.labels)
+    return logits, loss, correct, count
+
+
 def logit_stats(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """abs-mean and std (fp32) of the logits at labelled positions (what the loss sees)."""
     with torch.no_grad():
@@ -54,10 +66,7 @@ class TrainStep:
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         h = self.hooks
-        rows = h.audio(batch) if h.audio is not None else None
-        with h.context():
-            logits = self.model(batch, audio_rows=rows)
-            loss, correct, count = lm_loss(logits, batch.labels)
+        logits, loss, correct, count = model_loss(self.model, batch, h)
         out = {"loss": loss.detach(), "correct": correct, "count": count}
         if h.logit_stats:
             out["logits_absmean"], out["logits_std"] = logit_stats(logits, batch.labels)

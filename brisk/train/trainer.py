@@ -15,12 +15,12 @@ from ..config import Config, ConfigError
 from ..data.loader import Split
 from ..diagnose.slow import GCWatch, SlowStepDetector
 from ..diagnose.timer import StepTimer
-from ..models.speech_llm import lm_loss
 from ..speed import SpeedPlan
 from ..speed.compile import compile_counters
 from ..speed.flags import tf32_scope
 from .checkpoint import Checkpoints, rng_state, set_rng_state
 from .monitor import Monitor
+from .step import StepHooks, model_loss
 
 log = logging.getLogger("brisk")
 
@@ -51,15 +51,14 @@ class Trainer:
     probe: object | None = None
     pos: Position = field(default_factory=Position)
     saved_step: int = -1
+    trap: str | None = None  # the cuDNN plan-build explanation for this machine (acceleration_state has it)
 
     def __post_init__(self):
         c = self.cfg
         self.ckpts = Checkpoints(self.run_dir, c.train.keep_n, c.train.keep_metric) if self.rank == 0 else None
         self.timer = StepTimer(self.device, self.run_dir / "steps.jsonl" if self.rank == 0 else None)
-        from ..diagnose.accel import plan_build_trap
-
         self.detector = SlowStepDetector(c.diagnose.slow_factor, c.diagnose.warmup_steps, c.diagnose.window,
-                                         plan_build_trap(self.device, c), self.run_dir / "slow_steps.jsonl" if self.rank == 0 else None)
+                                         self.trap, self.run_dir / "slow_steps.jsonl" if self.rank == 0 else None)
         self.gcwatch = GCWatch()
         self.monitor = Monitor(self.run_dir, self.total_steps(), every=c.train.log_every, progress=c.train.progress,
                                tensorboard=c.train.tensorboard, rank=self.rank)
@@ -164,14 +163,12 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         correct = torch.zeros((), device=self.device, dtype=torch.long)
         count = torch.zeros((), device=self.device, dtype=torch.long)
-        audio, ctx = self.plan.audio, self.plan.context
+        hooks = StepHooks(context=self.plan.context, audio=self.plan.audio)
         for batch in self.valid.loader:
             if batch.n_utts == 0:
                 continue
             batch = batch.to(self.device, non_blocking=True)
-            with ctx():
-                logits = self.model(batch, audio_rows=audio(batch) if audio else None)
-                loss, c, n = lm_loss(logits, batch.labels)
+            _, loss, c, n = model_loss(self.model, batch, hooks)
             loss_sum += loss.double() * n
             correct += c
             count += n
