@@ -1,6 +1,6 @@
 """Speed switches on the CPU: with defaults nothing is touched; with a switch on, it acts where it should
-and nowhere else. (CUDA-only paths are checked on the GPU by bench/gpu_checks.py; results in
-bench/results/.)"""
+and nowhere else. (CUDA-only paths are checked on the GPU by tests/gpu/ and bench/gpu_checks.py;
+results in bench/results/.)"""
 
 from __future__ import annotations
 

@@ -30,6 +30,14 @@ class Split:
     loader: torch.utils.data.DataLoader
     skipped_lines: list[str]
 
+    def close(self) -> None:
+        """Stop the persistent workers now. Left to interpreter exit, joining them can hold the process for
+        many seconds after its last line (DataLoader's _clean_up_worker), or hang it."""
+        it = getattr(self.loader, "_iterator", None)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+        self.loader._iterator = None
+
 
 def build_split(cfg: Config, which: str, collator: Collator, vocab_size: int, rank: int = 0, world: int = 1,
                 tokenizer=None) -> Split | None:

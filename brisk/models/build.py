@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -108,9 +109,61 @@ def load_weights(model: nn.Module, path: Path) -> None:
     log.info("loaded %d tensors from %s", len(state), path)
 
 
+class DiskSpaceError(OSError):
+    """Not enough free disk for a write; the message names the folder, the bytes needed and free."""
+
+
+def tensor_bytes(obj) -> int:
+    """Bytes of the tensors in a (nested) state, each storage counted once (tied weights are stored once)."""
+    seen: set = set()
+    total = 0
+
+    def walk(o):
+        nonlocal total
+        if isinstance(o, torch.Tensor):
+            key = (o.untyped_storage().data_ptr(), o.device) if o.numel() else id(o)
+            if key not in seen:
+                seen.add(key)
+                total += o.untyped_storage().nbytes() if o.numel() else 0
+        elif isinstance(o, dict):
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                walk(v)
+
+    walk(obj)
+    return total
+
+
+def gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e7 else f"{n / 1e6:.3f} MB"
+
+
+def ensure_free(folder: Path, needed: int, what: str) -> None:
+    """Refuse a write that cannot fit, before a byte is written (a full disk would leave a broken run)."""
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise DiskSpaceError(f"{folder}: writing {what} needs about {gb(needed)} but only {gb(free)} are free; "
+                             "free some space or point train.output_dir at a larger disk")
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (the new directory entry reaches the disk)."""
+    if os.name != "posix":  # pragma: no cover - Windows cannot open a directory for fsync
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_save(obj, path: Path) -> None:
-    """torch.save to a temp file in the same folder, fsync, then rename: never a half-written file."""
+    """torch.save to a temp file in the same folder, fsync, rename, fsync the folder: never a half-written file.
+    Refuses (DiskSpaceError) when the tensors alone would not fit in the free space."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_free(path.parent, tensor_bytes(obj), path.name)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -121,6 +174,7 @@ def atomic_save(obj, path: Path) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
 
 
 def export_weights(model: nn.Module, folder: Path) -> list[Path]:
@@ -128,6 +182,7 @@ def export_weights(model: nn.Module, folder: Path) -> list[Path]:
     from safetensors.torch import save_file
 
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    ensure_free(folder, 2 * tensor_bytes(state), "the export (model.pt + model.safetensors)")
     pt = folder / "model.pt"
     atomic_save({"state_dict": state}, pt)
     st = folder / "model.safetensors"
@@ -135,9 +190,19 @@ def export_weights(model: nn.Module, folder: Path) -> list[Path]:
     shared = {k for k in state if k.endswith("lm_head.weight") and
               any(o.endswith("embed_tokens.weight") and state[o].data_ptr() == state[k].data_ptr() for o in state)}
     tmp = folder / ".model.safetensors.tmp"
-    save_file({k: v.clone() for k, v in state.items() if k not in shared}, str(tmp))
-    os.replace(tmp, st)
+    try:
+        save_file({k: v.clone() for k, v in state.items() if k not in shared}, str(tmp))
+        with open(tmp, "rb") as f:  # save_file does not fsync
+            os.fsync(f.fileno())
+        os.replace(tmp, st)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(folder)
     return [pt, st]
+
+
+STALE_TEMPS = (".model.pt.*", ".model.safetensors.tmp")  # export temp files a crash can leave in a run folder
 
 
 # ------------------------------------------------------------------------------ FunASR model folder

@@ -42,7 +42,11 @@ class ProbeRecorder:
         self.file = path.open("w", encoding="utf-8")
         self.file.write(json.dumps({"probe": 1, "rank": rank, "config": config or {}}, default=str) + "\n")
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.current_step = 0
+        self.groups = sorted({module_of(n) for n, _ in self.named})
+        slot = {g: i for i, g in enumerate(self.groups)}
+        # For the step (StepHooks.grad_groups): it returns one device vector of per-group gradient norms,
+        # computed before clipping from the same per-tensor norms as the total grad_norm.
+        self.grad_groups = {id(p): slot[module_of(n)] for n, p in self.named}
 
     def _put(self, step: int, metric: str, value: float) -> None:
         self.file.write(json.dumps({"step": step, "metric": metric, "value": value}) + "\n")
@@ -55,27 +59,21 @@ class ProbeRecorder:
         self._put(step, "label_tokens", row["count"])
 
     def on_batch(self, step: int, batch) -> None:
-        self.current_step = step
         s = batch.shape
         for k in ("rows", "len", "utts", "tokens", "speech_frames"):
             self._put(step, f"batch.{k}", s[k])
 
-    def on_grads(self) -> None:
-        """Called between backward and the update: per-module gradient norms at the chosen steps."""
-        if self.current_step not in self.steps:
-            return
-        groups: dict[str, float] = {}
-        for name, p in self.named:
-            if p.grad is not None:
-                groups[module_of(name)] = groups.get(module_of(name), 0.0) + float(p.grad.detach().float().pow(2).sum())
-        for g, v in sorted(groups.items()):
-            self._put(self.current_step, f"grad_norm.{g}", math.sqrt(v))
-
     @torch.no_grad()
-    def after_step(self, step: int) -> None:
-        if step in self.steps:
-            total = sum(float(p.detach().float().pow(2).sum()) for _, p in self.named)
-            self._put(step, "param_norm", math.sqrt(total))
+    def after_step(self, step: int, module_norms: torch.Tensor | None = None) -> None:
+        """At the chosen steps: per-module gradient norms (before clipping) and the parameter norm (after the
+        update). Reading them costs one sync, on these steps only."""
+        if step not in self.steps:
+            return
+        if module_norms is not None:
+            for g, v in zip(self.groups, module_norms.tolist()):
+                self._put(step, f"grad_norm.{g}", v)
+        total = sum(float(p.detach().float().pow(2).sum()) for _, p in self.named)
+        self._put(step, "param_norm", math.sqrt(total))
 
     def on_validation(self, step: int, val: dict) -> None:
         for k, v in val.items():

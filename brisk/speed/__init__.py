@@ -53,7 +53,7 @@ def apply_speed(model, cfg: Config, device: torch.device) -> SpeedPlan:
         dtype = torch.bfloat16 if s.encoder_dtype == "bf16" else torch.float32
         plan.audio = FrozenAudio(model, dtype, cache=s.encoder_cache)
         if dtype != torch.float32:
-            plan.notes.append("encoder_dtype: frozen encoder and adaptor cast to bf16")
+            plan.notes.append("encoder_dtype: frozen encoder and adaptor run as bf16 copies (the fp32 originals are saved)")
         if s.encoder_cache:
             plan.notes.append("encoder_cache: audio rows kept per utterance and reused in later epochs")
     elif s.encoder_dtype != "fp32":
@@ -68,7 +68,7 @@ def apply_speed(model, cfg: Config, device: torch.device) -> SpeedPlan:
     if s.compile:
         from .compile import apply_compile
 
-        plan.notes.append(apply_compile(model, s))
+        plan.notes.append(apply_compile(model, s, plan.audio.path.audio_encoder if plan.audio is not None else None))
     if s.sdpa_backends:
         from .sdpa import sdpa_scope
 

@@ -86,7 +86,8 @@ def decoder_stack(llm: nn.Module) -> nn.Module:
     return base
 
 
-def apply_compile(model: nn.Module, cfg: SpeedConfig) -> str:
+def apply_compile(model: nn.Module, cfg: SpeedConfig, audio_encoder: nn.Module | None = None) -> str:
+    """``audio_encoder``: the frozen encoder that computes the audio rows (a bf16 copy under encoder_dtype)."""
     if cfg.inductor_cache_dir:
         os.makedirs(cfg.inductor_cache_dir, exist_ok=True)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cfg.inductor_cache_dir
@@ -100,7 +101,8 @@ def apply_compile(model: nn.Module, cfg: SpeedConfig) -> str:
     if cfg.frozen_eval and model.cfg.encoder.freeze:
         # A frozen encoder in eval mode has no dropout and no autograd: its blocks compile cleanly, and
         # fusing their elementwise work removes ~2,000 small kernels a step.
-        blocks = [*model.audio_encoder.encoders0, *model.audio_encoder.encoders, *model.audio_encoder.tp_encoders]
+        enc = audio_encoder if audio_encoder is not None else model.audio_encoder
+        blocks = [*enc.encoders0, *enc.encoders, *enc.tp_encoders]
         for block in blocks:
             block.forward = CudaOnlyCompiled(block.forward, "encoder block", cfg.compile_dynamic, cfg.compile_on_error)
         what += f" + {len(blocks)} x frozen encoder block"

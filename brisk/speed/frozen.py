@@ -4,14 +4,17 @@ FunASR trains with model.train() on every module, so a frozen encoder and adapto
 (numbers change from step to step) and the default keeps that. frozen_eval instead:
 - keeps frozen modules in eval mode (their ``train()`` is pinned to eval; no dropout), and
 - computes the audio rows for the step under torch.no_grad, outside the LLM's autograd graph.
-encoder_dtype=bf16 casts the frozen encoder and adaptor to bf16 (about half the time and memory; the probe
-measures what it moves). encoder_cache keeps each utterance's audio rows after the first time it is seen
+encoder_dtype=bf16 runs bf16 copies of the frozen encoder and adaptor (about half the time; the probe
+measures what it moves). The model keeps its fp32 originals, so checkpoints and exports carry exactly the
+weights the run was given: a speed switch never changes what is saved (the copies cost half the fp32
+encoder's memory on top). encoder_cache keeps each utterance's audio rows after the first time it is seen
 and reuses them in later epochs. Trade-off: FunASR's front end dithers by default (model.frontend.dither=1),
 so with the cache an utterance keeps the dither of its first epoch; set dither=0 to make that exact.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 
@@ -19,6 +22,7 @@ import torch
 from torch import nn
 
 from ..data.batch import Batch
+from ..models.speech_llm import SpeechLLM
 
 
 def _pinned_eval(self, mode: bool = True):
@@ -35,6 +39,30 @@ def apply_frozen_eval(model: nn.Module) -> str:
     return f"frozen_eval: {', '.join(names) or 'nothing frozen'} in eval mode, audio rows computed without autograd"
 
 
+class AudioPath(nn.Module):
+    """Copies of the frozen encoder and adaptor in another dtype, computing the model's audio path.
+
+    Not a submodule of the model (nothing of it is saved or trained); always in eval mode.
+    """
+
+    encode_audio = SpeechLLM.encode_audio
+    audio_rows = SpeechLLM.audio_rows
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.originals = (model.audio_encoder, model.audio_adaptor)  # a tuple: not registered as submodules
+        self.audio_encoder = copy.deepcopy(model.audio_encoder).to(dtype).eval()
+        self.audio_adaptor = copy.deepcopy(model.audio_adaptor).to(dtype).eval()
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Copy the originals' weights in again (after a resume loaded them), in place: graphs keep their pointers."""
+        for src, dst in zip(self.originals, (self.audio_encoder, self.audio_adaptor)):
+            theirs = src.state_dict()
+            for k, v in dst.state_dict().items():
+                v.copy_(theirs[k])
+
+
 class FrozenAudio:
     """Provides the audio rows of a batch when the encoder and adaptor are frozen."""
 
@@ -42,12 +70,18 @@ class FrozenAudio:
         if not (model.cfg.encoder.freeze and model.cfg.adaptor.freeze):
             raise ValueError("speed.frozen_eval with precomputed audio needs model.encoder.freeze and model.adaptor.freeze")
         self.model, self.dtype = model, dtype
-        if dtype != torch.float32:
-            model.audio_encoder.to(dtype)
-            model.audio_adaptor.to(dtype)
+        # The module that computes the rows: the model itself in fp32, else copies (the originals stay fp32).
+        self.path = model if dtype == torch.float32 else AudioPath(model, dtype)
         self.cache: dict[str, torch.Tensor] | None = {} if cache else None
         self.hits = self.misses = 0
-        self.encode = model.audio_rows  # the speed.cuda_graph switch swaps in a graphed version
+        self.encode = self.path.audio_rows  # the speed.cuda_graph switch swaps in a graphed version
+
+    def refresh(self) -> None:
+        """After the model's weights were loaded again (resume): recompute from them."""
+        if isinstance(self.path, AudioPath):
+            self.path.refresh()
+        if self.cache is not None:
+            self.cache.clear()
 
     @torch.no_grad()
     def __call__(self, batch: Batch) -> torch.Tensor:

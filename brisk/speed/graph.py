@@ -5,15 +5,16 @@ math). Replaying a graph launches them all at once. What makes the step capturab
 
 - packed batches padded to a few bucket lengths (speed.packing), with a fixed number of audio slots and
   cu_seqlens entries, so each bucket has one set of shapes (collate.Collator(static=True));
-- no host sync inside: fused, capturable AdamW with lr as a device tensor; the non-finite skip is the
-  kernel's found_inf; gradient clipping is folded into the fused update as its grad_scale (the same
-  coefficient, min(1, max_norm / (norm + 1e-6)), applied inside the kernel instead of a separate pass);
+- no host sync inside: fused, capturable AdamW with lr as a device tensor; the captured body is the eager
+  step's own (``TrainStep.body``: found_inf for the non-finite skip, clipping folded into the kernel's
+  grad_scale, probe norms as device tensors); only the schedule runs on the host, between replays;
 - gradients are persistent buffers, zeroed in place at the start of each replay and shared by every
   bucket's graph; activations of all graphs come from one shared memory pool;
 - the frozen encoder and adaptor run in their own graphs, one per speech bucket, without autograd.
 
 Graphs are captured up front for every bucket (``prepare``), warming each one with lr = 0 and then
-restoring the optimizer state, so the run's numbers are those of the eager step. A batch
+restoring the optimizer state, so the run's numbers are those of the eager step. The graphs read the
+optimizer's lr tensor: after a resume it must be that same device tensor (``load_optimizer_state``). A batch
 longer than every bucket (or than 3,072 tokens, where CUDA's embedding backward needs a sort with a host
 sync) runs the same step eagerly and is logged. Gradient accumulation is not supported (config error).
 """
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ..data.batch import Batch
-from ..train.step import TrainStep, logit_stats, model_loss
+from ..train.step import TrainStep
 
 log = logging.getLogger("brisk")
 
@@ -85,49 +86,26 @@ class GraphedEncoder:
 
 
 class GraphedStep:
-    def __init__(self, step: TrainStep, audio, *, grad_clip: float):
+    def __init__(self, step: TrainStep, audio):
         opt = step.optimizer
         group = opt.param_groups[0]
-        if not (group.get("fused") and group.get("capturable") and isinstance(group["lr"], torch.Tensor)):
+        if not (group.get("fused") and group.get("capturable") and isinstance(group["lr"], torch.Tensor)
+                and step.on_device_skip):
             raise ValueError("speed.cuda_graph needs the fused, capturable AdamW with a tensor lr (built by brisk)")
-        self.step, self.audio, self.grad_clip = step, audio, grad_clip
-        self.model, self.optimizer, self.params = step.model, opt, step.params
-        for p in self.params:  # persistent gradients: every graph accumulates into the same buffers
+        self.step, self.audio = step, audio
+        self.optimizer, self.params = opt, step.params
+        step.persistent_grads = True  # every graph accumulates into the same gradient buffers
+        for p in self.params:
             p.grad = torch.zeros_like(p)
         self.pool = torch.cuda.graph_pool_handle()
-        self.encoder = GraphedEncoder(self.model, self.pool)
+        self.encoder = GraphedEncoder(audio.path, self.pool)
         audio.encode = self.encoder  # the frozen audio path now replays encoder graphs
         self.graphs: dict[int, _Captured] = {}
         self.capture_seconds = 0.0
         self.eager_fallbacks = 0
 
-    # -------------------------------------------------------------------------------------- the step
-    def _body(self, batch: Batch, rows: torch.Tensor) -> torch.Tensor:
-        h = self.step.hooks
-        self.optimizer.zero_grad(set_to_none=False)
-        logits, loss, correct, count = model_loss(self.model, batch, h, rows)
-        with h.context():
-            loss.backward()
-        norm = torch.nn.utils.get_total_norm([p.grad for p in self.params])
-        found_inf = (~torch.isfinite(norm)).to(torch.float32)
-        self.optimizer.found_inf = found_inf
-        if self.grad_clip > 0:  # grads / scale == grads * min(1, clip / (norm + 1e-6))
-            self.optimizer.grad_scale = torch.clamp((norm.float() + 1e-6) / self.grad_clip, min=1.0)
-        try:
-            self.optimizer.step()
-        finally:
-            del self.optimizer.found_inf
-            if self.grad_clip > 0:
-                del self.optimizer.grad_scale
-        parts = [loss.detach().float(), correct.float(), count.float(), norm.detach().float(), found_inf]
-        if h.logit_stats:
-            parts += [s.float() for s in logit_stats(logits, batch.labels)]
-        return torch.stack(parts)
-
-    @staticmethod
-    def _metrics(vec: torch.Tensor, logit: bool) -> dict[str, torch.Tensor]:
-        names = ["loss", "correct", "count", "grad_norm", "skipped"] + (["logits_absmean", "logits_std"] if logit else [])
-        return dict(zip(names, vec.unbind()))
+    def _body(self, batch: Batch, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        return self.step.body([batch], [rows])  # no marks: host callbacks would not replay
 
     def _capture(self, batch: Batch, rows: torch.Tensor) -> _Captured:
         static, static_rows = _clone(batch), rows.clone()
@@ -138,7 +116,7 @@ class GraphedStep:
         self.capture_seconds += time.perf_counter() - t0
         return _Captured(graph, static, static_rows, out)
 
-    def _warm(self, batch: Batch, rows: torch.Tensor) -> torch.Tensor:
+    def _warm(self, batch: Batch, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -180,7 +158,6 @@ class GraphedStep:
         if len(batches) != 1:
             raise ValueError("speed.cuda_graph does not support gradient accumulation (train.accum_grad must be 1)")
         batch = batches[0]
-        h = self.step.hooks
         rows = self.audio(batch)
         t = batch.input_ids.shape[1]
         cap = self.graphs.get(t)
@@ -188,18 +165,16 @@ class GraphedStep:
             if t > MAX_GRAPH_TOKENS or batch.layout != "packed":
                 self.eager_fallbacks += 1
                 log.info("cuda_graph: no graph for a %d-token row; this step runs eagerly", t)
-                vec = self._body(batch, rows)
+                metrics = self._body(batch, rows)
             else:
                 log.info("cuda_graph: capturing a graph for a %d-token bucket (not prepared up front)", t)
-                vec = self._warm(batch, rows)
+                metrics = self._warm(batch, rows)
                 self.graphs[t] = self._capture(batch, rows)
         else:
             _copy_into(cap.batch, batch)
             cap.rows.copy_(rows, non_blocking=True)
             cap.graph.replay()
-            vec = cap.out.clone()  # the static output is overwritten by the next replay
-        h.mark("optimizer")
-        for fn in h.on_grads:
-            fn()
-        self.step.schedule.step()
-        return self._metrics(vec, h.logit_stats)
+            metrics = {k: v.clone() for k, v in cap.out.items()}  # static outputs: the next replay overwrites them
+        self.step.hooks.mark("optimizer")
+        self.step.advance(metrics)
+        return metrics

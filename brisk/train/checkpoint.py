@@ -2,10 +2,12 @@
 
 A checkpoint is one file, ``checkpoints/ckpt-<step>.pt``: FunASR's {"state_dict": ...} layout (so FunASR
 loads it as is) plus what an exact resume needs: optimizer, schedule, trainer position (epoch, batches
-of the epoch already used), RNG states, and the resolved config. Each file is written to a temporary name
-in the same folder, fsynced and renamed, so a crash leaves the previous checkpoints intact. index.json
-(also written atomically) lists the checkpoints and their validation metrics; after each save only the
-keep_n best by the chosen metric and the latest remain.
+of the epoch already used), RNG states (of every rank: ``rng_ranks``), and the resolved config. Each file is
+written to a temporary name in the same folder, fsynced, renamed, and the folder fsynced, so a crash leaves
+the previous checkpoints intact; temporary files a crash left behind are removed at the next start. A write
+that would not fit in the free space is refused before it starts. index.json (also written atomically) lists
+the checkpoints and their validation metrics; after each save only the keep_n best by the chosen metric and
+the latest remain, so a run holds at most keep_n + 2 checkpoints at once (the new one before pruning).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..models.build import atomic_save
+from ..models.build import STALE_TEMPS, atomic_save, fsync_dir, gb, tensor_bytes
 
 log = logging.getLogger("brisk")
 
@@ -30,6 +32,25 @@ def rng_state() -> dict:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+def gather_to_rank0(obj) -> list:
+    """[obj of rank 0, obj of rank 1, ...] on rank 0 (a collective under torch.distributed); [obj] alone."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return [obj]
+    world = torch.distributed.get_world_size()
+    out = [None] * world if torch.distributed.get_rank() == 0 else None
+    torch.distributed.gather_object(obj, out, dst=0)
+    return out
+
+
+def broadcast_from_rank0(obj):
+    """Rank 0's value on every rank (a collective under torch.distributed)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return obj
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def set_rng_state(state: dict) -> None:
@@ -47,12 +68,37 @@ def _write_json_atomic(obj, path: Path) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def remove_stale_temps(run_dir: Path) -> list[Path]:
+    """Temporary files of writes a crash interrupted (never renamed into place): safe to delete at start."""
+    found = [p for pat in STALE_TEMPS for p in run_dir.glob(pat)]
+    ck = run_dir / "checkpoints"
+    found += [p for pat in (".ckpt-*.pt.*", ".index.json.*") for p in ck.glob(pat)]
+    for p in found:
+        p.unlink(missing_ok=True)
+        log.info("removed %s, left behind by an interrupted write", p)
+    return found
+
+
+def disk_footprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, checkpoints: int,
+                   export: bool) -> tuple[int, str]:
+    """Bytes a run's writes need at most: ``checkpoints`` files held at once (weights + AdamW's two moments
+    of every trainable parameter), plus the export (model.pt + model.safetensors). Returns (bytes, breakdown)."""
+    weights = tensor_bytes(model.state_dict())
+    moments = 2 * sum(p.numel() * p.element_size() for g in optimizer.param_groups for p in g["params"])
+    ckpt = int((weights + moments) * 1.01) + (1 << 20)  # + steps, RNG, config, pickle framing
+    need = checkpoints * ckpt + (2 * weights if export else 0)
+    what = f"{checkpoints} checkpoint(s) of {gb(ckpt)} held at once" + (f" + an export of {gb(2 * weights)}" if export else "")
+    return need, what
 
 
 class Checkpoints:
     def __init__(self, run_dir: Path, keep_n: int, metric: str):
         self.dir = run_dir / "checkpoints"
         self.dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(run_dir)
         self.keep_n, self.metric = keep_n, metric
         self.index_path = self.dir / "index.json"
         self.index: dict[str, dict] = json.loads(self.index_path.read_text()) if self.index_path.exists() else {}

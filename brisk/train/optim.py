@@ -1,4 +1,4 @@
-"""AdamW, FunASR's warm-up schedule, and the update with clipping and the non-finite skip."""
+"""AdamW, FunASR's warm-up schedule, and loading an optimizer state without losing its device lr."""
 
 from __future__ import annotations
 
@@ -68,34 +68,17 @@ class WarmupLR:
         self._apply(self.lr_at(self.step_num + 1))
 
 
-def clip_grads(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Total L2 norm of the gradients before clipping (a device tensor: no sync)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros((), device=params[0].device)
-    if max_norm > 0:
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    return torch.nn.utils.get_total_norm(grads)
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """``optimizer.load_state_dict`` that keeps each group's tensor lr the very tensor it was.
 
-
-def update(optimizer: torch.optim.Optimizer, schedule: WarmupLR, norm: torch.Tensor, *, on_device: bool) -> torch.Tensor:
-    """One optimizer step unless the gradient norm is not finite; returns 1.0 (skipped) or 0.0 on the device.
-
-    on_device=False is FunASR's rule: read the norm on the host (one sync), skip the optimizer and the
-    schedule on a non-finite norm. on_device=True needs a fused AdamW: the skip happens inside the kernel
-    (found_inf), nothing is read back, and the schedule advances on every attempted step.
+    load_state_dict replaces the param groups with the saved ones, so a tensor lr would become the loaded
+    copy (a CPU tensor after map_location="cpu"). A captured CUDA graph and the schedule hold the original
+    device tensor: the loaded value is copied into it and it is put back. (Capturable/fused ``step`` states
+    are moved to the parameters' device by torch itself.)
     """
-    if on_device:
-        found_inf = (~torch.isfinite(norm)).to(torch.float32)
-        optimizer.found_inf = found_inf
-        try:
-            optimizer.step()
-        finally:
-            del optimizer.found_inf
-        schedule.step()
-        return found_inf
-    if not bool(torch.isfinite(norm)):
-        return torch.ones((), device=norm.device)
-    optimizer.step()
-    schedule.step()
-    return torch.zeros((), device=norm.device)
+    lrs = [g["lr"] for g in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, lr in zip(optimizer.param_groups, lrs):
+        if isinstance(lr, torch.Tensor):
+            lr.copy_(torch.as_tensor(group["lr"]))
+            group["lr"] = lr

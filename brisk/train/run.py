@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -12,9 +13,11 @@ import torch
 from ..config import Config, ConfigError, save_config
 from ..data.loader import build_split, load_tokenizer
 from ..diagnose.accel import acceleration_state, one_line, write_state
-from ..models.build import build_model, export_weights
+from ..models.build import build_model, export_weights, gb
 from ..models.speech_llm import human, param_count
 from ..speed import apply_speed
+from ..speed.flags import tf32_scope
+from .checkpoint import broadcast_from_rank0, disk_footprint
 from .optim import WarmupLR, build_optimizer
 from .step import StepHooks, TrainStep
 from .trainer import Trainer
@@ -76,27 +79,45 @@ def example_batches(cfg: Config, collator, vocab: int) -> list:
     return out
 
 
-def build_step(cfg: Config, model, plan, net=None, hooks: StepHooks | None = None):
-    """The optimizer, FunASR's schedule and the eager training step for a model with its speed plan applied."""
+def optimizer_and_schedule(cfg: Config, model, plan):
     optimizer = build_optimizer(model, cfg.optim, fused=plan.fused_adamw, capturable=plan.capturable)
-    schedule = WarmupLR(optimizer, cfg.optim.lr, cfg.optim.warmup_steps)
+    return optimizer, WarmupLR(optimizer, cfg.optim.lr, cfg.optim.warmup_steps)
+
+
+def train_step(cfg: Config, net, optimizer, schedule, plan, hooks: StepHooks | None = None) -> TrainStep:
     hooks = hooks or StepHooks()
     hooks.context, hooks.audio = plan.context, plan.audio
-    step = TrainStep(net or model, optimizer, schedule, grad_clip=cfg.optim.grad_clip, on_device_skip=plan.on_device_skip,
+    return TrainStep(net, optimizer, schedule, grad_clip=cfg.optim.grad_clip, on_device_skip=plan.on_device_skip,
                      hooks=hooks)
-    return optimizer, schedule, step
+
+
+def build_step(cfg: Config, model, plan, hooks: StepHooks | None = None):
+    """The optimizer, FunASR's schedule and the eager training step for a model with its speed plan applied."""
+    optimizer, schedule = optimizer_and_schedule(cfg, model, plan)
+    return optimizer, schedule, train_step(cfg, model, optimizer, schedule, plan, hooks)
 
 
 def graph_step(cfg: Config, step: TrainStep, plan, device: torch.device):
     """speed.cuda_graph: wrap the step and capture every bucket's graph up front."""
     from ..speed.graph import GraphedStep
 
-    graphed = GraphedStep(step, plan.audio, grad_clip=cfg.optim.grad_clip)
+    graphed = GraphedStep(step, plan.audio)
     vocab = step.model.llm.get_input_embeddings().weight.shape[0]
     seconds = graphed.prepare([b.to(device) for b in example_batches(cfg, plan.collator, vocab)])
     log.info("cuda_graph: %d step graphs and %d encoder graphs captured up front in %.1f s",
              len(graphed.graphs), len(graphed.encoder.graphs), seconds)
     return graphed
+
+
+def resume_path(cfg: Config, trainer: Trainer) -> Path | None:
+    """The checkpoint to resume from: chosen by rank 0 (it holds the checkpoint list), the same on every rank."""
+    path = None
+    if cfg.train.resume_from:
+        path = Path(cfg.train.resume_from)
+    elif cfg.train.resume and trainer.ckpts is not None:
+        path = trainer.ckpts.latest()
+    path = broadcast_from_rank0(str(path) if path else None)
+    return Path(path) if path else None
 
 
 def build_trainer(cfg: Config) -> Trainer:
@@ -117,7 +138,8 @@ def build_trainer(cfg: Config) -> Trainer:
     plan = apply_speed(model, cfg, device)
     for note in plan.notes:
         log.info("speed %s", note)
-    state = acceleration_state(cfg, device)
+    with tf32_scope(cfg.speed.tf32):  # the flags as training will run them (fit enters the same scope)
+        state = acceleration_state(cfg, device)
     log.info(one_line(state))
     if rank == 0:
         write_state(state, run_dir)
@@ -127,38 +149,74 @@ def build_trainer(cfg: Config) -> Trainer:
     train = build_split(cfg, "train", plan.collator, vocab, rank, world, tokenizer)
     valid = build_split(cfg, "valid", plan.collator, vocab, rank, world, tokenizer)
 
+    probe = None
+    if cfg.probe.enabled:
+        from ..probe.record import ProbeRecorder
+
+        probe = ProbeRecorder(run_dir / f"probe.rank{rank}.jsonl", model, cfg.probe.param_norm_steps, rank, cfg.to_dict())
+    optimizer, schedule = optimizer_and_schedule(cfg, model, plan)
+    trainer = Trainer(cfg, run_dir, model, None, optimizer, schedule, train, valid, device, plan, rank, probe,
+                      trap=state["plan_build_trap"])
+    resume = resume_path(cfg, trainer)
+    if resume is not None:  # every rank loads, before DDP wraps the model
+        trainer.resume(resume)
+    if rank == 0:
+        check_disk(cfg, trainer)
+
     net = model
     if world > 1:
         if cfg.speed.cuda_graph:
             raise ConfigError("speed.cuda_graph is single-GPU for now; run without it under torchrun")
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                                         find_unused_parameters=model.ctc is not None and not cfg.model.ctc.freeze)
-    probe = None
-    if cfg.probe.enabled:
-        from ..probe.record import ProbeRecorder
-
-        probe = ProbeRecorder(run_dir / f"probe.rank{rank}.jsonl", model, cfg.probe.param_norm_steps, rank, cfg.to_dict())
-    hooks = StepHooks(logit_stats=probe is not None, on_grads=[probe.on_grads] if probe is not None else [])
-    optimizer, schedule, step = build_step(cfg, model, plan, net, hooks)
-    trainer = Trainer(cfg, run_dir, model, step, optimizer, schedule, train, valid, device, plan, rank, probe,
-                      trap=state["plan_build_trap"])
-    hooks.mark = trainer.timer.mark
-
-    resume = Path(cfg.train.resume_from) if cfg.train.resume_from else (trainer.ckpts.latest() if cfg.train.resume and trainer.ckpts else None)
-    if resume is not None:
-        trainer.resume(resume)
-    if cfg.speed.cuda_graph:
-        trainer.step_fn = graph_step(cfg, step, plan, device)
+    hooks = StepHooks(logit_stats=probe is not None, grad_groups=probe.grad_groups if probe is not None else None,
+                      mark=trainer.timer.mark)
+    step = train_step(cfg, net, optimizer, schedule, plan, hooks)
+    trainer.step_fn = graph_step(cfg, step, plan, device) if cfg.speed.cuda_graph else step
     return trainer
+
+
+def check_disk(cfg: Config, trainer: Trainer) -> None:
+    """Refuse a run whose checkpoints and export would not fit on the disk of its output folder."""
+    t = cfg.train
+    need, what = disk_footprint(trainer.model, trainer.optimizer, held_checkpoints(trainer), t.export_safetensors)
+    free = shutil.disk_usage(trainer.run_dir).free
+    if need > free:
+        raise ConfigError(
+            f"train.output_dir={trainer.run_dir}: this run needs about {gb(need)} of disk ({what}) but only "
+            f"{gb(free)} are free there. Keep fewer checkpoints (train.keep_n={t.keep_n}), save less often "
+            f"(train.save_every={t.save_every}), skip the export (train.export_safetensors=false), "
+            "or point train.output_dir at a larger disk")
+    log.info("disk: the run needs about %s (%s); %s free in %s", gb(need), what, gb(free), trainer.run_dir)
+
+
+def held_checkpoints(trainer: Trainer) -> int:
+    """New checkpoint files the rest of the run holds at once at most: keep_n best + the latest + the one being
+    written, less those already in the folder, and no more than the saves still to come."""
+    t, pos = trainer.cfg.train, trainer.pos
+    total = trainer.total_steps()
+    per_epoch = max(1, len(trainer.train.sampler.batches(0)) // t.accum_grad)
+    saves = sum(1 for s in range(pos.step + 1, total + 1) if (t.save_every and s % t.save_every == 0) or s % per_epoch == 0)
+    saves += 1 if t.save_final else 0
+    existing = len(trainer.ckpts.index) if trainer.ckpts else 0
+    return max(0, min(t.keep_n + 2, existing + saves) - existing)
 
 
 def train(cfg: Config) -> dict:
     trainer = build_trainer(cfg)
-    result = trainer.fit()
+    try:
+        result = trainer.fit()  # the final checkpoint is written here, before any export
+    finally:
+        trainer.close_data()
     run_dir = trainer.run_dir
     if trainer.rank == 0:
         if cfg.train.export_safetensors:
-            paths = export_weights(trainer.model, run_dir)
+            try:
+                paths = export_weights(trainer.model, run_dir)
+            except OSError:
+                latest = trainer.ckpts.latest() if trainer.ckpts else None
+                log.error("the export failed; the trained weights are in %s", latest or "no checkpoint (train.save_final=false)")
+                raise
             log.info("exported %s", ", ".join(str(p) for p in paths))
         if cfg.diagnose.report:
             from ..diagnose.report import write_report

@@ -1,24 +1,31 @@
-"""One training step: forward, loss, backward, clipping, update. Metrics stay on the device.
+"""One training step: zero, forward, loss, backward, gradient sync, norms, clipping, update. Metrics stay on the device.
 
-Speed switches and diagnostics reach the step only through ``StepHooks``: a context around forward and
-backward (the SDPA backend scope), a provider of precomputed audio rows (frozen or cached encoder), phase
-marks for the timer, and a callback between backward and the update for the probe.
+``TrainStep.body`` is the only step body: the eager path calls it, and speed.cuda_graph captures the very
+same call into a graph (so it never syncs with the host when the optimizer is fused, and it takes no
+host callbacks). Speed switches and diagnostics reach it only through ``StepHooks``: a context around
+forward and backward (the SDPA backend scope), a provider of precomputed audio rows (frozen or cached
+encoder), phase marks for the timer, a gradient-sync slot (data parallel), and the parameter groups whose
+gradient norms the probe wants (computed here, before clipping, as one device vector).
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, ContextManager
 
 import torch
 
 from ..data.batch import Batch
 from ..models.speech_llm import lm_loss
-from .optim import WarmupLR, clip_grads, trainable_params, update
+from .optim import WarmupLR, trainable_params
 
 
 def _no_mark(name: str) -> None:
+    return None
+
+
+def _no_sync(grads: list[torch.Tensor]) -> None:
     return None
 
 
@@ -27,8 +34,11 @@ class StepHooks:
     mark: Callable[[str], None] = _no_mark  # phase ends: "forward", "backward", "optimizer"
     context: Callable[[], ContextManager] = nullcontext  # around forward and backward
     audio: Callable[[Batch], torch.Tensor | None] | None = None  # precomputed audio rows
-    on_grads: list[Callable[[], None]] = field(default_factory=list)  # after backward, before the update
+    # After backward, before any norm: make the gradients the global ones (data parallel). Must not sync
+    # with the host (it runs inside CUDA graphs too). A no-op by default (DDP reduces in its own hooks).
+    sync_grads: Callable[[list[torch.Tensor]], None] = _no_sync
     logit_stats: bool = False  # logits abs-mean and std (fp32) for the probe
+    grad_groups: dict[int, int] | None = None  # id(parameter) -> group slot: per-group grad norms (probe)
 
 
 def model_loss(model, batch: Batch, hooks: StepHooks, rows: torch.Tensor | None = None):
@@ -56,6 +66,10 @@ def logit_stats(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tenso
 
 
 class TrainStep:
+    """The step. ``on_device_skip`` (a fused AdamW) keeps everything on the device: the non-finite skip is the
+    kernel's found_inf and clipping is the kernel's grad_scale; otherwise FunASR's rule reads the norm once
+    (a sync), clips the gradients in place and skips a non-finite step with its schedule."""
+
     def __init__(self, model, optimizer: torch.optim.Optimizer, schedule: WarmupLR, *, grad_clip: float,
                  on_device_skip: bool = False, hooks: StepHooks | None = None):
         self.model, self.optimizer, self.schedule = model, optimizer, schedule
@@ -63,35 +77,91 @@ class TrainStep:
         self.on_device_skip = on_device_skip
         self.hooks = hooks or StepHooks()
         self.params = trainable_params(model)
-
-    def forward(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        h = self.hooks
-        logits, loss, correct, count = model_loss(self.model, batch, h)
-        out = {"loss": loss.detach(), "correct": correct, "count": count}
-        if h.logit_stats:
-            out["logits_absmean"], out["logits_std"] = logit_stats(logits, batch.labels)
-        return loss, out
+        self.persistent_grads = False  # CUDA graphs: gradients are fixed buffers, zeroed in place
+        self._skipped = False
+        self.group_index = None
+        if self.hooks.grad_groups is not None:
+            self.group_index = torch.tensor([self.hooks.grad_groups[id(p)] for p in self.params],
+                                            device=self.params[0].device)
+            self.n_groups = max(self.hooks.grad_groups.values()) + 1
 
     def __call__(self, batches: list[Batch]) -> dict[str, torch.Tensor]:
+        metrics = self.body(batches, mark=self.hooks.mark)
+        self.advance(metrics)
+        return metrics
+
+    def advance(self, metrics: dict[str, torch.Tensor]) -> None:
+        """The schedule's step, on the host after the body (a graph cannot hold it): every attempted step
+        on the device path, only taken steps under FunASR's rule (whose body already read the skip)."""
+        if self.on_device_skip or not self._skipped:
+            self.schedule.step()
+
+    # ------------------------------------------------------------------------------------ the body
+    def body(self, batches: list[Batch], rows: list[torch.Tensor] | None = None,
+             mark: Callable[[str], None] = _no_mark) -> dict[str, torch.Tensor]:
         h = self.hooks
+        self.optimizer.zero_grad(set_to_none=not self.persistent_grads)
         metrics: dict[str, torch.Tensor] = {}
-        for batch in batches:  # gradient accumulation: FunASR scales each micro-batch loss by 1/accum
-            loss, out = self.forward(batch)
-            h.mark("forward")
+        n = len(batches)
+        for i, batch in enumerate(batches):  # gradient accumulation: FunASR scales each micro-batch loss by 1/accum
+            logits, loss, correct, count = model_loss(self.model, batch, h, rows[i] if rows is not None else None)
+            out = {"loss": loss.detach(), "correct": correct, "count": count}
+            if h.logit_stats:
+                out["logits_absmean"], out["logits_std"] = logit_stats(logits, batch.labels)
+            del logits
+            mark("forward")
             with h.context():
-                (loss / len(batches)).backward()
-            h.mark("backward")
+                (loss / n if n > 1 else loss).backward()
+            mark("backward")
             for k, v in out.items():
                 metrics[k] = metrics[k] + v if k in metrics else v
-        if len(batches) > 1:
+        if n > 1:
             for k in ("loss", "logits_absmean", "logits_std"):
                 if k in metrics:
-                    metrics[k] = metrics[k] / len(batches)
-        norm = clip_grads(self.params, self.grad_clip)
-        for fn in h.on_grads:
-            fn()
+                    metrics[k] = metrics[k] / n
+        grads = [p.grad for p in self.params if p.grad is not None]
+        h.sync_grads(grads)
+        norm = self._norms(grads, metrics)
         metrics["grad_norm"] = norm.detach()
-        metrics["skipped"] = update(self.optimizer, self.schedule, norm, on_device=self.on_device_skip)
-        self.optimizer.zero_grad(set_to_none=True)
-        h.mark("optimizer")
+        metrics["skipped"] = self._update(grads, norm)
+        mark("optimizer")
         return metrics
+
+    def _norms(self, grads: list[torch.Tensor], metrics: dict) -> torch.Tensor:
+        """Total L2 norm of the gradients before clipping (as clip_grad_norm_ computes it), and per-group norms
+        for the probe from the same per-tensor norms: device tensors, no sync."""
+        if not grads:
+            return torch.zeros((), device=self.params[0].device)
+        per = torch.stack([t.float() for t in torch._foreach_norm(grads)])  # [tensors]
+        if self.group_index is not None:
+            if len(grads) != len(self.params):  # a parameter without a gradient (unused in this step)
+                have = torch.tensor([p.grad is not None for p in self.params], device=per.device)
+                per_all = per.new_zeros(len(self.params)).masked_scatter(have, per)
+            else:
+                per_all = per
+            sq = per.new_zeros(self.n_groups).index_add_(0, self.group_index, per_all.square())
+            metrics["module_norms"] = sq.sqrt()
+        return torch.linalg.vector_norm(per)
+
+    def _update(self, grads: list[torch.Tensor], norm: torch.Tensor) -> torch.Tensor:
+        """One optimizer step unless the norm is not finite; returns 1.0 (skipped) or 0.0 on the device."""
+        opt, clip = self.optimizer, self.grad_clip
+        if self.on_device_skip:
+            found_inf = (~torch.isfinite(norm)).to(torch.float32)
+            opt.found_inf = found_inf
+            if clip > 0:  # grads / scale == grads * min(1, clip / (norm + 1e-6)), applied inside the kernel
+                opt.grad_scale = torch.clamp((norm.float() + 1e-6) / clip, min=1.0)
+            try:
+                opt.step()
+            finally:
+                del opt.found_inf
+                if clip > 0:
+                    del opt.grad_scale
+            self._skipped = False
+            return found_inf
+        self._skipped = not bool(torch.isfinite(norm))  # FunASR's rule: one host read of the norm
+        if not self._skipped:
+            if clip > 0:
+                torch.nn.utils.clip_grads_with_norm_(self.params, clip, norm)
+            opt.step()
+        return torch.full((), float(self._skipped), device=norm.device)

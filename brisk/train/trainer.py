@@ -18,8 +18,9 @@ from ..diagnose.timer import StepTimer
 from ..speed import SpeedPlan
 from ..speed.compile import compile_counters
 from ..speed.flags import tf32_scope
-from .checkpoint import Checkpoints, rng_state, set_rng_state
+from .checkpoint import Checkpoints, gather_to_rank0, rng_state, set_rng_state
 from .monitor import Monitor
+from .optim import load_optimizer_state
 from .step import StepHooks, model_loss
 
 log = logging.getLogger("brisk")
@@ -122,10 +123,11 @@ class Trainer:
             self.probe.on_batch(p.step, batches[0])
         lr = self.schedule.lr
         metrics = self.step_fn(batches)
+        module_norms = metrics.pop("module_norms", None)  # a vector: for the probe, not the monitor
         p.batches_in_epoch += len(batches)
         self.monitor.add(p.step, metrics, lr)
         if self.probe is not None:
-            self.probe.after_step(p.step)
+            self.probe.after_step(p.step, module_norms)
         if c.val_every and p.step % c.val_every == 0:
             self.timed("validation", self.validate)
         if c.save_every and p.step % c.save_every == 0:
@@ -197,33 +199,47 @@ class Trainer:
             "schedule": self.schedule.state_dict(),
             "trainer": {"step": p.step, "epoch": p.epoch, "batches_in_epoch": p.batches_in_epoch,
                         "bad_samples": p.bad_samples, "history": p.history},
-            "rng": rng_state(),
             "config": self.cfg.to_dict(),
         }
 
     def save(self) -> None:
+        rngs = gather_to_rank0(rng_state())  # every rank's RNG (a collective: all ranks save together)
         if self.ckpts is None:  # only rank 0 writes
             self.saved_step = self.pos.step
             return
         self.monitor.flush()
         last = self.pos.history[-1] if self.pos.history and self.pos.history[-1]["step"] == self.pos.step else None
-        path = self.ckpts.save(self.state(), self.pos.step, last and {"loss": last["loss"], "acc": last["acc"]})
+        state = {**self.state(), "rng": rngs[0], "rng_ranks": rngs}
+        path = self.ckpts.save(state, self.pos.step, last and {"loss": last["loss"], "acc": last["acc"]})
         self.saved_step = self.pos.step
         log.info("saved %s", path)
 
     def resume(self, path: Path) -> None:
+        """Every rank calls this with the same file, before the model is wrapped for data parallel."""
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
         if "trainer" not in ckpt:
             raise ConfigError(f"{path}: not a brisk checkpoint (no trainer state); use model.init to start from its weights")
         self.model.load_state_dict(ckpt["state_dict"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.plan.audio is not None:
+            self.plan.audio.refresh()  # compute copies of the frozen encoder follow the loaded weights
+        load_optimizer_state(self.optimizer, ckpt["optimizer"])
         self.schedule.load_state_dict(ckpt["schedule"])
         t = ckpt["trainer"]
         self.pos = Position(t["step"], t["epoch"], t["batches_in_epoch"], t.get("bad_samples", 0), 0, t.get("history", []))
-        set_rng_state(ckpt["rng"])
+        rngs = ckpt.get("rng_ranks", [ckpt["rng"]])
+        if self.rank < len(rngs):
+            set_rng_state(rngs[self.rank])
+        else:
+            log.warning("%s holds RNG states of %d ranks; rank %d keeps its fresh seed", path, len(rngs), self.rank)
         log.info("resumed from %s at step %d (epoch %d, batch %d of the epoch)", path, t["step"], t["epoch"], t["batches_in_epoch"])
 
+    def close_data(self) -> None:
+        for split in (self.train, self.valid):
+            if split is not None:
+                split.close()
+
     def finish(self) -> dict:
+        self.close_data()
         self.monitor.close()
         for rec in self.timer.close():
             self.monitor.step_time(rec["total"])

@@ -1,0 +1,186 @@
+"""CUDA-only checks of the fast path and the state around it (skipped without CUDA; run on the GPU machine):
+
+    python -m pytest tests/gpu -q -m gpu
+
+Small models of the real layout (bf16 LLM trained, encoder and adaptor frozen) on the AISHELL-1-like length
+profile (random features: no audio or tokenizer needed). Each test asserts; none prints "ok".
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from ..conftest import REPO
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+NANO = REPO / "configs" / "fun_asr_nano.yaml"
+SMALL = [  # a small speech-LLM of the real layout: bf16 LLM trained, encoder and adaptor frozen
+    f"data.profile={REPO / 'brisk/bench/profiles/aishell1_like.jsonl'}", "data.train=null", "data.valid=null",
+    "data.num_workers=0", "model.encoder.output_size=128", "model.encoder.linear_units=256", "model.encoder.num_blocks=4",
+    "model.encoder.tp_blocks=2", "model.encoder.freeze=true", "model.adaptor.freeze=true", "model.adaptor.ffn_dim=256",
+    "model.llm.dtype=bf16", "model.llm.config.vocab_size=4096", "model.llm.config.hidden_size=256",
+    "model.llm.config.intermediate_size=768", "model.llm.config.num_hidden_layers=6", "model.llm.config.num_attention_heads=4",
+    "model.llm.config.num_key_value_heads=2", "model.llm.config.head_dim=64", "train.device=cuda", "optim.warmup_steps=4",
+    "optim.lr=1e-3", "model.llm.config.bos_token_id=null", "model.llm.config.eos_token_id=null",
+]
+RUN = ["train.progress=false", "train.tensorboard=false", "train.log_every=1", "diagnose.report=false",
+       "train.export_safetensors=false"]
+FAST = ["speed.packing=true", "speed.frozen_eval=true", "speed.fused_adamw=true", "speed.cuda_graph=true"]
+
+
+def _cfg(*overrides):
+    from brisk.config import load_config
+
+    return load_config(NANO, SMALL + list(overrides))
+
+
+def _ckpt(run_dir, step):
+    return torch.load(run_dir / "checkpoints" / f"ckpt-{step:08d}.pt", map_location="cpu", weights_only=False)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / a.float().norm().clamp_min(1e-12)).item()
+
+
+def _trainable(state: dict) -> list[str]:
+    return [k for k in state if k.startswith("llm.") and state[k].is_floating_point()]
+
+
+# ------------------------------------------------------------------------------------- kernels
+def test_varlen_attention_matches_per_sequence_sdpa():
+    from brisk.speed.varlen import varlen_attention
+
+    torch.manual_seed(0)
+    lens, t = [37, 120, 5, 64, 211], 512
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)) + [t], dtype=torch.int32, device="cuda")
+    q = torch.randn(1, 16, t, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, 8, t, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1, 8, t, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out, _ = varlen_attention(None, q, k, v, None, scaling=128**-0.5, cu_seq_lens_q=cu)
+    out.float().square().sum().backward()
+    g = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    refs = [torch.nn.functional.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True,
+                                                             enable_gqa=True, scale=128**-0.5)[0].transpose(0, 1)
+            for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())]
+    ref = torch.cat(refs)
+    ref.float().square().sum().backward()
+    assert (out[0].float() - ref.float()).abs().max().item() < 0.02
+    for a, x in zip(g, (q, k, v)):
+        assert (a.float() - x.grad.float()).abs().max().item() / x.grad.float().abs().max().item() < 0.02
+
+
+def test_packed_loss_equals_padded_loss():
+    from brisk.bench.harness import sample_stream
+    from brisk.data.collate import Collator
+    from brisk.models.build import build_model
+    from brisk.models.speech_llm import lm_loss
+    from brisk.speed import apply_speed
+
+    cfg = _cfg("model.llm.dtype=fp32", "speed.packing=true")
+    model = build_model(cfg.model, "cuda").eval()
+    apply_speed(model, cfg, torch.device("cuda"))  # installs the varlen attention for packed rows
+    samples = sample_stream(cfg, 1, 4096)[0]
+    padded = Collator()(samples).to("cuda")
+    packed = Collator(packed=True, token_buckets=(512, 1024, 2048))(samples).to("cuda")
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 1e-2)):
+        model.llm.to(dtype)
+        model.llm_dtype = dtype
+        with torch.no_grad():
+            model.llm.config._attn_implementation = "sdpa"
+            l1, _, _ = lm_loss(model(padded), padded.labels)
+            model.llm.config._attn_implementation = "brisk_varlen"
+            l2, _, _ = lm_loss(model(packed), packed.labels)
+        assert abs(l1.item() - l2.item()) / abs(l1.item()) < tol, dtype
+
+
+# --------------------------------------------------------------------------- graph step == eager step
+def _run_steps(overrides: list[str], n: int):
+    from brisk.bench.harness import build_runner, sample_stream, sync
+    from brisk.speed.flags import backend_flags
+
+    cfg = _cfg(*overrides)
+    before = backend_flags()
+    runner = build_runner(cfg)
+    losses = [float(runner.run(runner.collate(s))["loss"]) for s in sample_stream(cfg, n, 4096)]
+    sync(runner.device)
+    params = {k: v.detach().float().cpu() for k, v in runner.model.named_parameters() if v.requires_grad}
+    assert backend_flags() == before  # no switch leaves a torch flag changed
+    return losses, params
+
+
+def test_graph_step_equals_eager_step_over_8_steps():
+    base = ["speed.packing=true", "speed.frozen_eval=true", "speed.fused_adamw=true"]
+    la, pa = _run_steps(base, 8)
+    lb, pb = _run_steps(base + ["speed.cuda_graph=true"], 8)
+    assert max(abs(x - y) / abs(x) for x, y in zip(la, lb)) < 1e-3
+    assert max(_rel(pa[k], pb[k]) for k in pa) < 1e-2
+    assert len(set(la)) > 1  # the steps did train
+
+
+def test_switches_leave_torch_flags_as_they_were():
+    _run_steps([], 2)
+    _run_steps(["speed.sdpa_backends=[flash,efficient,math]", "speed.tf32=true"], 2)
+
+
+# ------------------------------------------------------------------------------ resume on the fast path
+def test_graphed_run_resumed_equals_uninterrupted(tmp_path):
+    from brisk.train.run import build_trainer, train
+
+    common = RUN + FAST + ["train.max_steps=6", "train.save_every=3", "train.keep_n=5"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    train(_cfg(*common, f"train.output_dir={one}"))
+    (two / "checkpoints").mkdir(parents=True)
+    shutil.copy(one / "checkpoints" / "ckpt-00000003.pt", two / "checkpoints")
+    (two / "checkpoints" / "index.json").write_text(json.dumps({"ckpt-00000003.pt": {"step": 3}}))
+    trainer = build_trainer(_cfg(*common, f"train.output_dir={two}", "train.resume=true"))
+    lr = trainer.optimizer.param_groups[0]["lr"]
+    assert trainer.pos.step == 3 and lr.is_cuda and float(lr) > 0  # the device tensor the graphs read
+    assert float(lr) == pytest.approx(trainer.schedule.lr_at(4), rel=1e-6)  # restored after the lr-0 warm-ups
+    assert all(s["step"].is_cuda for s in trainer.optimizer.state.values())
+    trainer.fit()
+    three, a, b = _ckpt(one, 3)["state_dict"], _ckpt(one, 6)["state_dict"], _ckpt(two, 6)["state_dict"]
+    keys = _trainable(a)
+    moved_a = sum((a[k].float() - three[k].float()).norm() ** 2 for k in keys) ** 0.5
+    moved_b = sum((b[k].float() - three[k].float()).norm() ** 2 for k in keys) ** 0.5
+    assert moved_b > 0.5 * moved_a > 0  # the resumed run trained (lr 0 would leave it at exactly 0)
+    gap = sum((a[k].float() - b[k].float()).norm() ** 2 for k in keys) ** 0.5
+    assert gap < 0.05 * moved_a  # and trained like the uninterrupted run, within bf16 noise
+
+
+# --------------------------------------------------------------------------------- what is saved
+def test_bf16_encoder_run_exports_the_fp32_encoder_bit_identical(tmp_path):
+    from brisk.models.build import build_model, read_state_dict
+    from brisk.train.run import train
+
+    cfg = _cfg(*RUN, *FAST, "speed.encoder_dtype=bf16", "train.max_steps=2", "train.export_safetensors=true",
+               f"train.output_dir={tmp_path}")
+    original = build_model(cfg.model, "cuda").state_dict()
+    train(cfg)
+    keys = [k for k in original if k.startswith(("audio_encoder.", "audio_adaptor."))]
+    for saved in (_ckpt(tmp_path, 2)["state_dict"], read_state_dict(tmp_path / "model.pt"),
+                  read_state_dict(tmp_path / "model.safetensors")):
+        for k in keys:
+            assert saved[k].dtype == torch.float32 and torch.equal(saved[k], original[k].cpu()), k
+
+
+# ----------------------------------------------------------------------------------------- probe
+def test_graphed_probe_module_norms_are_before_clipping(tmp_path):
+    from brisk.train.run import train
+
+    clip = 1e-3
+    train(_cfg(*RUN, *FAST, "train.max_steps=3", "train.save_final=false", "probe.enabled=true",
+               "probe.param_norm_steps=[1,2,3]", f"optim.grad_clip={clip}", f"train.output_dir={tmp_path}"))
+    rows = [json.loads(x) for x in (tmp_path / "probe.rank0.jsonl").read_text().splitlines()[1:]]
+    rec = {(r["step"], r["metric"]): r["value"] for r in rows}
+    for s in (1, 2, 3):
+        total = rec[(s, "grad_norm")]
+        parts = [v for (st, m), v in rec.items() if st == s and m.startswith("grad_norm.")]
+        assert total > 10 * clip and len(parts) > 3
+        assert sum(v * v for v in parts) == pytest.approx(total * total, rel=1e-3)
