@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from ..diagnose.accel import acceleration_state, one_line, write_state
 from ..models.build import build_model, export_weights
 from ..models.speech_llm import human, param_count
 from ..speed import apply_speed
+from . import run_dir as run_dirs
 from .optim import WarmupLR, build_optimizer
 from .step import StepHooks, TrainStep
 from .trainer import Trainer
@@ -50,7 +52,12 @@ def setup_logging(run_dir: Path | None, rank: int = 0) -> None:
     logger = logging.getLogger("brisk")
     logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     logger.handlers.clear()
-    logger.addHandler(RichHandler(show_path=False, rich_tracebacks=False, markup=False))
+    if sys.stdout.isatty():
+        logger.addHandler(RichHandler(show_path=False, rich_tracebacks=False, markup=False))
+    else:  # piped or redirected: one plain line per event (rich would wrap at 80 columns)
+        plain = logging.StreamHandler(sys.stdout)
+        plain.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+        logger.addHandler(plain)
     if run_dir is not None:
         fh = logging.FileHandler(run_dir / "train.log", encoding="utf-8")
         fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -102,7 +109,7 @@ def graph_step(cfg: Config, step: TrainStep, plan, device: torch.device):
 def build_trainer(cfg: Config) -> Trainer:
     device = pick_device(cfg.train.device)
     rank, world = init_distributed(device)
-    run_dir = Path(cfg.train.output_dir)
+    run_dir = run_dirs.prepare(cfg) if rank == 0 else Path(cfg.train.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(run_dir, rank)
     if rank == 0:
@@ -147,6 +154,7 @@ def build_trainer(cfg: Config) -> Trainer:
     resume = Path(cfg.train.resume_from) if cfg.train.resume_from else (trainer.ckpts.latest() if cfg.train.resume and trainer.ckpts else None)
     if resume is not None:
         trainer.resume(resume)
+    run_dirs.after_resume(cfg, run_dir, resume, trainer.pos.step, rank)
     if cfg.speed.cuda_graph:
         trainer.step_fn = graph_step(cfg, step, plan, device)
     return trainer
