@@ -236,3 +236,16 @@ def test_a_graphed_step_is_labelled_as_one_whole():
     assert [b[0] for b in phase_bars(steps)] == ["data", "whole graphed step", "between steps"]
     eager = [{**steps[0], "forward": 0.01, "backward": 0.02}]
     assert [b[0] for b in phase_bars(eager)] == ["data", "forward", "backward", "optimizer", "between steps"]
+
+
+def test_profiler_chatter_is_kept_off_stderr(tmp_path):
+    """Kineto's USDT lines are written to fd 2 by C++: checked in a child process, by its real stderr."""
+    import subprocess
+    import sys
+
+    code = ("import torch, os\nfrom torch.profiler import profile\nfrom brisk.bench.quiet import without_profiler_chatter\n"
+            "with without_profiler_chatter(), profile() as p:\n    torch.ones(3).sum()\n    os.write(2, b'kept line\\n')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYTHONPATH": str(DEMO.parent.parent)})
+    assert out.returncode == 0, out.stderr
+    assert "USDT" not in out.stderr and "kept line" in out.stderr

@@ -35,9 +35,10 @@ def launches(runner, batches) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from .profile import launch_counts
+    from .quiet import without_profiler_chatter
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == "cuda" else [])
-    with profile(activities=acts) as prof:
+    with without_profiler_chatter(), profile(activities=acts) as prof:
         for b in batches:
             runner.run(b)
         sync(runner.device)
