@@ -175,7 +175,7 @@ class TrainConfig:
     keep_n: int = 3  # keep the n best checkpoints (by keep_metric) plus the latest
     keep_metric: str = "loss"  # loss | acc (validation)
     resume: bool = False  # continue from the latest checkpoint in output_dir
-    resume_from: str | None = None  # or from this checkpoint file
+    resume_from: str | None = None  # continue from this checkpoint file (instead of the latest)
     overwrite: bool = False  # start afresh in an output_dir that holds a run, deleting that run's files
     progress: bool = True  # show a progress bar on a terminal
     tensorboard: bool = True  # write TensorBoard scalars to <run>/tb

@@ -105,7 +105,7 @@ def test_run_folders_never_mix_and_resume_says_what_it_did(tmp_path):
 
     run_train(run, **short, **{"train.max_steps": 7, "train.resume": True, "optim.lr": 0.001})
     log = (run / "train.log").read_text()
-    assert "differs from the checkpoint's in 1 keys: optim.lr: 0.002 -> 0.001" in log
+    assert "differs from the checkpoint's in 1 key: optim.lr: 0.002 -> 0.001" in log
     assert _steps(run) == [1, 2, 3, 4, 5, 6, 7]  # resumed at 3: the old 4 and 5 are gone, not repeated
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == list(range(1, 8))
 

@@ -94,8 +94,8 @@ def config_changes(saved: dict, now: dict, ignore: set[str] = RESUME_HARMLESS) -
 def warn_config_changes(saved: dict | None, now: dict, path: Path) -> list[str]:
     changes = config_changes(saved or {}, now) if saved is not None else []
     if changes:
-        log.warning("resuming %s with a config that differs from the checkpoint's in %d keys: %s", path.name,
-                    len(changes), "; ".join(changes))
+        log.warning("resuming %s with a config that differs from the checkpoint's in %d key%s: %s", path.name,
+                    len(changes), "" if len(changes) == 1 else "s", "; ".join(changes))
     return changes
 
 
