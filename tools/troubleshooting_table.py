@@ -104,7 +104,7 @@ def main_table() -> None:
     broken = list(demo)
     broken[3] = '{"key": "x", "messages": [{"role": "user" "content": "a"}]}'
     case("a line that is not JSON", ["train", c, *TINY, f"train.output_dir={tmp}/b", f"data.train={jsonl(tmp, 'broken.jsonl', broken)}"],
-         shown="brisk train configs/demo.yaml data.train=<jsonl with a cut line 4>")
+         shown="brisk train configs/demo.yaml data.train=<jsonl missing a comma on line 4>")
     wrong = list(demo)
     obj = json.loads(wrong[1])
     obj["speech_length"] = 5
