@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
+
+from . import __version__
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "configs" / "demo.yaml"
@@ -22,25 +25,45 @@ DEMO = REPO / "configs" / "demo.yaml"
 
 def _config_and_overrides(items: list[str], default: Path | None) -> tuple[Path | None, list[str]]:
     if items and "=" not in items[0]:
-        return Path(items[0]), items[1:]
+        from .config import ConfigError, _known_path
+
+        first = items[0]
+        if not Path(first).exists() and not first.endswith((".yaml", ".yml")) and _known_path(first):
+            raise ConfigError(f"{first} has no value: did you mean key=value, for example {first}=VALUE?")
+        return Path(first), items[1:]
     return default, items
 
 
 def _load(items: list[str], default: Path | None = None):
-    from .config import load_config
+    from .config import ConfigError, load_config
 
     path, overrides = _config_and_overrides(items, default)
     if path is None:
-        raise SystemExit("error: give a config file (for example configs/fun_asr_nano.yaml)")
+        raise ConfigError("give a config file (for example configs/fun_asr_nano.yaml)")
     if path == DEMO and not DEMO.exists():
-        raise SystemExit(f"error: the demo config {DEMO} is missing; run from a checkout of brisk (pip install -e .)")
+        raise ConfigError(f"the demo config {DEMO} is missing; run from a checkout of brisk (pip install -e .)")
     return load_config(path, overrides)
 
 
 def cmd_train(args) -> int:
     from .train.run import train
 
-    cfg = _load(args.items, DEMO)
+    if args.help_config:
+        from .config_help import help_text
+
+        sys.stdout.write(help_text())
+        return 0
+    items = list(args.items)
+    if _config_and_overrides(items, None)[0] is None and not any(i.split("=", 1)[0] == "train.output_dir" for i in items):
+        # The demo with no config: a fresh folder under ./runs each time, so runs never mix.
+        from .train.run_dir import demo_dir
+
+        folder = demo_dir()
+        items.append(f"train.output_dir={folder}")
+        cfg = _load(items, DEMO)
+        print(f"run folder: {folder}", flush=True)
+    else:
+        cfg = _load(items, DEMO)
     result = train(cfg)
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
@@ -54,9 +77,11 @@ def cmd_train(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .diagnose.report import write_report
+    from .diagnose.report import console_summary, write_report
 
-    print(write_report(args.run))
+    out = write_report(args.run)
+    print(console_summary(out.read_text(encoding="utf-8")))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 
 
@@ -68,15 +93,23 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_probe(args) -> int:
+    from .config import ConfigError
     from .probe.compare import calibrate_main, compare_main
 
+    try:
+        return _probe(args, compare_main, calibrate_main)
+    except ValueError as e:  # a record that is not one, records that cannot be compared: one line, exit 2
+        raise ConfigError(str(e)) from None
+
+
+def _probe(args, compare_main, calibrate_main) -> int:
     if args.action == "compare":
         if len(args.records) != 2:
-            raise SystemExit("error: probe compare takes two records (run folders or probe.rank0.jsonl files)")
+            raise ValueError("probe compare takes two records (run folders or probe.rank0.jsonl files)")
         return compare_main(args.records[0], args.records[1], args.tolerances, args.out)
     if len(args.records) < 2:
-        raise SystemExit("error: probe calibrate takes two or more records of equivalent runs")
-    return calibrate_main(args.records, args.out, args.margin)
+        raise ValueError("probe calibrate takes two or more records of equivalent runs")
+    return calibrate_main(args.records, args.out, args.margin, args.allow_config_diff)
 
 
 def cmd_bench(args) -> int:
@@ -97,10 +130,12 @@ def cmd_profile(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="brisk", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"brisk {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="fine-tune; with no config, the bundled demo on the CPU")
     t.add_argument("items", nargs="*", help="[CONFIG.yaml] [key=value ...]")
+    t.add_argument("--help-config", action="store_true", help="list every config key: type, default, meaning")
     t.set_defaults(fn=cmd_train)
 
     r = sub.add_parser("report", help="step-time report of a run folder")
@@ -116,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--tolerances", help="tolerance YAML (default: the shipped brisk/probe/tolerances.yaml)")
     pr.add_argument("--out", help="compare: write the markdown table here; calibrate: write the proposed tolerances here")
     pr.add_argument("--margin", type=float, default=2.0, help="calibrate: tolerance = margin x the largest observed spread")
+    pr.add_argument("--allow-config-diff", action="store_true",
+                    help="calibrate: go on (with a warning) when the records' configs differ in keys that change numbers")
     pr.set_defaults(fn=cmd_probe)
 
     b = sub.add_parser("bench", help="interleaved A/B arms on the same batches")
@@ -137,8 +174,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except (ConfigError, DataError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
+
+
+def one_line(e: BaseException) -> str:
+    """The message an error carries, without the traceback a DataLoader worker wraps around it."""
+    text = str(e)
+    if "Original Traceback" in text:  # torch's ExceptionWrapper: "Caught X in DataLoader worker ...\n<traceback>"
+        last = [x for x in text.splitlines() if x.strip()][-1]
+        text = re.sub(r"^[\w.]+(Error|Exception): ", "", last)
+    return text
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ the run folder and in every checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -28,15 +29,15 @@ class ConfigError(ValueError):
 class FrontendConfig:
     """Kaldi fbank + low-frame-rate stacking, as FunASR's WavFrontend computes it."""
 
-    fs: int = 16000
-    n_mels: int = 80
-    frame_length: float = 25.0  # ms
-    frame_shift: float = 10.0  # ms
-    window: str = "hamming"
-    lfr_m: int = 7
-    lfr_n: int = 6
+    fs: int = 16000  # sample rate (Hz) audio is resampled to
+    n_mels: int = 80  # mel bins of the fbank
+    frame_length: float = 25.0  # fbank window length, ms
+    frame_shift: float = 10.0  # fbank hop, ms
+    window: str = "hamming"  # fbank window: hamming | hanning | povey | rectangular | blackman
+    lfr_m: int = 7  # low-frame-rate stacking: frames stacked into one
+    lfr_n: int = 6  # low-frame-rate stacking: frames advanced between stacks
     dither: float = 1.0  # FunASR's default; 0 makes features deterministic (needed by speed.encoder_cache)
-    cmvn_file: str | None = None
+    cmvn_file: str | None = None  # FunASR am.mvn file (mean/variance normalisation); none: no CMVN
     upscale_samples: bool = True  # FunASR scales [-1, 1] audio to the int16 range before fbank
 
     def __post_init__(self):
@@ -48,42 +49,42 @@ class FrontendConfig:
 class EncoderConfig:
     """SANM audio encoder (FunASR's SenseVoiceEncoderSmall)."""
 
-    output_size: int = 512
-    attention_heads: int = 4
-    linear_units: int = 2048
-    num_blocks: int = 50
-    tp_blocks: int = 20
-    kernel_size: int = 11
-    sanm_shift: int = 0
-    dropout_rate: float = 0.1
-    attention_dropout_rate: float = 0.0
-    freeze: bool = True
+    output_size: int = 512  # encoder width (d_model)
+    attention_heads: int = 4  # encoder attention heads
+    linear_units: int = 2048  # encoder feed-forward width
+    num_blocks: int = 50  # SANM blocks (the first maps LFR features to output_size)
+    tp_blocks: int = 20  # SANM 'tp' blocks after the main stack
+    kernel_size: int = 11  # FSMN depthwise convolution kernel
+    sanm_shift: int = 0  # FSMN kernel shift (0: centred)
+    dropout_rate: float = 0.1  # encoder dropout
+    attention_dropout_rate: float = 0.0  # encoder attention dropout
+    freeze: bool = True  # keep the encoder's weights fixed (no gradients)
 
 
 @dataclass
 class AdaptorConfig:
     """Transformer adaptor between the encoder and the LLM."""
 
-    downsample_rate: int = 1
-    ffn_dim: int = 2048
-    n_layer: int = 2
-    attention_heads: int = 8
-    dropout_rate: float = 0.0
+    downsample_rate: int = 1  # frames merged before the adaptor's first linear
+    ffn_dim: int = 2048  # adaptor hidden width
+    n_layer: int = 2  # Transformer layers in the adaptor
+    attention_heads: int = 8  # adaptor attention heads
+    dropout_rate: float = 0.0  # adaptor dropout
     use_low_frame_rate: bool = True  # only the first ~L/8 adaptor outputs reach the LLM
-    freeze: bool = True
+    freeze: bool = True  # keep the adaptor's weights fixed (no gradients)
 
 
 @dataclass
 class CTCConfig:
     """Optional CTC branch (FunASR's ctc_decoder + ctc). Built for checkpoint compatibility; not in the loss."""
 
-    enabled: bool = False
-    n_layer: int = 5
-    ffn_dim: int = 2048
-    dim: int = 512
-    downsample_rate: int = 1
-    vocab_size: int = 60515
-    freeze: bool = False
+    enabled: bool = False  # build the CTC branch
+    n_layer: int = 5  # CTC decoder layers
+    ffn_dim: int = 2048  # CTC decoder feed-forward width
+    dim: int = 512  # CTC decoder width
+    downsample_rate: int = 1  # frames merged before the CTC decoder
+    vocab_size: int = 60515  # CTC output vocabulary
+    freeze: bool = False  # keep the CTC branch's weights fixed
 
 
 @dataclass
@@ -93,7 +94,7 @@ class LLMConfig:
     path: str | None = None  # local folder with config.json (and tokenizer, and optionally weights)
     config: dict = field(default_factory=dict)  # inline transformers config when path is None, else overrides
     dtype: str = "fp32"  # fp32 | bf16 (bf16 runs under autocast, as FunASR does)
-    freeze: bool = False
+    freeze: bool = False  # keep the LLM's weights fixed (no gradients)
     load_weights: bool = True  # load *.safetensors from path when present (a FunASR model.pt overrides them)
 
     def __post_init__(self):
@@ -117,22 +118,22 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     train: str | None = None  # FunASR jsonl
-    valid: str | None = None
+    valid: str | None = None  # FunASR jsonl for validation; none: no validation
     tokenizer: str | None = None  # a tokenizer folder; defaults to model.llm.path
     profile: str | None = None  # a length profile (speech_length/text_length jsonl) for synthetic batches
     batch_tokens: int = 6000  # budget on padded (speech_length + text_length), FunASR's batch_size
     max_utts: int = 10  # utterances a batch at most
     sort_size: int = 1024  # utterances sorted by length together before batching
-    shuffle: bool = True
-    num_workers: int = 2
-    pin_memory: bool = True
+    shuffle: bool = True  # shuffle the batches every epoch (fixed seed)
+    num_workers: int = 2  # DataLoader worker processes (0: load in the training process)
+    pin_memory: bool = True  # pinned host memory for faster copies to the GPU
     max_speech_length: int = 8000  # 10 ms frames; longer utterances are bad input
     max_text_length: int = 2048  # tokens
     max_token_length: int = 1500  # LLM tokens of one utterance's prompt + answer
     skip_bad: bool = False  # skip (and count) malformed lines and unreadable audio instead of stopping
     sys_prompt: bool = True  # FunASR dataset_conf.sys_prompt
     do_think: bool = True  # FunASR dataset_conf.do_think: False appends an empty <think></think>
-    multiturn_max: int = 5
+    multiturn_max: int = 5  # FunASR dataset_conf.multiturn_num_max: turns kept of a multi-turn sample
 
     def __post_init__(self):
         for k in ("batch_tokens", "max_utts", "sort_size"):
@@ -143,31 +144,41 @@ class DataConfig:
 # ------------------------------------------------------------------------------------------- training
 @dataclass
 class OptimConfig:
-    lr: float = 2e-4
+    lr: float = 2e-4  # peak learning rate of AdamW (> 0)
     weight_decay: float = 0.01  # torch.optim.AdamW's default, which FunASR inherits
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
+    eps: float = 1e-8  # AdamW epsilon
     warmup_steps: int = 2500  # FunASR's WarmupLR: peak lr at warmup_steps, then ~1/sqrt(step)
     grad_clip: float = 5.0  # 0 disables clipping (the grad norm is still measured)
+
+    def __post_init__(self):
+        if not self.lr > 0:
+            raise ConfigError(f"optim.lr={self.lr}: must be a number above 0 (for example 2e-4)")
+        for k in ("weight_decay", "eps", "warmup_steps", "grad_clip"):
+            if getattr(self, k) < 0:
+                raise ConfigError(f"optim.{k}={getattr(self, k)}: must be 0 or more")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"optim.betas={self.betas}: give two numbers in [0, 1), for example [0.9, 0.999]")
 
 
 @dataclass
 class TrainConfig:
-    output_dir: str = "runs/demo"
+    output_dir: str = "runs/demo"  # the run folder; a relative path is taken from the current folder
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    seed: int = 1234
-    max_epochs: int = 1
+    seed: int = 1234  # seed of the training randomness (dropout, shuffling, dither)
+    max_epochs: int = 1  # epochs to train (at least 1)
     max_steps: int = 0  # 0: no limit
-    accum_grad: int = 1
+    accum_grad: int = 1  # batches accumulated into one optimizer step
     log_every: int = 10  # metrics are read from the device (one sync) every log_every steps
     val_every: int = 0  # steps; 0: only at epoch end
     save_every: int = 0  # steps; 0: only at epoch end
     keep_n: int = 3  # keep the n best checkpoints (by keep_metric) plus the latest
     keep_metric: str = "loss"  # loss | acc (validation)
     resume: bool = False  # continue from the latest checkpoint in output_dir
-    resume_from: str | None = None  # or from this checkpoint file
-    progress: bool = True
-    tensorboard: bool = True
+    resume_from: str | None = None  # continue from this checkpoint file (instead of the latest)
+    overwrite: bool = False  # start afresh in an output_dir that holds a run, deleting that run's files
+    progress: bool = True  # show a progress bar on a terminal
+    tensorboard: bool = True  # write TensorBoard scalars to <run>/tb
     gc_every: int = 0  # >0: freeze+disable Python's GC after step 1 and collect every N steps (tagged)
     export_safetensors: bool = True  # write model.safetensors + model.pt (FunASR keys) at the end
     save_final: bool = True  # checkpoint at the end of a run stopped by max_steps (false: measurement runs)
@@ -177,6 +188,15 @@ class TrainConfig:
             raise ConfigError(f"train.keep_metric={self.keep_metric!r}: use loss or acc")
         if self.accum_grad < 1:
             raise ConfigError("train.accum_grad must be at least 1")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"train.device={self.device}: use auto, cpu, cuda or cuda:N (for example cuda:0)")
+        if self.max_steps < 0:
+            raise ConfigError(f"train.max_steps={self.max_steps}: must be 0 (no limit) or more")
+        if self.max_epochs < 1:
+            raise ConfigError(f"train.max_epochs={self.max_epochs}: must be at least 1 (train.max_steps can stop a run earlier)")
+        for k in ("log_every", "val_every", "save_every", "gc_every", "keep_n"):
+            if getattr(self, k) < 0:
+                raise ConfigError(f"train.{k}={getattr(self, k)}: must be 0 or more")
 
 
 @dataclass
@@ -189,12 +209,12 @@ class SpeedConfig:
     compile_dynamic: bool | None = None  # passed to torch.compile; None: automatic dynamic shapes
     compile_on_error: str = "warn"  # warn: fall back to eager; raise
     inductor_cache_dir: str | None = None  # persistent Inductor/Triton cache (TORCHINDUCTOR_CACHE_DIR)
-    fused_adamw: bool = False
+    fused_adamw: bool = False  # torch's fused AdamW kernel (CUDA)
     tf32: bool = False  # TF32 matmuls/convolutions for the fp32 parts (process-wide, restored at the end)
     frozen_eval: bool = False  # frozen modules in eval mode (no dropout), run without autograd
     packing: bool = False  # one row of tokens per batch, per-utterance positions, varlen attention
-    pack_buckets: list[int] = field(default_factory=lambda: [256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 2048])
-    speech_buckets: list[int] = field(default_factory=lambda: [64, 96, 128, 160, 192, 256, 320, 384, 512])
+    pack_buckets: list[int] = field(default_factory=lambda: [256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 2048])  # packed row lengths (tokens)
+    speech_buckets: list[int] = field(default_factory=lambda: [64, 96, 128, 160, 192, 256, 320, 384, 512])  # padded LFR frame counts of the audio
     cuda_graph: bool = False  # capture each bucket's whole step once, replay it after
     encoder_cache: bool = False  # reuse frozen encoder+adaptor outputs per utterance across epochs
     encoder_dtype: str = "fp32"  # fp32 | bf16: dtype of the frozen encoder and adaptor
@@ -229,19 +249,19 @@ class DiagnoseConfig:
 
 @dataclass
 class ProbeConfig:
-    enabled: bool = False
-    param_norm_steps: list[int] = field(default_factory=lambda: [1, 2, 10, 50, 100, 200, 300, 500, 1000])
+    enabled: bool = False  # record per-step numbers to probe.rank<r>.jsonl (for `brisk probe compare`)
+    param_norm_steps: list[int] = field(default_factory=lambda: [1, 2, 10, 50, 100, 200, 300, 500, 1000])  # steps at which parameter and per-module gradient norms are recorded
 
 
 @dataclass
 class BenchArm:
-    name: str = "arm"
-    overrides: list[str] = field(default_factory=list)
+    name: str = "arm"  # the arm's name in the table
+    overrides: list[str] = field(default_factory=list)  # key=value overrides of this arm
 
 
 @dataclass
 class BenchConfig:
-    arms: list[BenchArm] = field(default_factory=list)
+    arms: list[BenchArm] = field(default_factory=list)  # the arms to compare: list of {name, overrides}
     runs: int = 2  # runs an arm, interleaved A B A B
     steps: int = 40  # timed steps a run
     warmup: int = 5  # steps a run before timing (shape plans, compile)
@@ -270,6 +290,9 @@ PATH_KEYS = {
     "data.train", "data.valid", "data.tokenizer", "data.profile",
     "train.output_dir", "train.resume_from", "speed.inductor_cache_dir",
 }
+# Run folders are where the user is, not where the config file is: a relative train.output_dir, in a YAML
+# file too, is taken from the current folder (so two checkouts or two shells never share a run folder).
+CWD_KEYS = {"train.output_dir"}
 # Paths that must exist when given (outputs and caches are created).
 MUST_EXIST = PATH_KEYS - {"train.output_dir", "speed.inductor_cache_dir"}
 
@@ -391,13 +414,17 @@ def _set_dotted(tree: dict, key: str, value: Any) -> None:
 
 def parse_override(text: str) -> tuple[str, Any]:
     if "=" not in text:
-        raise ConfigError(f"override {text!r} is not key=value (for example train.max_steps=100)")
+        if _known_path(text.strip()):
+            raise ConfigError(f"{text} has no value: did you mean key=value, for example {text.strip()}=VALUE?")
+        raise ConfigError(f"override {text!r} is not key=value: did you mean key=value (for example train.max_steps=100)?")
     key, raw = text.split("=", 1)
     key = key.strip().lstrip("+")
     if not _known_path(key):
         parent = key.rsplit(".", 1)[0] if "." in key else ""
-        raise ConfigError(f"unknown config key {key} (from override {text!r}); see `brisk train --help-config`"
-                          + (f" for the keys under {parent}" if parent else ""))
+        from .config_help import did_you_mean
+
+        raise ConfigError(f"unknown config key {key} (from override {text!r}){did_you_mean(key)}; "
+                          "`brisk train --help-config` lists every key" + (f" (those under {parent} too)" if parent else ""))
     value = yaml.safe_load(raw) if raw.strip() else None
     return key, value
 
@@ -437,7 +464,7 @@ def read_yaml(path: Path, _seen: tuple = ()) -> dict:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model, data, train, ...)")
-    _resolve_paths(tree, path.parent.resolve(), PATH_KEYS & _flatten(tree))
+    _resolve_paths(tree, path.parent.resolve(), (PATH_KEYS - CWD_KEYS) & _flatten(tree))
     base = tree.pop("include", None)
     if base is not None:
         base_path = Path(base) if Path(base).is_absolute() else path.parent / base
@@ -457,9 +484,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if folder:
         tree = _with_model_folder(tree, folder)
     merged = _merge(tree, cli)
+    _resolve_paths(merged, Path.cwd(), CWD_KEYS & _flatten(merged))
     cfg = build(Config, merged)
+    if not Path(cfg.train.output_dir).is_absolute():  # the default
+        cfg.train.output_dir = str((Path.cwd() / cfg.train.output_dir).resolve())
     if check_paths:
         check_files(cfg)
+    if check_paths or cfg.model.llm.path is None:
+        from .config_llm import check_llm_config
+
+        check_llm_config(cfg.model.llm)
     return cfg
 
 

@@ -38,7 +38,9 @@ def test_bench_prints_the_interleaved_table(tmp_path, capsys):
                "bench.warmup=1", "bench.profile_steps=1", "--out", str(tmp_path / "bench")])
     assert rc == 0
     table = (tmp_path / "bench" / "bench.md").read_text()
-    assert table in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert table in out and f"wrote {tmp_path / 'bench' / 'bench.md'}" in out
+    assert "peak GiB" not in table and "launches" not in table  # GPU-only columns: not on the CPU
     rows = [line for line in table.splitlines() if line.startswith("| ") and "arm" not in line and "---" not in line]
     assert [r.split("|")[1].strip() for r in rows] == ["eager defaults", "packing", "frozen_eval + fused_adamw"]
     assert rows[0].rstrip().endswith("| 1.00x |")
@@ -55,7 +57,7 @@ def test_profile_writes_op_tables_and_a_verdict(tmp_path):
     assert (tmp_path / "prof" / "trace.json").stat().st_size > 1000
 
 
-def test_probe_compare_exit_status(tmp_path):
+def test_probe_compare_exit_status(tmp_path, capsys):
     from .conftest import run_train
 
     for name, lr in (("a", 0.002), ("b", 0.002), ("c", 0.01)):
@@ -63,7 +65,13 @@ def test_probe_compare_exit_status(tmp_path):
     assert main(["probe", "compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     assert main(["probe", "compare", str(tmp_path / "a"), str(tmp_path / "c"), "--out", str(tmp_path / "t.md")]) == 1
     assert "unmet" in (tmp_path / "t.md").read_text()
+    capsys.readouterr()
     assert main(["probe", "calibrate", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "tol.yaml")]) == 0
+    assert "warning: zero spread in every metric" in capsys.readouterr().err  # identical CPU runs
+    assert main(["probe", "calibrate", str(tmp_path / "a"), str(tmp_path / "c")]) == 2  # another lr: not noise
+    assert "differ in keys that change the numbers (optim.lr: 0.002 -> 0.01 (record 2))" in capsys.readouterr().err
+    assert main(["probe", "calibrate", str(tmp_path / "a"), str(tmp_path / "c"), "--allow-config-diff"]) == 0
+    assert "WARNING: the records' configs differ" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "a")]) == 0
     assert main(["doctor"]) == 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -102,11 +103,15 @@ def test_skip_bad_trains_through_bad_input_and_reports_counts(tmp_path):
     lines = (DEMO / "train.jsonl").read_text(encoding="utf-8").splitlines()[:12]
     lines = [x.replace("!audio/", f"!{DEMO}/audio/") for x in lines]
     lines[3] = "{broken"
-    lines[5] = lines[5].replace(f"!{DEMO}/audio/", f"!{tmp_path}/missing/")
+    lines[5] = lines[5].replace(f"!{DEMO}/audio/", f"!{tmp_path}/missing/")  # found before training
+    (tmp_path / "corrupt.wav").write_bytes(b"RIFF not really a wav file")  # found when loaded
+    lines[7] = re.sub(r"!\S+?<\|endofspeech", f"!{tmp_path}/corrupt.wav<|endofspeech", lines[7])
     data = tmp_path / "bad.jsonl"
     data.write_text("\n".join(lines) + "\n", encoding="utf-8")
     result = run_train(tmp_path / "run", **{"data.train": str(data), "data.valid": None, "data.skip_bad": True,
                                             "train.max_epochs": 1, "data.shuffle": False})
-    assert result["bad_lines"] == 1 and result["bad_samples"] == 1 and result["step"] >= 1
+    assert result["bad_lines"] == 2 and result["bad_samples"] == 1 and result["step"] >= 1
     log = (tmp_path / "run" / "train.log").read_text()
-    assert "skipped 1 bad samples and 1 bad jsonl lines" in log and f"{data}:4: not valid JSON" in log
+    assert "skipped 1 bad samples and 2 bad jsonl lines" in log and f"{data}:4: not valid JSON" in log
+    assert f"1 of 11 audio files do not exist; their 1 lines are skipped (data.skip_bad=true), first: {data}:6:" in log
+    assert "corrupt.wav could not be read" in log

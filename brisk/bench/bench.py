@@ -35,9 +35,10 @@ def launches(runner, batches) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from .profile import launch_counts
+    from .quiet import without_profiler_chatter
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == "cuda" else [])
-    with profile(activities=acts) as prof:
+    with without_profiler_chatter(), profile(activities=acts) as prof:
         for b in batches:
             runner.run(b)
         sync(runner.device)
@@ -107,11 +108,12 @@ def run_bench(cfg: Config, out_dir: Path | None = None) -> str:
         flops = _runs(b, configs, stream, results, extra)
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
     rate, rate_what = matmul_rate(device)
-    table = render(results, extra, flops or 0.0, rate, rate_what, b)
+    table = render(results, extra, flops or 0.0, rate, rate_what, b, gpu=device.type == "cuda")
     (out_dir / "bench.md").write_text(table, encoding="utf-8")
     (out_dir / "bench.json").write_text(json.dumps({"results": results, "extra": extra, "flops": flops, "rate": rate,
                                                     "arms": [asdict(a) for a in b.arms]}, indent=1), encoding="utf-8")
     print(table)
+    print(f"wrote {out_dir / 'bench.md'} and {out_dir / 'bench.json'}")
     return table
 
 
@@ -171,16 +173,17 @@ def _ms(x: float) -> str:
     return f"{x * 1000:.1f}"
 
 
-def render(results: dict, extra: dict, flops: float, rate: float, rate_what: str, b) -> str:
+def render(results: dict, extra: dict, flops: float, rate: float, rate_what: str, b, gpu: bool = True) -> str:
+    """The markdown table; without a GPU the GPU-only columns (launches, peak memory) are left out, not zeros."""
     names = list(results)
     base = statistics.fmean(r["mean"] for r in results[names[0]])
     lines = [
         f"Arms interleaved, {b.runs} runs each, {b.steps} timed steps after {b.warmup} warm-up steps, same batches. "
         f"Roofline: {flops_str(flops)} a step (counted) against {flops_str(rate)}/s ({rate_what}, measured).",
         "",
-        "| arm | mean ms (runs) | median ms (runs) | steps >3x median | fwd / bwd / opt median ms | launches / kernels a step "
-        "| peak GiB | setup s | first step s | phase wall s | roofline | vs first |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| arm | mean ms (runs) | median ms (runs) | steps >3x median | fwd / bwd / opt median ms "
+        + ("| launches / kernels a step | peak GiB " if gpu else "") + "| setup s | first step s | phase wall s | roofline | vs first |",
+        "|---" * (12 if gpu else 10) + "|",
     ]
     for name in names:
         rs = results[name]
@@ -192,8 +195,8 @@ def render(results: dict, extra: dict, flops: float, rate: float, rate_what: str
             f"| {_ms(statistics.fmean(r['median'] for r in rs))} ({', '.join(_ms(r['median']) for r in rs)}) "
             f"| {', '.join(str(r['slow']) for r in rs)} "
             f"| {_ms(rs[0]['forward'])} / {_ms(rs[0]['backward'])} / {_ms(rs[0]['optimizer'])} "
-            f"| {e.get('launches', 0):.0f} / {e.get('kernels', 0):.0f} "
-            f"| {max(r['peak_gb'] for r in rs):.2f} | {_join(rs, 'setup', 1)} "
+            + (f"| {e.get('launches', 0):.0f} / {e.get('kernels', 0):.0f} | {max(r['peak_gb'] for r in rs):.2f} " if gpu else "")
+            + f"| {_join(rs, 'setup', 1)} "
             f"| {_join(rs, 'first_step', 2)} | {_join(rs, 'phase_wall', 1)} "
             f"| {roof * 100:.1f}% | {base / mean:.2f}x |")
     spread = [f"{n}: {(_spread(results[n])):.1f}%" for n in names]

@@ -69,6 +69,8 @@ def busy_fraction(events) -> float:
 def run_profile(cfg: Config, steps: int = 3, warmup: int = 5, out: Path | None = None) -> str:
     from torch.profiler import ProfilerActivity, profile
 
+    from .quiet import without_profiler_chatter
+
     out = out or Path(cfg.train.output_dir) / "profile"
     out.mkdir(parents=True, exist_ok=True)
     stream = sample_stream(cfg, warmup + steps, llm_vocab(cfg))
@@ -79,7 +81,7 @@ def run_profile(cfg: Config, steps: int = 3, warmup: int = 5, out: Path | None =
     sync(runner.device)
     cuda = runner.device.type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=acts) as prof:
+    with without_profiler_chatter(), profile(activities=acts) as prof:
         sync(runner.device)
         t0 = time.perf_counter()
         for b in batches[warmup:]:

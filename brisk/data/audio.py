@@ -15,8 +15,8 @@ class AudioError(ValueError):
     """An audio file is missing, unreadable or empty; the message names it."""
 
 
-def read_audio(path: str, fs: int) -> torch.Tensor:
-    """-> float32 mono waveform [S] in [-1, 1] at ``fs`` Hz."""
+def read_audio(path: str, fs: int, notes: list[tuple[str, str]] | None = None) -> torch.Tensor:
+    """-> float32 mono waveform [S] in [-1, 1] at ``fs`` Hz; each conversion done is appended to ``notes`` as (what, path)."""
     if not os.path.isfile(path):
         raise AudioError(f"audio file {path} not found")
     try:
@@ -26,8 +26,12 @@ def read_audio(path: str, fs: int) -> torch.Tensor:
     wave = torch.from_numpy(data).mean(dim=1)  # FunASR averages channels
     if wave.numel() == 0:
         raise AudioError(f"audio file {path} has no samples")
+    if notes is not None and data.shape[1] > 1:
+        notes.append((f"down-mixed from {data.shape[1]} channels to mono", path))
     if rate != fs:
         wave = resample(wave, rate, fs)
+        if notes is not None:
+            notes.append((f"resampled from {rate} Hz to {fs} Hz", path))
     return wave
 
 

@@ -40,6 +40,7 @@ class Batch:
     n_label_tokens: int = 0
     speech_frames: int = 0  # real LFR frames
     bad: list[str] = field(default_factory=list)  # samples skipped under data.skip_bad
+    notes: list[tuple[str, str]] = field(default_factory=list)  # audio conversions of its samples (resampled, down-mixed)
 
     @property
     def shape(self) -> dict:

@@ -49,6 +49,7 @@ class Collator:
             return Batch(*(torch.zeros(0, dtype=torch.long) for _ in range(5)), bad=bad, n_utts=0)
         batch = self._packed(good) if self.packed else self._padded(good)
         batch.bad = bad
+        batch.notes = [n for s in good for n in s.notes]
         return batch
 
     # ----------------------------------------------------------------------------------- speech side

@@ -15,6 +15,7 @@ import torch
 from ..config import FrontendConfig
 from ..models.speech_llm import audio_token_count
 from .audio import AudioError, read_audio
+from .check import check_declared_length
 from .features import Frontend
 from .jsonl import DataError, Utterance
 from .prompt import PromptBuilder, Tokens
@@ -26,6 +27,7 @@ class Sample:
     feats: list[torch.Tensor] = field(default_factory=list)  # one [F, D] per audio reference
     tokens: Tokens | None = None
     error: str | None = None  # set (and the rest empty) for a bad sample under skip_bad
+    notes: list[tuple[str, str]] = field(default_factory=list)  # conversions done on the audio (resampled, down-mixed)
 
 
 def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
@@ -61,9 +63,12 @@ class SpeechDataset(torch.utils.data.Dataset):
             return Sample(utt.key, error=message)
 
     def _load(self, utt: Utterance, gen: torch.Generator) -> Sample:
-        feats = []
-        for path in utt.audio_paths():
-            wave = read_audio(path, self.frontend.cfg.fs)
+        feats, notes = [], []
+        paths = utt.audio_paths()
+        for path in paths:
+            wave = read_audio(path, self.frontend.cfg.fs, notes)
+            if len(paths) == 1:
+                check_declared_length(utt, path, wave.numel(), self.frontend.cfg)
             f = self.frontend(wave, gen)
             if f.shape[0] == 0:
                 raise AudioError(f"audio file {path} is shorter than one frame ({wave.numel()} samples)")
@@ -71,7 +76,7 @@ class SpeechDataset(torch.utils.data.Dataset):
                 raise DataError(f"audio file {path} gives {f.shape[0]} LFR frames, over the cap from data.max_speech_length")
             feats.append(f)
         tokens = self.builder.build(utt, [f.shape[0] for f in feats])
-        return Sample(utt.key, feats[: len(tokens.audio_slots)], tokens)
+        return Sample(utt.key, feats[: len(tokens.audio_slots)], tokens, notes=notes)
 
 
 class SyntheticDataset(torch.utils.data.Dataset):

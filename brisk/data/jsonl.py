@@ -73,7 +73,8 @@ def parse_line(text: str, where: str, base: Path) -> Utterance:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        msg = e.msg[:-3] if e.msg.endswith(" at") else e.msg  # "Unterminated string starting at" + position
+        raise DataError(f"{where}: not valid JSON ({msg}, column {e.colno})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):
         raise DataError(f"{where}: expected an object with a 'messages' list")
     system, user, assistant, prev = [], [], [], []
@@ -114,7 +115,8 @@ def parse_line(text: str, where: str, base: Path) -> Utterance:
     return Utterance(str(key), where, system, user, assistant, prev, length("speech_length"), length("text_length"))
 
 
-def read_jsonl(path: str | Path, *, max_speech_length: int, max_text_length: int, skip_bad: bool) -> JsonlIndex:
+def read_jsonl(path: str | Path, *, max_speech_length: int, max_text_length: int, skip_bad: bool,
+               check_audio: bool = True) -> JsonlIndex:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data file {path} does not exist")
@@ -139,6 +141,10 @@ def read_jsonl(path: str | Path, *, max_speech_length: int, max_text_length: int
                 index.skipped.append(str(e))
                 continue
             index.utterances.append(utt)
+    if check_audio:
+        from .check import check_audio_files
+
+        check_audio_files(index, path, skip_bad)
     if not index.utterances:
         raise DataError(f"{path}: no usable utterances")
     if index.skipped:

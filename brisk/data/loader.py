@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +14,8 @@ from .dataset import SpeechDataset, SyntheticDataset, read_profile
 from .jsonl import read_jsonl
 from .prompt import PromptBuilder
 from .sampler import TokenBatchSampler
+
+log = logging.getLogger("brisk")
 
 
 def load_tokenizer(cfg: Config):
@@ -74,4 +78,38 @@ def build_split(cfg: Config, which: str, collator: Collator, vocab_size: int, ra
         pin_memory=d.pin_memory and torch.cuda.is_available(), generator=gen,
         prefetch_factor=4 if workers else None, persistent_workers=workers > 0,
     )
-    return Split(dataset, sampler, loader, skipped)
+    return Split(dataset, sampler, NotedLoader(loader, which), skipped)
+
+
+class NotedLoader:
+    """A DataLoader that says once what was done to the audio (resampled, down-mixed), with counts.
+
+    The first file of each kind is logged when its batch arrives; the counts after the first full pass
+    (or when the loop leaves early). Everything else is the DataLoader's own.
+    """
+
+    def __init__(self, loader: torch.utils.data.DataLoader, name: str):
+        self.loader, self.name = loader, name
+        self.seen: set[str] = set()
+        self.reported = False
+
+    def __iter__(self):
+        counts: Counter = Counter()
+        try:
+            for batch in self.loader:
+                for what, path in batch.notes:
+                    if what not in self.seen:
+                        self.seen.add(what)
+                        log.info("%s data: audio %s (first: %s); counts after the first pass", self.name, what, path)
+                    counts[what] += 1
+                yield batch
+        finally:
+            if counts and not self.reported:
+                self.reported = True
+                log.info("%s data, first pass: %s", self.name, ", ".join(f"{n} files {k}" for k, n in sorted(counts.items())))
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)

@@ -1,9 +1,11 @@
 """`brisk report RUN`: the step-time picture of a run, as report.png and report.md in the run folder.
 
 Panels: every step's time with slow steps marked by cause and the running median; a histogram; the median
-phase breakdown (data, forward, backward, optimizer, between-step work); memory (peak allocated per step on
-a GPU, tokens per step on the CPU). The markdown holds the acceleration state, summary numbers, the slow
-steps with their causes, and the validation history.
+phase breakdown (data, forward, backward, optimizer, between-step work; a CUDA-graphed step is one replay,
+shown as one "whole graphed step" bar); memory (peak allocated per step on a GPU, tokens per step on the
+CPU); the training loss (metrics.jsonl) with the validation loss (history.jsonl); accuracy likewise. The
+markdown holds the acceleration state, summary numbers (GPU-only columns only on a GPU), the slow steps
+with their causes, and the validation history.
 """
 
 from __future__ import annotations
@@ -42,7 +44,23 @@ def summarize(steps: list[dict], slow: list[dict]) -> dict:
     }
 
 
-def plot(steps: list[dict], slow: list[dict], out: Path, title: str = "") -> None:
+def graphed(steps: list[dict]) -> bool:
+    """A CUDA-graphed step replays forward, backward and the update as one graph: only its whole is timed."""
+    return bool(steps) and all(s["forward"] == 0 and s["backward"] == 0 for s in steps) and any(s["optimizer"] > 0 for s in steps)
+
+
+def phase_bars(steps: list[dict]) -> list[tuple[str, float]]:
+    """(label, median seconds) of the phase chart."""
+    phases = ["data", "forward", "backward", "optimizer"]
+    other = statistics.median([max(0.0, s["total"] - sum(s[p] for p in phases)) for s in steps])
+    med = {p: statistics.median([s[p] for s in steps]) for p in phases}
+    if graphed(steps):
+        return [("data", med["data"]), ("whole graphed step", med["optimizer"]), ("between steps", other)]
+    return [(p, med[p]) for p in phases] + [("between steps", other)]
+
+
+def plot(steps: list[dict], slow: list[dict], out: Path, title: str = "", metrics: list[dict] | None = None,
+         history: list[dict] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,7 +68,7 @@ def plot(steps: list[dict], slow: list[dict], out: Path, title: str = "") -> Non
 
     x = [s["step"] for s in steps]
     y = [s["total"] * 1000 for s in steps]
-    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), gridspec_kw={"height_ratios": [1.3, 1]})
+    fig, axes = plt.subplots(3, 2, figsize=(13, 12), gridspec_kw={"height_ratios": [1.3, 1, 1]})
     ax = axes[0, 0]
     ax.plot(x, y, lw=0.8, color="#444", label="step time")
     ax.plot(x, [v * 1000 for v in running_median([s["total"] for s in steps])], lw=1.5, color="#1f77b4",
@@ -73,11 +91,12 @@ def plot(steps: list[dict], slow: list[dict], out: Path, title: str = "") -> Non
     ax.set_title("histogram")
 
     ax = axes[1, 0]
-    phases = ["data", "forward", "backward", "optimizer"]
-    meds = [statistics.median([s[p] for s in steps]) * 1000 for p in phases]
-    other = statistics.median([max(0.0, s["total"] - sum(s[p] for p in phases)) for s in steps]) * 1000
-    ax.barh(phases + ["between steps"], meds + [other], color=["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#7f7f7f"])
-    for i, v in enumerate(meds + [other]):
+    bars = phase_bars(steps)
+    labels, meds = [b[0] for b in bars], [b[1] * 1000 for b in bars]
+    colors = {"data": "#1f77b4", "forward": "#ff7f0e", "backward": "#2ca02c", "optimizer": "#9467bd",
+              "whole graphed step": "#9467bd", "between steps": "#7f7f7f"}
+    ax.barh(labels, meds, color=[colors[x] for x in labels])
+    for i, v in enumerate(meds):
         ax.text(v, i, f" {v:.1f}", va="center", fontsize=9)
     ax.set_xlabel("median ms")
     ax.set_title("phase breakdown (medians)")
@@ -92,6 +111,17 @@ def plot(steps: list[dict], slow: list[dict], out: Path, title: str = "") -> Non
         ax.set_xlabel("LLM tokens in the batch")
         ax.set_ylabel("step time, ms")
         ax.set_title("step time vs tokens (CPU: no device memory)")
+    metrics, history = metrics or [], history or []
+    for ax, key, what in ((axes[2, 0], "loss", "loss"), (axes[2, 1], "acc", "accuracy")):
+        if metrics:
+            ax.plot([m["step"] for m in metrics], [m[key] for m in metrics], lw=0.8, color="#444", label=f"training {what}")
+        if history:
+            ax.plot([h["step"] for h in history], [h[key] for h in history], "o-", color="#d62728", label=f"validation {what}")
+        ax.set_xlabel("step")
+        ax.set_ylabel(what)
+        ax.set_title(what + ("" if metrics or history else " (not recorded)"))
+        if metrics or history:
+            ax.legend(fontsize=8)
     fig.suptitle(title or "brisk step-time report", fontsize=11)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -107,7 +137,9 @@ def write_report(run_dir: str | Path) -> Path:
     accel = json.loads((run_dir / "accel.json").read_text()) if (run_dir / "accel.json").exists() else {}
     s = summarize(steps, slow)
     title = f"{run_dir.name}: {accel.get('gpu', accel.get('device', ''))}, torch {accel.get('torch', '')}"
-    plot(steps, slow, run_dir / "report.png", title)
+    history = _read_jsonl(run_dir / "history.jsonl")
+    plot(steps, slow, run_dir / "report.png", title, _read_jsonl(run_dir / "metrics.jsonl"), history)
+    gpu = any("mem_peak_gb" in x for x in steps)
     lines = [f"# Step-time report: {run_dir.name}", ""]
     if accel:
         from .accel import one_line
@@ -117,11 +149,11 @@ def write_report(run_dir: str | Path) -> Path:
             lines += [f"**Trap on this machine:** {accel['plan_build_trap']}", ""]
     lines += [
         "![step times](report.png)", "",
-        "| steps | mean | median | p90 | slow steps | time lost to slow steps | peak memory |",
-        "|---|---|---|---|---|---|---|",
+        "| steps | mean | median | p90 | slow steps | time lost to slow steps |" + (" peak memory |" if gpu else ""),
+        "|---|---|---|---|---|---|" + ("---|" if gpu else ""),
         f"| {s['steps']} | {s['mean'] * 1000:.1f} ms | {s['median'] * 1000:.1f} ms | {s['p90'] * 1000:.1f} ms | "
-        f"{s['slow']} | {s['slow_time']:.2f} s | {s['mem_peak_gb']:.2f} GiB |", "",
-        "Phase medians: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in s["phases"].items()), "",
+        f"{s['slow']} | {s['slow_time']:.2f} s |" + (f" {s['mem_peak_gb']:.2f} GiB |" if gpu else ""), "",
+        "Phase medians: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in phase_bars(steps)), "",
     ]
     if slow:
         lines += ["## Slow steps", "", "| step | time | x median | cause | why |", "|---|---|---|---|---|"]
@@ -131,10 +163,27 @@ def write_report(run_dir: str | Path) -> Path:
         lines += ["", "Causes: " + ", ".join(f"{k} {v}" for k, v in s["causes"].items()), ""]
     else:
         lines += ["No slow steps.", ""]
-    history = [h for h in _read_jsonl(run_dir / "history.jsonl")]
     if history:
         lines += ["## Validation", "", "| step | loss | accuracy |", "|---|---|---|"]
         lines += [f"| {h['step']} | {h['loss']:.4f} | {h['acc']:.4f} |" for h in history]
     out = run_dir / "report.md"
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return out
+
+
+def console_summary(md: str, rows: int = 10) -> str:
+    """The report's markdown for a terminal: no image link, at most ``rows`` slow-step rows."""
+    out, in_slow, shown = [], False, 0
+    for line in md.splitlines():
+        if line.startswith("!["):
+            continue
+        if line.startswith("## "):
+            in_slow = line == "## Slow steps"
+        if in_slow and line.startswith("| ") and not line.startswith("| step |"):
+            shown += 1
+            if shown > rows:
+                if shown == rows + 1:
+                    out.append("| ... | (all of them in report.md) | | | |")
+                continue
+        out.append(line)
+    return "\n".join(out).strip() + "\n"

@@ -215,9 +215,55 @@ def calibrate(records: list[dict], rules: dict, margin: float) -> dict[str, dict
     return proposed
 
 
-def calibrate_main(paths: list[str], out: str | None, margin: float) -> int:
+# Keys that cannot change the numbers a probe records: speed switches (what the probe judges), where
+# things are written, how often metrics are read, and the bookkeeping of runs.
+HARMLESS = ("speed.*", "train.output_dir", "train.resume", "train.resume_from", "train.overwrite", "train.progress",
+            "train.tensorboard", "train.log_every", "train.max_steps", "train.max_epochs", "train.val_every", "train.save_every", "train.keep_n", "train.keep_metric",
+            "train.export_safetensors", "train.save_final", "train.gc_every", "data.num_workers", "data.pin_memory",
+            "diagnose.*", "probe.*", "bench.*")
+
+
+def record_config(p: str | Path) -> dict:
+    with record_path(p).open(encoding="utf-8") as f:
+        head = json.loads(f.readline() or "{}")
+    return head.get("config") or {}
+
+
+def config_differences(configs: list[dict]) -> list[str]:
+    """'key: a -> b (record i)' for keys that differ from the first record's and may change the numbers."""
+    from ..train.run_dir import config_changes
+
+    out = []
+    for i, other in enumerate(configs[1:], 2):
+        for change in config_changes(configs[0], other, ignore=set()):
+            key = change.split(":", 1)[0]
+            if not any(fnmatch.fnmatchcase(key, pat) for pat in HARMLESS):
+                out.append(f"{change} (record {i})")
+    return out
+
+
+def spread_warnings(proposed: dict) -> list[str]:
+    zero = [k for k, v in proposed.items() if v["observed"]["max_abs"] == 0]
+    if not zero:
+        return []
+    which = "every metric" if len(zero) == len(proposed) else ", ".join(zero)
+    return [f"warning: zero spread in {which}: the records are identical, so the proposed gates are exact; "
+            "calibrate from runs that differ in a harmless way (another GPU run, an equivalent kernel)"]
+
+
+def calibrate_main(paths: list[str], out: str | None, margin: float, allow_config_diff: bool = False) -> int:
     rules = load_tolerances(None)
+    diffs = config_differences([record_config(p) for p in paths])
+    if diffs:
+        shown = "; ".join(diffs[:5]) + (f"; and {len(diffs) - 5} more" if len(diffs) > 5 else "")
+        if not allow_config_diff:
+            raise ValueError(f"the records' configs differ in keys that change the numbers ({shown}): their spread "
+                             "is not run-to-run noise; calibrate from equivalent runs, or pass --allow-config-diff")
+        print(f"WARNING: the records' configs differ in keys that change the numbers ({shown}); the proposed "
+              "tolerances include that difference", file=sys.stderr)
     proposed = calibrate([load_record(p) for p in paths], rules, margin)
+    for w in spread_warnings(proposed):
+        print(w, file=sys.stderr)
     header = (f"# Proposed by `brisk probe calibrate` from {len(paths)} records ({', '.join(map(str, paths))}),\n"
               f"# margin {margin} x the largest difference against the first. 'observed' is informational.\n")
     text = header + yaml.safe_dump(proposed, sort_keys=False)

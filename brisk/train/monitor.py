@@ -6,6 +6,7 @@ scalars, and any listener that wants the per-step host values (the probe).
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Callable
@@ -25,6 +26,10 @@ class Monitor:
         self.last: dict = {}
         self.writer = None
         self.bar = None
+        self.epoch: tuple[int, int] | None = None  # (current, total), 1-based; set by the trainer
+        self.defined_acc = False
+        # Per-step training metrics for the report's loss curve (one line per logged step).
+        self.file = (run_dir / "metrics.jsonl").open("a", encoding="utf-8") if rank == 0 else None
         if rank == 0 and tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -32,7 +37,7 @@ class Monitor:
                 self.writer = SummaryWriter(str(run_dir / "tb"))
             except ImportError:  # pragma: no cover - tensorboard is a dependency, but stay usable
                 log.warning("tensorboard is not installed; no TensorBoard scalars")
-        if rank == 0 and progress:
+        if rank == 0 and progress and _terminal():  # piped output gets the log lines only
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self.bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
@@ -74,12 +79,21 @@ class Monitor:
                 for k in ("loss", "acc", "grad_norm", "lr"):
                     self.writer.add_scalar(f"train/{k}", r[k], step)
             self.writer.add_scalar("train/step_time_median", st, last_step)
+        if self.file:
+            for step, r in rows:
+                self.file.write(json.dumps({"step": step, **{k: r[k] for k in ("loss", "acc", "grad_norm", "lr")}}) + "\n")
+            self.file.flush()
         info = f"loss {avg['loss']:.4f}  acc {avg['acc']:.3f}  lr {rows[-1][1]['lr']:.2e}  {st * 1000:.0f} ms/step"
         if skipped:
             info += f"  skipped {skipped}"
         if self.bar:
             self.bar.update(self.task, completed=last_step, info=info)
-        log.info("step %d: %s", last_step, info)
+        if not self.defined_acc:
+            self.defined_acc = True
+            log.info("acc = share of transcript tokens whose next token the model predicts right (argmax, "
+                     "teacher-forced); loss = their mean cross-entropy")
+        where = f" (epoch {self.epoch[0]}/{self.epoch[1]})" if self.epoch else ""
+        log.info("step %d%s: %s", last_step, where, info)
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         if self.writer:
@@ -87,7 +101,16 @@ class Monitor:
 
     def close(self) -> None:
         self.flush()
+        if self.file:
+            self.file.close()
+            self.file = None
         if self.bar:
             self.bar.stop()
         if self.writer:
             self.writer.close()
+
+
+def _terminal() -> bool:
+    from rich.console import Console
+
+    return Console().is_terminal

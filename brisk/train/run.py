@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from ..models.build import build_model, export_weights, gb
 from ..models.speech_llm import human, param_count
 from ..speed import apply_speed
 from ..speed.flags import tf32_scope
+from . import run_dir as run_dirs
 from .checkpoint import broadcast_from_rank0, disk_footprint
 from .optim import WarmupLR, build_optimizer
 from .step import StepHooks, TrainStep
@@ -53,7 +55,12 @@ def setup_logging(run_dir: Path | None, rank: int = 0) -> None:
     logger = logging.getLogger("brisk")
     logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     logger.handlers.clear()
-    logger.addHandler(RichHandler(show_path=False, rich_tracebacks=False, markup=False))
+    if sys.stdout.isatty():
+        logger.addHandler(RichHandler(show_path=False, rich_tracebacks=False, markup=False))
+    else:  # piped or redirected: one plain line per event (rich would wrap at 80 columns)
+        plain = logging.StreamHandler(sys.stdout)
+        plain.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+        logger.addHandler(plain)
     if run_dir is not None:
         fh = logging.FileHandler(run_dir / "train.log", encoding="utf-8")
         fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -123,7 +130,7 @@ def resume_path(cfg: Config, trainer: Trainer) -> Path | None:
 def build_trainer(cfg: Config) -> Trainer:
     device = pick_device(cfg.train.device)
     rank, world = init_distributed(device)
-    run_dir = Path(cfg.train.output_dir)
+    run_dir = run_dirs.prepare(cfg) if rank == 0 else Path(cfg.train.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(run_dir, rank)
     if rank == 0:
@@ -160,6 +167,7 @@ def build_trainer(cfg: Config) -> Trainer:
     resume = resume_path(cfg, trainer)
     if resume is not None:  # every rank loads, before DDP wraps the model
         trainer.resume(resume)
+    run_dirs.after_resume(cfg, run_dir, resume, trainer.pos.step, rank)
     if rank == 0:
         check_disk(cfg, trainer)
 

@@ -71,6 +71,11 @@ class Trainer:
         total = per_epoch * self.cfg.train.max_epochs
         return min(total, self.cfg.train.max_steps) if self.cfg.train.max_steps else total
 
+    def total_epochs(self) -> int:
+        per_epoch = max(1, len(self.train.sampler.batches(0)) // self.cfg.train.accum_grad)
+        steps = self.cfg.train.max_steps
+        return min(self.cfg.train.max_epochs, -(-steps // per_epoch)) if steps else self.cfg.train.max_epochs
+
     def counters(self) -> dict:
         return {**compile_counters(), "gc_seconds": self.gcwatch.seconds}
 
@@ -80,6 +85,7 @@ class Trainer:
         self.model.train()
         with tf32_scope(self.cfg.speed.tf32):
             while self.pos.epoch < c.max_epochs and not self.done():
+                self.monitor.epoch = (self.pos.epoch + 1, self.total_epochs())
                 self.train.sampler.set_epoch(self.pos.epoch, self.pos.batches_in_epoch)
                 for batches, wait in self.groups(self.train.loader):
                     self.train_step(batches, wait)

@@ -1,0 +1,100 @@
+"""`brisk train --help-config`: every config key with its type, default and one-line meaning.
+
+The meaning is the comment on the key's line in brisk/config.py (read from the source, so there is one
+place to write it); a section's meaning is its class docstring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import re
+import typing
+from functools import lru_cache
+
+from . import config as C
+
+
+@lru_cache(maxsize=None)
+def field_comments(cls) -> dict[str, str]:
+    """{field: comment} from the ``name: type = default  # comment`` lines of a dataclass's source."""
+    out = {}
+    for line in inspect.getsource(cls).splitlines():
+        m = re.match(r"^    (\w+): .*?=.*?  # (.*)$", line)
+        if m:
+            out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+def _type(tp) -> str:
+    text = str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "")
+    return re.sub(r"\bNoneType\b", "None", text)
+
+
+def _default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _show(v) -> str:
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, list) and v and dataclasses.is_dataclass(v[0]):
+        return "[...]"
+    return str(v)
+
+
+def rows(cls=C.Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(key, type, default, meaning) for every leaf key, in declaration order."""
+    out = []
+    hints = typing.get_type_hints(cls)
+    comments = field_comments(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            out += rows(tp, key + ".")
+            continue
+        meaning = comments.get(f.name, "")
+        if f.name == "config" and tp is dict:
+            meaning += " (keys of the transformers config class of model_type, e.g. hidden_size)"
+        out.append((key, _type(tp), _show(_default(f)), meaning))
+    return out
+
+
+def sections(cls=C.Config, prefix: str = "") -> list[tuple[str, str]]:
+    out = []
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            doc = (tp.__doc__ or "").strip().splitlines()[0] if tp.__doc__ and not tp.__doc__.startswith(tp.__name__ + "(") else ""
+            out.append((prefix + f.name, doc))
+            out += sections(tp, prefix + f.name + ".")
+    return out
+
+
+def help_text() -> str:
+    docs = dict(sections())
+    lines = ["Every config key: type, default, meaning. Set keys in a YAML file or as key=value after it,",
+             "e.g. brisk train configs/demo.yaml train.max_epochs=3 optim.lr=1e-3", ""]
+    width = max(len(k) for k, *_ in rows())
+    section = None
+    for key, tp, default, meaning in rows():
+        sec = key.rsplit(".", 1)[0]
+        if sec != section:
+            section = sec
+            lines += ["", f"[{sec}]" + (f"  {docs[sec]}" if docs.get(sec) else "")]
+        lines.append(f"  {key:<{width}}  {tp:<18} {default:<14} {meaning}")
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def did_you_mean(key: str) -> str:
+    """' (did you mean x.y?)' for a misspelt dotted key, or ''."""
+    close = difflib.get_close_matches(key, [k for k, *_ in rows()], n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""

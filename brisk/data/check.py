@@ -1,0 +1,58 @@
+"""Data checks that turn late, wrapped failures into early one-line errors.
+
+- Every audio file named in a jsonl is stat'ed before training (no reading: 100k files take about a
+  second), so a missing file stops the run at start with a count and the first few file:line, not after
+  step 10 inside a DataLoader worker traceback.
+- When a file is loaded, its real length is compared with the declared speech_length (10 ms frames, as
+  FunASR's scp2jsonl writes it): batching budgets tokens by the declared length, so a wrong one silently
+  builds batches far past data.batch_tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from ..config import FrontendConfig
+from .jsonl import DataError, JsonlIndex, Utterance
+
+log = logging.getLogger("brisk")
+
+# Declared speech_length may differ from the real fbank frame count by this fraction, and at least
+# LENGTH_SLACK frames (0.2 s: tools differ on the window's edge and on resampling rounding).
+LENGTH_TOLERANCE = 0.10
+LENGTH_SLACK = 20
+SHOW = 3  # missing files named in the message
+
+
+def check_audio_files(index: JsonlIndex, path: str | Path, skip_bad: bool) -> None:
+    missing = [(u, p) for u in index.utterances for p in u.audio_paths() if not os.path.isfile(p)]
+    if not missing:
+        return
+    total = sum(len(u.audio_paths()) for u in index.utterances)
+    first = "; ".join(f"{u.source}: {p}" for u, p in missing[:SHOW])
+    if not skip_bad:
+        raise DataError(f"{path}: {len(missing)} of {total} audio files do not exist, first: {first} "
+                        "(set data.skip_bad=true to skip and count such lines)")
+    bad = {id(u) for u, _ in missing}
+    index.utterances = [u for u in index.utterances if id(u) not in bad]
+    index.skipped += [f"{u.source}: audio file {p} not found" for u, p in missing]
+    log.warning("%s: %d of %d audio files do not exist; their %d lines are skipped (data.skip_bad=true), first: %s",
+                path, len(missing), total, len(bad), first)
+
+
+def fbank_frames(samples: int, fe: FrontendConfig) -> int:
+    """Kaldi fbank frames of ``samples`` at fe.fs (snip_edges): what speech_length counts."""
+    win = int(fe.fs * fe.frame_length / 1000)
+    hop = int(fe.fs * fe.frame_shift / 1000)
+    return 0 if samples < win else 1 + (samples - win) // hop
+
+
+def check_declared_length(utt: Utterance, path: str, samples: int, fe: FrontendConfig) -> None:
+    real = fbank_frames(samples, fe)
+    declared = utt.speech_length
+    if abs(declared - real) > max(LENGTH_SLACK, LENGTH_TOLERANCE * real):
+        raise DataError(f"{utt.source}: speech_length={declared} but audio file {path} is {real} frames "
+                        f"({samples / fe.fs:.1f} s); allowed: within {LENGTH_TOLERANCE:.0%} or {LENGTH_SLACK} frames; "
+                        "fix speech_length (10 ms frames) in the jsonl")

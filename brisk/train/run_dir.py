@@ -1,0 +1,146 @@
+"""Run folders that never mix: one run a folder, resume only on request, logs without repeated steps.
+
+A folder "holds a run" when it has any of the files a run writes. Training into such a folder is refused
+unless train.resume=true (continue it) or train.overwrite=true (delete that run's files first, and only
+those). After a resume from step N, the lines of steps.jsonl, slow_steps.jsonl, history.jsonl and
+metrics.jsonl past step N (written by the interrupted run after its last checkpoint) are dropped, so every
+step appears once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from ..config import Config, ConfigError
+
+log = logging.getLogger("brisk")
+
+RUN_FILES = ("config.yaml", "accel.json", "steps.jsonl", "slow_steps.jsonl", "history.jsonl", "metrics.jsonl",
+             "train.log", "report.md", "report.png", "model.pt", "model.safetensors")
+RUN_DIRS = ("checkpoints", "tb")
+STEP_LOGS = ("steps.jsonl", "slow_steps.jsonl", "history.jsonl", "metrics.jsonl")
+# Keys whose change between a checkpoint and its resume is expected (where and how long, not what is computed).
+RESUME_HARMLESS = {"train.resume", "train.resume_from", "train.overwrite", "train.output_dir", "train.max_steps",
+                   "train.max_epochs", "train.progress", "train.tensorboard", "train.log_every", "train.save_every",
+                   "train.val_every", "train.keep_n", "train.save_final", "train.export_safetensors", "data.num_workers",
+                   "data.pin_memory", "diagnose.report"}
+
+
+def demo_dir(root: Path | None = None) -> Path:
+    """A fresh folder for one demo run: ./runs/demo-YYYYmmdd-HHMMSS (-2, -3, ... within the same second),
+    created here so that two demos started together cannot pick the same one."""
+    base = (root or Path.cwd()) / "runs" / time.strftime("demo-%Y%m%d-%H%M%S")
+    base.parent.mkdir(parents=True, exist_ok=True)
+    path, n = base, 1
+    while True:
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+
+
+def holds_run(folder: Path) -> list[str]:
+    """The run files and folders present in ``folder`` (empty: no run there)."""
+    found = [n for n in RUN_FILES + RUN_DIRS if (folder / n).exists()]
+    return found + sorted(p.name for p in folder.glob("probe.rank*.jsonl"))
+
+
+def prepare(cfg: Config, rank: int = 0) -> Path:
+    """Check (and with train.overwrite clear) the run folder before anything is written to it."""
+    t = cfg.train
+    run_dir = Path(t.output_dir)
+    found = holds_run(run_dir) if run_dir.is_dir() else []
+    if found and not (t.resume or t.resume_from or t.overwrite):
+        raise ConfigError(f"train.output_dir={run_dir} already holds a run ({', '.join(found[:4])}): continue it with "
+                          "train.resume=true, replace it with train.overwrite=true, or choose another train.output_dir")
+    if found and t.overwrite and not (t.resume or t.resume_from) and rank == 0:
+        for name in found:
+            p = run_dir / name
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v and k != "config":
+            out.update(_flat(v, key + "."))
+        elif isinstance(v, dict):
+            out.update({f"{key}.{kk}": vv for kk, vv in v.items()} or {key: {}})
+        else:
+            out[key] = v
+    return out
+
+
+def config_changes(saved: dict, now: dict, ignore: set[str] = RESUME_HARMLESS) -> list[str]:
+    """'key: old -> new' for every key that differs (keys in ``ignore`` aside)."""
+    a, b = _flat(saved), _flat(now)
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if key in ignore or a.get(key) == b.get(key):
+            continue
+        out.append(f"{key}: {a.get(key, '(absent)')!r} -> {b.get(key, '(absent)')!r}")
+    return out
+
+
+def warn_config_changes(saved: dict | None, now: dict, path: Path) -> list[str]:
+    changes = config_changes(saved or {}, now) if saved is not None else []
+    if changes:
+        log.warning("resuming %s with a config that differs from the checkpoint's in %d key%s: %s", path.name,
+                    len(changes), "" if len(changes) == 1 else "s", "; ".join(changes))
+    return changes
+
+
+def trim_step_logs(run_dir: Path, step: int) -> int:
+    """Drop the log lines past ``step`` (the checkpoint resumed from); returns how many were dropped."""
+    dropped = 0
+    for name in STEP_LOGS:
+        f = run_dir / name
+        if not f.exists():
+            continue
+        keep = []
+        for line in f.read_text(encoding="utf-8").splitlines():
+            try:
+                ok = int(json.loads(line).get("step", 0)) <= step
+            except (ValueError, AttributeError):
+                ok = False  # a line cut short by the kill
+            if ok:
+                keep.append(line)
+            else:
+                dropped += 1
+        f.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
+    if dropped:
+        log.info("resume: dropped %d log lines past step %d (written after the last checkpoint)", dropped, step)
+    return dropped
+
+
+def checkpoint_config(path: Path) -> dict | None:
+    """The config saved in a checkpoint, read through mmap (the weights are not read)."""
+    import torch
+
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except (RuntimeError, OSError, ValueError):
+        return None
+    return ckpt.get("config") if isinstance(ckpt, dict) else None
+
+
+def after_resume(cfg: Config, run_dir: Path, path: Path | None, step: int, rank: int = 0) -> None:
+    """Say what a resume did: nothing to resume, config changes, log lines past the checkpoint dropped."""
+    if rank != 0:
+        return
+    if path is None:
+        if cfg.train.resume:
+            log.info("train.resume=true: nothing to resume in %s (no checkpoint), starting fresh", run_dir)
+            trim_step_logs(run_dir, 0)  # steps of a run killed before its first checkpoint
+        return
+    warn_config_changes(checkpoint_config(path), cfg.to_dict(), path)
+    trim_step_logs(run_dir, step)
