@@ -133,8 +133,14 @@ class DataConfig:
     sys_prompt: bool = True  # FunASR dataset_conf.sys_prompt
     do_think: bool = True  # FunASR dataset_conf.do_think: False appends an empty <think></think>
     multiturn_max: int = 5
+    # FunASR dataset_conf.prompt_classes / prompt_conf: a context header before the first user prompt
+    # (MultiContextPrompt, set by the real Fun-ASR-Nano-2512 config.yaml; read from model.path's folder).
+    prompt_class: str | None = None
+    prompt_conf: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        if self.prompt_class not in (None, "MultiContextPrompt"):
+            raise ConfigError(f"data.prompt_class={self.prompt_class!r}: brisk reproduces MultiContextPrompt (or null: no header)")
         for k in ("batch_tokens", "max_utts", "sort_size"):
             if getattr(self, k) < 1:
                 raise ConfigError(f"data.{k}={getattr(self, k)}: must be at least 1")
@@ -468,9 +474,10 @@ POLICY_KEYS = {("encoder", "freeze"), ("adaptor", "freeze"), ("ctc", "freeze"), 
 
 def _with_model_folder(tree: dict, folder: str) -> dict:
     """A FunASR model folder defines the architecture: its sizes, front end and LLM folder replace those of the
-    YAML file (whose inline LLM config is dropped). Training policy (freeze flags, LLM dtype) set in the YAML
-    wins over the folder's; command-line overrides win over both."""
-    from .models.build import funasr_folder_config
+    YAML file (whose inline LLM config is dropped). Training policy (freeze flags, LLM dtype) and the data keys
+    of its dataset_conf (prompt class, sys_prompt, ...) set in the YAML win over the folder's; command-line
+    overrides win over both."""
+    from .models.build import funasr_folder_config, funasr_folder_data_config
 
     found = funasr_folder_config(folder)
     policy: dict = {}
@@ -480,7 +487,7 @@ def _with_model_folder(tree: dict, folder: str) -> dict:
     tree = _merge(tree, {"model": found})
     if "path" in found.get("llm", {}):
         tree["model"]["llm"]["config"] = {}
-    return _merge({"model": policy}, tree)
+    return _merge({"model": policy, "data": funasr_folder_data_config(folder)}, tree)
 
 
 def _merge(a: dict, b: dict) -> dict:

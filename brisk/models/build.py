@@ -141,13 +141,36 @@ def export_weights(model: nn.Module, folder: Path) -> list[Path]:
 
 
 # ------------------------------------------------------------------------------ FunASR model folder
-def funasr_folder_config(folder: str | Path) -> dict:
-    """Map a FunASR model folder's config.yaml onto brisk's model section (sizes, frontend, LLM path)."""
-    folder = Path(folder)
+def _folder_yaml(folder: Path) -> dict:
     cfg_file = folder / "config.yaml"
     if not cfg_file.is_file():
         raise ConfigError(f"model.path={folder}: no config.yaml there (expected a FunASR model folder)")
-    raw = yaml.safe_load(cfg_file.read_text(encoding="utf-8")) or {}
+    return yaml.safe_load(cfg_file.read_text(encoding="utf-8")) or {}
+
+
+# FunASR dataset_conf key -> brisk data key: what shapes the tokens FunASR's dataset produces.
+DATASET_KEYS = {"prompt_classes": "prompt_class", "prompt_conf": "prompt_conf", "sys_prompt": "sys_prompt",
+                "do_think": "do_think", "multiturn_num_max": "multiturn_max", "max_token_length": "max_token_length"}
+
+
+def funasr_folder_data_config(folder: str | Path) -> dict:
+    """The data keys a FunASR model folder's ``dataset_conf`` sets (context header, system prompt, think tags)."""
+    folder = Path(folder)
+    conf = _folder_yaml(folder).get("dataset_conf") or {}
+    out = {ours: conf[theirs] for theirs, ours in DATASET_KEYS.items() if theirs in conf}
+    if out.get("prompt_conf") is None:
+        out.pop("prompt_conf", None)
+    for key in ("chinese_hotwords_list", "english_hotwords_list"):  # relative to the folder, like init_param_path
+        p = (out.get("prompt_conf") or {}).get(key)
+        if p and not Path(p).is_absolute():
+            out["prompt_conf"] = {**out["prompt_conf"], key: str(folder / p)}
+    return out
+
+
+def funasr_folder_config(folder: str | Path) -> dict:
+    """Map a FunASR model folder's config.yaml onto brisk's model section (sizes, frontend, LLM path)."""
+    folder = Path(folder)
+    raw = _folder_yaml(folder)
     out: dict = {}
     enc = raw.get("audio_encoder_conf") or {}
     out["encoder"] = {k2: enc[k1] for k1, k2 in [
