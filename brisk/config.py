@@ -175,7 +175,8 @@ class TrainConfig:
     progress: bool = True
     tensorboard: bool = True
     gc_every: int = 0  # >0: freeze+disable Python's GC after step 1 and collect every N steps (tagged)
-    export_safetensors: bool = True  # write model.safetensors + model.pt (FunASR keys) at the end
+    export: str = "funasr"  # at the end: funasr (a FunASR model folder) | hf (transformers-native) | none
+    export_dtype: str = "bf16"  # bf16 (what FunASR stores) | fp32
     save_final: bool = True  # checkpoint at the end of a run stopped by max_steps (false: measurement runs)
 
     def __post_init__(self):
@@ -183,6 +184,10 @@ class TrainConfig:
             raise ConfigError(f"train.keep_metric={self.keep_metric!r}: use loss or acc")
         if self.accum_grad < 1:
             raise ConfigError("train.accum_grad must be at least 1")
+        if self.export not in ("funasr", "hf", "none"):
+            raise ConfigError(f"train.export={self.export!r}: use funasr, hf or none")
+        if self.export_dtype not in ("bf16", "fp32"):
+            raise ConfigError(f"train.export_dtype={self.export_dtype!r}: use bf16 or fp32")
 
 
 @dataclass
@@ -478,7 +483,13 @@ def _with_model_folder(tree: dict, folder: str) -> dict:
     of its dataset_conf (prompt class, sys_prompt, ...) set in the YAML win over the folder's; command-line
     overrides win over both."""
     from .models.build import funasr_folder_config, funasr_folder_data_config
+    from .models.hf_native import hf_folder_model_config, is_hf_folder
 
+    if is_hf_folder(folder):  # a transformers-native Fun-ASR-Nano folder: sizes and LLM config from config.json
+        found = hf_folder_model_config(folder)
+        tree = _merge(tree, {"model": found})
+        tree["model"]["llm"].update(path=None, config=found["llm"]["config"])
+        return _merge({"data": {"tokenizer": str(folder)}}, tree)
     found = funasr_folder_config(folder)
     policy: dict = {}
     for part, key in POLICY_KEYS:

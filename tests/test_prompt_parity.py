@@ -73,8 +73,8 @@ def write_jsonl(path, task: str, n: int = 4, extra: dict | None = None):
             f.write(json.dumps(obj, ensure_ascii=False) + "\n")
 
 
-def funasr_samples(raw: dict, jsonl, tokenizer) -> list[dict]:
-    """FunASR's training samples, built as train_ds.py builds them from the folder's config."""
+def funasr_dataset(raw: dict, jsonl, tokenizer):
+    """FunASR's training dataset, built as train_ds.py builds it from the folder's config."""
     import funasr.datasets.dataloader_entry  # noqa: F401  (registers DataloaderMapStyle)
     import funasr.datasets.fun_asr_datasets.datasets  # noqa: F401
     import funasr.datasets.fun_asr_datasets.multicontext_prompt  # noqa: F401
@@ -86,7 +86,11 @@ def funasr_samples(raw: dict, jsonl, tokenizer) -> list[dict]:
     # train_ds.py: kwargs["frontend"] and kwargs["tokenizer"] hold the built objects by then.
     kwargs.update(frontend=WavFrontend(**kwargs["frontend_conf"]), tokenizer=tokenizer)
     loader_class = tables.dataloader_classes.get(kwargs["dataset_conf"].get("dataloader", "DataloaderMapStyle"))
-    ds = loader_class(**kwargs).dataset_tr
+    return loader_class(**kwargs).dataset_tr
+
+
+def funasr_samples(raw: dict, jsonl, tokenizer) -> list[dict]:
+    ds = funasr_dataset(raw, jsonl, tokenizer)
     return [ds[i] for i in range(len(ds))]
 
 

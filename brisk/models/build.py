@@ -15,6 +15,7 @@ import yaml
 from torch import nn
 
 from ..config import ConfigError, ModelConfig
+from .hf_native import from_hf, is_hf_folder, load_hf_weights
 from .speech_llm import SpeechLLM
 
 log = logging.getLogger("brisk")
@@ -50,6 +51,8 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> S
         _load_hf_llm_weights(model, Path(cfg.llm.path))
     if cfg.path and (Path(cfg.path) / "model.pt").is_file():
         load_weights(model, Path(cfg.path) / "model.pt")
+    elif cfg.path and is_hf_folder(cfg.path):  # transformers-native layout: map the keys back
+        load_weights(model, Path(cfg.path), from_hf(load_hf_weights(cfg.path), cfg))
     if cfg.init:
         load_weights(model, Path(cfg.init))
     return model
@@ -88,8 +91,9 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return {k.removeprefix("module."): v for k, v in obj.items()}
 
 
-def load_weights(model: nn.Module, path: Path) -> None:
-    state = read_state_dict(path)
+def load_weights(model: nn.Module, path: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+    """Load ``path`` (or ``state``, read from there) strictly: every key, every shape."""
+    state = read_state_dict(path) if state is None else state
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
@@ -121,23 +125,6 @@ def atomic_save(obj, path: Path) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def export_weights(model: nn.Module, folder: Path) -> list[Path]:
-    """model.pt (FunASR's {"state_dict": ...} layout, loadable by FunASR) and model.safetensors."""
-    from safetensors.torch import save_file
-
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    pt = folder / "model.pt"
-    atomic_save({"state_dict": state}, pt)
-    st = folder / "model.safetensors"
-    # safetensors refuses shared storage: store the tied lm_head once (loaders re-tie it).
-    shared = {k for k in state if k.endswith("lm_head.weight") and
-              any(o.endswith("embed_tokens.weight") and state[o].data_ptr() == state[k].data_ptr() for o in state)}
-    tmp = folder / ".model.safetensors.tmp"
-    save_file({k: v.clone() for k, v in state.items() if k not in shared}, str(tmp))
-    os.replace(tmp, st)
-    return [pt, st]
 
 
 # ------------------------------------------------------------------------------ FunASR model folder

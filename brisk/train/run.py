@@ -12,7 +12,7 @@ import torch
 from ..config import Config, ConfigError, save_config
 from ..data.loader import build_split, load_tokenizer
 from ..diagnose.accel import acceleration_state, one_line, write_state
-from ..models.build import build_model, export_weights
+from ..models.build import build_model
 from ..models.speech_llm import human, param_count
 from ..speed import apply_speed
 from .optim import WarmupLR, build_optimizer
@@ -153,13 +153,22 @@ def build_trainer(cfg: Config) -> Trainer:
 
 
 def train(cfg: Config) -> dict:
+    export = cfg.train.export
+    if export == "hf":  # fail now, not after the run, if the native class cannot hold this model
+        from ..models.hf_native import check_exportable
+
+        check_exportable(cfg.model)
     trainer = build_trainer(cfg)
+    if export != "none" and not (cfg.data.tokenizer or cfg.model.llm.path):
+        log.warning("train.export=%s skipped: a model folder needs a tokenizer (data.tokenizer or model.llm.path)", export)
+        export = "none"
     result = trainer.fit()
     run_dir = trainer.run_dir
     if trainer.rank == 0:
-        if cfg.train.export_safetensors:
-            paths = export_weights(trainer.model, run_dir)
-            log.info("exported %s", ", ".join(str(p) for p in paths))
+        if export != "none":
+            from ..models.export import export_folder
+
+            export_folder(trainer.model, cfg, run_dir / f"model-{export}", export, cfg.train.export_dtype)
         if cfg.diagnose.report:
             from ..diagnose.report import write_report
 
