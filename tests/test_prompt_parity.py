@@ -167,3 +167,32 @@ def test_unknown_prompt_conf_key_is_an_error(tmp_path, tokenizer):
 
     with pytest.raises(ConfigError, match="data.prompt_conf.use_hotword"):
         ContextPrompt("MultiContextPrompt", {"use_hotword": True})
+
+
+def test_hotwords_and_distractors_match_funasr_as_sets(tmp_path):
+    """Several hotwords: FunASR shuffles them with the process-wide RNG, brisk with a per-sample seeded one;
+    the header carries the same words (and distractors from the list file, counted as FunASR draws them)."""
+    import random
+
+    import funasr.datasets.fun_asr_datasets.multicontext_prompt as mcp
+
+    from brisk.data.context import ContextPrompt
+
+    neg = tmp_path / "en.txt"
+    neg.write_text("zebra\nyak\nxerus\nwolf\n", encoding="utf-8")
+    conf = {**DATASET_CONF["prompt_conf"], "english_hotwords_list": str(neg), "max_neg_hotwords_num": 2,
+            "min_neg_hotwords_num": 2}
+    item = {"hotwords": "black mice, blue box, little car", "one_pass_result": "the box"}
+    ref = mcp.MultiContextPrompt(**conf).get_prompt(item, "en")
+    ours = ContextPrompt("MultiContextPrompt", conf).header(item, "Speech transcription:", random.Random(3))
+
+    def words(text):
+        line = next(x for x in text.splitlines() if x.startswith("Hotword list: "))
+        return line.removeprefix("Hotword list: ").split(", ")
+
+    assert ours.splitlines()[:2] == ref.splitlines()[:2]  # header sentence and the one-pass line
+    given = sorted(item["hotwords"].split(", "))
+    for w in (words(ours), words(ref)):  # the three given words and two distractors from the list
+        assert sorted(x for x in w if " " in x) == given and len(w) == 5 and set(w) - set(given) <= {"zebra", "yak", "xerus", "wolf"}
+    again = ContextPrompt("MultiContextPrompt", conf).header(item, "Speech transcription:", random.Random(3))
+    assert again == ours  # reproducible from the sample's seed
