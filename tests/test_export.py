@@ -86,6 +86,8 @@ def test_default_export_is_bf16_and_one_format(source, tokenizer):
     own = model.state_dict()
     assert all(torch.equal(v, own[k].to(torch.bfloat16)) for k, v in state.items())
     assert not list(out.glob("*.safetensors"))  # one format: no second copy of the weights
+    # The tied lm_head is stored once, as in FunASR's own model.pt.
+    assert state["llm.lm_head.weight"].data_ptr() == state["llm.model.embed_tokens.weight"].data_ptr()
     fp32 = tmp / "funasr-fp32"
     if fp32.exists():
         ratio = (out / "model.pt").stat().st_size / (fp32 / "model.pt").stat().st_size

@@ -41,7 +41,7 @@ def export_folder(model, cfg: Config, out: str | Path, fmt: str = "funasr", dtyp
             from ..data.loader import load_tokenizer
 
             tokenizer = load_tokenizer(cfg)
-        state = {k: v.detach().to("cpu", DTYPES[dtype]).contiguous() for k, v in model.state_dict().items()}
+        state = _converted_state(model, DTYPES[dtype])
         (_write_funasr if fmt == "funasr" else _write_hf)(model, cfg, state, tmp, dtype, tokenizer)
         _write_readme(tmp, fmt, dtype, cfg)
         _replace(tmp, out)
@@ -51,6 +51,19 @@ def export_folder(model, cfg: Config, out: str | Path, fmt: str = "funasr", dtyp
     sizes = {p.relative_to(out).as_posix(): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
     log.info("exported %s folder %s (%s, %.1f MB): %s", fmt, out, dtype, sum(sizes.values()) / 1e6,
              ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sizes.items() if v > 1e6) or "all files under 1 MB")
+    return out
+
+
+def _converted_state(model, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """model.state_dict() on the CPU in ``dtype``; tensors that share storage (a tied lm_head) stay shared, so
+    torch.save writes them once, as FunASR's own model.pt does."""
+    done: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for k, v in model.state_dict().items():
+        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), tuple(v.stride()))
+        if key not in done:
+            done[key] = v.detach().to("cpu", dtype).contiguous()
+        out[k] = done[key]
     return out
 
 
