@@ -13,7 +13,7 @@ R=${RUNS:-/tmp/brisk_probe}
 mkdir -p "$OUT" "$R"
 export PYTHONUNBUFFERED=1
 P="data.profile=brisk/bench/profiles/aishell1_like.jsonl train.max_steps=${STEPS:-300} train.device=cuda probe.enabled=true
-   train.progress=false train.log_every=50 train.tensorboard=false train.export_safetensors=false train.save_final=false
+   train.progress=false train.log_every=50 train.tensorboard=false train.export=none train.save_final=false
    data.num_workers=4 speed.inductor_cache_dir=/tmp/brisk_inductor train.overwrite=true"
 FAST="speed.packing=true speed.cuda_graph=true speed.frozen_eval=true speed.encoder_dtype=bf16 speed.compile=true"
 run() { name=$1; shift; echo "== $name"; timeout "${LIMIT:-200}" python3 -m brisk train configs/fun_asr_nano.yaml $P train.output_dir=$R/$name "$@" > "$R/$name.log" 2>&1 || echo "   $name exited with $?"; tail -n 3 "$R/$name.log"; }

@@ -5,6 +5,8 @@
     brisk doctor                               GPU, torch, cuDNN, SDPA order, known traps for this machine
     brisk probe compare A B [--tolerances F]   were the numbers kept? gates met or unmet
     brisk probe calibrate A B [C ...]          tolerances from the spread of equivalent runs
+    brisk export RUN --format funasr|hf        a model folder FunASR or transformers loads (RUN: a run folder,
+                                               or a FunASR / native folder to convert)
     brisk bench CONFIG [key=value ...]         arms interleaved on the same batches, a markdown table
     brisk profile CONFIG [key=value ...]       top ops on CPU and GPU, launches a step, host- or device-bound
 """
@@ -112,6 +114,20 @@ def _probe(args, compare_main, calibrate_main) -> int:
     return calibrate_main(args.records, args.out, args.margin, args.allow_config_diff)
 
 
+def cmd_export(args) -> int:
+    from .models.export import export_folder, folder_kind, load_for_inference
+
+    src = Path(args.run)
+    if not src.is_dir():
+        raise FileNotFoundError(f"{src} is not a folder (give a run folder, a FunASR or a native Fun-ASR-Nano folder)")
+    model, tokenizer, cfg = load_for_inference(src)
+    default = src / f"model-{args.format}" if folder_kind(src) == "run" else src.parent / f"{src.name}-{args.format}"
+    out = export_folder(model, cfg, Path(args.out) if args.out else default, args.format, args.dtype, tokenizer)
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    print(f"exported {args.format} folder {out} ({args.dtype}, {size / 1e6:.1f} MB)")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from .bench.bench import run_bench
 
@@ -154,6 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--allow-config-diff", action="store_true",
                     help="calibrate: go on (with a warning) when the records' configs differ in keys that change numbers")
     pr.set_defaults(fn=cmd_probe)
+
+    e = sub.add_parser("export", help="write a FunASR or transformers-native model folder")
+    e.add_argument("run", help="a run folder (or a FunASR / native Fun-ASR-Nano folder to convert)")
+    e.add_argument("--format", choices=["funasr", "hf"], default="funasr")
+    e.add_argument("--out", help="output folder (default: RUN/model-FORMAT)")
+    e.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="weights dtype (FunASR stores bf16)")
+    e.set_defaults(fn=cmd_export)
 
     b = sub.add_parser("bench", help="interleaved A/B arms on the same batches")
     b.add_argument("items", nargs="+", help="CONFIG.yaml [key=value ...]")

@@ -134,8 +134,14 @@ class DataConfig:
     sys_prompt: bool = True  # FunASR dataset_conf.sys_prompt
     do_think: bool = True  # FunASR dataset_conf.do_think: False appends an empty <think></think>
     multiturn_max: int = 5  # FunASR dataset_conf.multiturn_num_max: turns kept of a multi-turn sample
+    # FunASR dataset_conf.prompt_classes / prompt_conf: a context header before the first user prompt
+    # (MultiContextPrompt, set by the real Fun-ASR-Nano-2512 config.yaml; read from model.path's folder).
+    prompt_class: str | None = None
+    prompt_conf: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        if self.prompt_class not in (None, "MultiContextPrompt"):
+            raise ConfigError(f"data.prompt_class={self.prompt_class!r}: brisk reproduces MultiContextPrompt (or null: no header)")
         for k in ("batch_tokens", "max_utts", "sort_size"):
             if getattr(self, k) < 1:
                 raise ConfigError(f"data.{k}={getattr(self, k)}: must be at least 1")
@@ -180,7 +186,8 @@ class TrainConfig:
     progress: bool = True  # show a progress bar on a terminal
     tensorboard: bool = True  # write TensorBoard scalars to <run>/tb
     gc_every: int = 0  # >0: freeze+disable Python's GC after step 1 and collect every N steps (tagged)
-    export_safetensors: bool = True  # write model.safetensors + model.pt (FunASR keys) at the end
+    export: str = "funasr"  # at the end: funasr (a FunASR model folder) | hf (transformers-native) | none
+    export_dtype: str = "bf16"  # bf16 (what FunASR stores) | fp32
     save_final: bool = True  # checkpoint at the end of a run stopped by max_steps (false: measurement runs)
 
     def __post_init__(self):
@@ -197,6 +204,10 @@ class TrainConfig:
         for k in ("log_every", "val_every", "save_every", "gc_every", "keep_n"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"train.{k}={getattr(self, k)}: must be 0 or more")
+        if self.export not in ("funasr", "hf", "none"):
+            raise ConfigError(f"train.export={self.export!r}: use funasr, hf or none")
+        if self.export_dtype not in ("bf16", "fp32"):
+            raise ConfigError(f"train.export_dtype={self.export_dtype!r}: use bf16 or fp32")
 
 
 @dataclass
@@ -502,10 +513,17 @@ POLICY_KEYS = {("encoder", "freeze"), ("adaptor", "freeze"), ("ctc", "freeze"), 
 
 def _with_model_folder(tree: dict, folder: str) -> dict:
     """A FunASR model folder defines the architecture: its sizes, front end and LLM folder replace those of the
-    YAML file (whose inline LLM config is dropped). Training policy (freeze flags, LLM dtype) set in the YAML
-    wins over the folder's; command-line overrides win over both."""
-    from .models.build import funasr_folder_config
+    YAML file (whose inline LLM config is dropped). Training policy (freeze flags, LLM dtype) and the data keys
+    of its dataset_conf (prompt class, sys_prompt, ...) set in the YAML win over the folder's; command-line
+    overrides win over both."""
+    from .models.build import funasr_folder_config, funasr_folder_data_config
+    from .models.hf_native import hf_folder_model_config, is_hf_folder
 
+    if is_hf_folder(folder):  # a transformers-native Fun-ASR-Nano folder: sizes and LLM config from config.json
+        found = hf_folder_model_config(folder)
+        tree = _merge(tree, {"model": found})
+        tree["model"]["llm"].update(path=None, config=found["llm"]["config"])
+        return _merge({"data": {"tokenizer": str(folder)}}, tree)
     found = funasr_folder_config(folder)
     policy: dict = {}
     for part, key in POLICY_KEYS:
@@ -514,7 +532,7 @@ def _with_model_folder(tree: dict, folder: str) -> dict:
     tree = _merge(tree, {"model": found})
     if "path" in found.get("llm", {}):
         tree["model"]["llm"]["config"] = {}
-    return _merge({"model": policy}, tree)
+    return _merge({"model": policy, "data": funasr_folder_data_config(folder)}, tree)
 
 
 def _merge(a: dict, b: dict) -> dict:

@@ -48,7 +48,7 @@ def tiny_overrides(run_dir: Path, **extra) -> list[str]:
         "model.llm.config.num_attention_heads": 2, "model.llm.config.num_key_value_heads": 1,
         "model.llm.config.head_dim": 16, "train.output_dir": str(run_dir), "train.progress": False,
         "train.tensorboard": False, "train.log_every": 2, "data.num_workers": 0, "diagnose.report": False,
-        "train.export_safetensors": False,
+        "train.export": "none",
     }
     items.update(extra)
     return [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in items.items()]

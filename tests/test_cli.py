@@ -20,10 +20,11 @@ def test_demo_trains_and_validation_loss_falls(tmp_path, capsys):
     assert len(hist) == 3 and hist[-1]["loss"] < 0.8 * hist[0]["loss"], hist
     out = capsys.readouterr().out
     assert "validation loss" in out and "->" in out
-    for name in ("report.png", "report.md", "steps.jsonl", "accel.json", "config.yaml", "model.pt", "model.safetensors"):
+    for name in ("report.png", "report.md", "steps.jsonl", "accel.json", "config.yaml", "model-funasr/model.pt",
+                 "model-funasr/config.yaml"):
         assert (tmp_path / name).exists(), name
-    # The exported model.pt has FunASR's layout: {"state_dict": {audio_encoder.*, llm.*, audio_adaptor.*}}.
-    sd = torch.load(tmp_path / "model.pt", weights_only=False)["state_dict"]
+    # The exported FunASR folder's model.pt: {"state_dict": {audio_encoder.*, llm.*, audio_adaptor.*}}.
+    sd = torch.load(tmp_path / "model-funasr" / "model.pt", weights_only=False)["state_dict"]
     assert {k.split(".")[0] for k in sd} == {"audio_encoder", "llm", "audio_adaptor"}
     assert list((tmp_path / "tb").iterdir())
 

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from brisk.config import ConfigError
-from brisk.models.build import DiskSpaceError, atomic_save, build_model, export_weights, read_state_dict
+from brisk.models.build import DiskSpaceError, atomic_save, build_model, read_state_dict
+from brisk.models.export import export_folder
 from brisk.speed import apply_speed
 from brisk.speed.flags import backend_flags
 from brisk.train.checkpoint import Checkpoints
@@ -130,13 +131,13 @@ def test_load_optimizer_state_keeps_the_tensor_lr():
 # ------------------------------------------------------------------------------ 3: what is saved, bf16
 def test_bf16_encoder_saves_the_fp32_originals(tmp_path):
     frozen = {"model.encoder.freeze": True, "model.adaptor.freeze": True, "speed.frozen_eval": True,
-              "train.max_steps": 2, "train.export_safetensors": True}
+              "train.max_steps": 2, "train.export": "funasr", "train.export_dtype": "fp32"}
     cfg = tiny_config(tmp_path, **frozen, **{"speed.encoder_dtype": "bf16"})
     original = build_model(cfg.model).state_dict()
     run_train(tmp_path, **frozen, **{"speed.encoder_dtype": "bf16"})
     ckpt = torch.load(tmp_path / "checkpoints" / "ckpt-00000002.pt", map_location="cpu", weights_only=False)
     keys = [k for k in original if k.startswith(("audio_encoder.", "audio_adaptor."))]
-    for saved in (ckpt["state_dict"], read_state_dict(tmp_path / "model.pt"), read_state_dict(tmp_path / "model.safetensors")):
+    for saved in (ckpt["state_dict"], read_state_dict(tmp_path / "model-funasr" / "model.pt")):
         assert keys and all(saved[k].dtype == torch.float32 and torch.equal(saved[k], original[k]) for k in keys)
     model = build_model(cfg.model)
     plan = apply_speed(model, cfg, CPU)
@@ -190,11 +191,11 @@ def test_a_run_that_cannot_fit_on_the_disk_is_refused_before_training(tmp_path, 
     from brisk.train.run import build_trainer
 
     monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10**9, 10**9 - 200_000, 200_000))
-    cfg = tiny_config(tmp_path, **{"train.keep_n": 5, "train.export_safetensors": True})
+    cfg = tiny_config(tmp_path, **{"train.keep_n": 5, "train.export": "funasr"})
     with pytest.raises(ConfigError) as e:
         build_trainer(cfg)
     msg = str(e.value)
-    assert str(tmp_path) in msg and "free" in msg and "train.keep_n=5" in msg and "train.export_safetensors" in msg
+    assert str(tmp_path) in msg and "free" in msg and "train.keep_n=5" in msg and "train.export" in msg
     assert not (tmp_path / "steps.jsonl").exists() or (tmp_path / "steps.jsonl").read_text() == ""
 
 
@@ -202,9 +203,9 @@ def test_a_write_that_cannot_fit_is_refused_and_leaves_nothing(tmp_path, monkeyp
     monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10**9, 10**9 - 1000, 1000))
     with pytest.raises(DiskSpaceError, match="needs about"):
         atomic_save({"w": torch.zeros(1000)}, tmp_path / "x.pt")
-    model = build_model(tiny_config(tmp_path).model)
+    cfg = tiny_config(tmp_path / "run")
     with pytest.raises(DiskSpaceError, match="export"):
-        export_weights(model, tmp_path)
+        export_folder(build_model(cfg.model), cfg, tmp_path / "model-funasr")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -221,10 +222,11 @@ def test_renames_are_fsynced_and_stale_temps_removed(tmp_path, monkeypatch):
         pytest.skip("needs /proc to name the fsynced files")
     ck_dir = tmp_path / "checkpoints"
     ck_dir.mkdir()
-    stale = [ck_dir / ".ckpt-00000003.pt.k2j4", ck_dir / ".index.json.a1b2", tmp_path / ".model.pt.zz9",
-             tmp_path / ".model.safetensors.tmp"]
-    for p in stale:
+    stale = [ck_dir / ".ckpt-00000003.pt.k2j4", ck_dir / ".index.json.a1b2", tmp_path / ".model-funasr.zz9"]
+    for p in stale[:2]:
         p.write_bytes(b"")
+    stale[2].mkdir()
+    (stale[2] / "model.pt").write_bytes(b"")
     (ck_dir / "ckpt-00000001.pt").write_bytes(b"keep")
     monkeypatch.setattr(os, "fsync", fsync)
     ck = Checkpoints(tmp_path, keep_n=2, metric="loss")
@@ -233,8 +235,10 @@ def test_renames_are_fsynced_and_stale_temps_removed(tmp_path, monkeypatch):
     assert str(ck_dir) in synced  # the folder, after the checkpoint's and the index's renames
     assert any(s.startswith(str(ck_dir / ".ckpt-00000002.pt.")) for s in synced)
     synced.clear()
-    export_weights(build_model(tiny_config(tmp_path).model), tmp_path)
-    assert str(tmp_path / ".model.safetensors.tmp") in synced and str(tmp_path) in synced
+    cfg = tiny_config(tmp_path)
+    export_folder(build_model(cfg.model), cfg, tmp_path / "model-funasr")
+    assert any(s.startswith(str(tmp_path / ".model-funasr.")) and s.endswith("model.pt") for s in synced)
+    assert str(tmp_path) in synced
 
 
 # -------------------------------------------------------------------------------- 2: torchrun resume

@@ -8,6 +8,7 @@ worker computes it.
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
 
 import torch
@@ -75,7 +76,9 @@ class SpeechDataset(torch.utils.data.Dataset):
             if f.shape[0] > self.max_lfr:
                 raise DataError(f"audio file {path} gives {f.shape[0]} LFR frames, over the cap from data.max_speech_length")
             feats.append(f)
-        tokens = self.builder.build(utt, [f.shape[0] for f in feats])
+        # Drawn after the features, so the dither is the same with or without a context header.
+        rng = random.Random(int(torch.randint(2**62, (), generator=gen)))
+        tokens = self.builder.build(utt, [f.shape[0] for f in feats], rng)
         return Sample(utt.key, feats[: len(tokens.audio_slots)], tokens, notes=notes)
 
 

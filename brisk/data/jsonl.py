@@ -21,6 +21,8 @@ from pathlib import Path
 log = logging.getLogger("brisk")
 
 SPEECH = re.compile(r"<\|startofspeech\|>(.*?)<\|endofspeech\|>")
+# Top-level fields FunASR's index keeps for the context header (data.prompt_class).
+CONTEXT_KEYS = ("hist_context", "hotwords", "asr_hotwords", "one_pass_result")
 
 
 class DataError(ValueError):
@@ -37,6 +39,7 @@ class Utterance:
     prev_content: list[str | None]  # FunASR's optional assistant "prev_content" per turn
     speech_length: int  # 10 ms frames
     text_length: int
+    context: dict = field(default_factory=dict)  # hist_context, hotwords, asr_hotwords, one_pass_result (top level)
 
     @property
     def source_len(self) -> int:
@@ -112,7 +115,8 @@ def parse_line(text: str, where: str, base: Path) -> Utterance:
     system = (system or ["You are a helpful assistant."]) * len(user) if len(system) <= 1 else system
     key = obj.get("key", where)
     key = key[0] if isinstance(key, (list, tuple)) else key
-    return Utterance(str(key), where, system, user, assistant, prev, length("speech_length"), length("text_length"))
+    context = {k: obj[k] for k in CONTEXT_KEYS if k in obj}
+    return Utterance(str(key), where, system, user, assistant, prev, length("speech_length"), length("text_length"), context)
 
 
 def read_jsonl(path: str | Path, *, max_speech_length: int, max_text_length: int, skip_bad: bool,

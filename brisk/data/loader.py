@@ -10,6 +10,7 @@ import torch
 
 from ..config import Config, ConfigError
 from .collate import Collator
+from .context import ContextPrompt
 from .dataset import SpeechDataset, SyntheticDataset, read_profile
 from .jsonl import read_jsonl
 from .prompt import PromptBuilder
@@ -54,7 +55,8 @@ def build_split(cfg: Config, which: str, collator: Collator, vocab_size: int, ra
         skipped = index.skipped
         builder = PromptBuilder(tokenizer if tokenizer is not None else load_tokenizer(cfg), sys_prompt=d.sys_prompt,
                                 do_think=d.do_think, multiturn_max=d.multiturn_max, max_token_length=d.max_token_length,
-                                use_low_frame_rate=cfg.model.adaptor.use_low_frame_rate)
+                                use_low_frame_rate=cfg.model.adaptor.use_low_frame_rate,
+                                context=ContextPrompt(d.prompt_class, d.prompt_conf) if d.prompt_class else None)
         dataset = SpeechDataset(index.utterances, cfg.model.frontend, builder, seed=cfg.train.seed,
                                 skip_bad=d.skip_bad, max_speech_length=d.max_speech_length)
     elif which == "train" and d.profile:

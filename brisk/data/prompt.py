@@ -5,15 +5,18 @@ Turn k:  <|im_start|>user\\n{user}<|im_end|>\\n<|im_start|>assistant\\n
 then (with do_think=false) <think>\\n\\n</think>\\n\\n, then the answer {assistant}<|im_end|>.
 The text around each <|startofspeech|>...<|endofspeech|> reference is tokenized piece by piece, and the
 reference becomes audio_token_count(L) placeholder tokens (id 0) that the model overwrites with adaptor
-outputs. Labels are -100 everywhere but on the answer tokens.
+outputs. Labels are -100 everywhere but on the answer tokens. {header} is FunASR's context header
+(data.prompt_class, see context.py), empty without one; with sys_prompt=false turn 0 drops the system part.
 """
 
 from __future__ import annotations
 
+import random
 import re
 from dataclasses import dataclass, field
 
 from ..models.speech_llm import audio_token_count
+from .context import ContextPrompt
 from .jsonl import DataError, Utterance
 
 _SPLIT = re.compile(r"(<\|startofspeech\|>.*?<\|endofspeech\|>)")
@@ -29,24 +32,28 @@ class Tokens:
 
 class PromptBuilder:
     def __init__(self, tokenizer, *, sys_prompt: bool = True, do_think: bool = True, multiturn_max: int = 5,
-                 max_token_length: int = 1500, use_low_frame_rate: bool = True):
+                 max_token_length: int = 1500, use_low_frame_rate: bool = True, context: ContextPrompt | None = None):
         self.tok = tokenizer
         self.sys_prompt, self.do_think = sys_prompt, do_think
         self.multiturn_max, self.max_token_length = multiturn_max, max_token_length
         self.low_frame_rate = use_low_frame_rate
+        self.context = context
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text))
 
-    def build(self, utt: Utterance, audio_frames: list[int]) -> Tokens:
-        """``audio_frames``: LFR frames of each audio reference, in order."""
+    def build(self, utt: Utterance, audio_frames: list[int], rng: random.Random | None = None) -> Tokens:
+        """``audio_frames``: LFR frames of each audio reference, in order; ``rng`` orders hotwords (if any)."""
         out = Tokens()
         frames = iter(audio_frames)
         for i, (system, user, answer, prev) in enumerate(zip(utt.system, utt.user, utt.assistant, utt.prev_content)):
             if i >= self.multiturn_max or len(out.input_ids) > self.max_token_length:
                 break
-            if i == 0 and self.sys_prompt:
-                source = f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+            if i == 0:
+                header = self.context.header(utt.context, user, rng or random.Random(0)) if self.context else ""
+                source = f"<|im_start|>user\n{header}{user}<|im_end|>\n<|im_start|>assistant\n"
+                if self.sys_prompt:
+                    source = f"<|im_start|>system\n{system}<|im_end|>\n" + source
             else:
                 source = f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
             if not self.do_think:

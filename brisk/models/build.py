@@ -16,6 +16,7 @@ import yaml
 from torch import nn
 
 from ..config import ConfigError, ModelConfig
+from .hf_native import from_hf, is_hf_folder, load_hf_weights
 from .speech_llm import SpeechLLM
 
 log = logging.getLogger("brisk")
@@ -51,6 +52,8 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> S
         _load_hf_llm_weights(model, Path(cfg.llm.path))
     if cfg.path and (Path(cfg.path) / "model.pt").is_file():
         load_weights(model, Path(cfg.path) / "model.pt")
+    elif cfg.path and is_hf_folder(cfg.path):  # transformers-native layout: map the keys back
+        load_weights(model, Path(cfg.path), from_hf(load_hf_weights(cfg.path), cfg))
     if cfg.init:
         load_weights(model, Path(cfg.init))
     return model
@@ -89,8 +92,9 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return {k.removeprefix("module."): v for k, v in obj.items()}
 
 
-def load_weights(model: nn.Module, path: Path) -> None:
-    state = read_state_dict(path)
+def load_weights(model: nn.Module, path: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+    """Load ``path`` (or ``state``, read from there) strictly: every key, every shape."""
+    state = read_state_dict(path) if state is None else state
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
@@ -177,42 +181,40 @@ def atomic_save(obj, path: Path) -> None:
     fsync_dir(path.parent)
 
 
-def export_weights(model: nn.Module, folder: Path) -> list[Path]:
-    """model.pt (FunASR's {"state_dict": ...} layout, loadable by FunASR) and model.safetensors."""
-    from safetensors.torch import save_file
-
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    ensure_free(folder, 2 * tensor_bytes(state), "the export (model.pt + model.safetensors)")
-    pt = folder / "model.pt"
-    atomic_save({"state_dict": state}, pt)
-    st = folder / "model.safetensors"
-    # safetensors refuses shared storage: store the tied lm_head once (loaders re-tie it).
-    shared = {k for k in state if k.endswith("lm_head.weight") and
-              any(o.endswith("embed_tokens.weight") and state[o].data_ptr() == state[k].data_ptr() for o in state)}
-    tmp = folder / ".model.safetensors.tmp"
-    try:
-        save_file({k: v.clone() for k, v in state.items() if k not in shared}, str(tmp))
-        with open(tmp, "rb") as f:  # save_file does not fsync
-            os.fsync(f.fileno())
-        os.replace(tmp, st)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(folder)
-    return [pt, st]
-
-
-STALE_TEMPS = (".model.pt.*", ".model.safetensors.tmp")  # export temp files a crash can leave in a run folder
+STALE_TEMPS = (".model-funasr.*", ".model-hf.*")  # export temp folders a crash can leave in a run folder
 
 
 # ------------------------------------------------------------------------------ FunASR model folder
-def funasr_folder_config(folder: str | Path) -> dict:
-    """Map a FunASR model folder's config.yaml onto brisk's model section (sizes, frontend, LLM path)."""
-    folder = Path(folder)
+def _folder_yaml(folder: Path) -> dict:
     cfg_file = folder / "config.yaml"
     if not cfg_file.is_file():
         raise ConfigError(f"model.path={folder}: no config.yaml there (expected a FunASR model folder)")
-    raw = yaml.safe_load(cfg_file.read_text(encoding="utf-8")) or {}
+    return yaml.safe_load(cfg_file.read_text(encoding="utf-8")) or {}
+
+
+# FunASR dataset_conf key -> brisk data key: what shapes the tokens FunASR's dataset produces.
+DATASET_KEYS = {"prompt_classes": "prompt_class", "prompt_conf": "prompt_conf", "sys_prompt": "sys_prompt",
+                "do_think": "do_think", "multiturn_num_max": "multiturn_max", "max_token_length": "max_token_length"}
+
+
+def funasr_folder_data_config(folder: str | Path) -> dict:
+    """The data keys a FunASR model folder's ``dataset_conf`` sets (context header, system prompt, think tags)."""
+    folder = Path(folder)
+    conf = _folder_yaml(folder).get("dataset_conf") or {}
+    out = {ours: conf[theirs] for theirs, ours in DATASET_KEYS.items() if theirs in conf}
+    if out.get("prompt_conf") is None:
+        out.pop("prompt_conf", None)
+    for key in ("chinese_hotwords_list", "english_hotwords_list"):  # relative to the folder, like init_param_path
+        p = (out.get("prompt_conf") or {}).get(key)
+        if p and not Path(p).is_absolute():
+            out["prompt_conf"] = {**out["prompt_conf"], key: str(folder / p)}
+    return out
+
+
+def funasr_folder_config(folder: str | Path) -> dict:
+    """Map a FunASR model folder's config.yaml onto brisk's model section (sizes, frontend, LLM path)."""
+    folder = Path(folder)
+    raw = _folder_yaml(folder)
     out: dict = {}
     enc = raw.get("audio_encoder_conf") or {}
     out["encoder"] = {k2: enc[k1] for k1, k2 in [

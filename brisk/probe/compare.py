@@ -219,7 +219,7 @@ def calibrate(records: list[dict], rules: dict, margin: float) -> dict[str, dict
 # things are written, how often metrics are read, and the bookkeeping of runs.
 HARMLESS = ("speed.*", "train.output_dir", "train.resume", "train.resume_from", "train.overwrite", "train.progress",
             "train.tensorboard", "train.log_every", "train.max_steps", "train.max_epochs", "train.val_every", "train.save_every", "train.keep_n", "train.keep_metric",
-            "train.export_safetensors", "train.save_final", "train.gc_every", "data.num_workers", "data.pin_memory",
+            "train.export", "train.export_dtype", "train.save_final", "train.gc_every", "data.num_workers", "data.pin_memory",
             "diagnose.*", "probe.*", "bench.*")
 
 

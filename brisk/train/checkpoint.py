@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -77,7 +78,7 @@ def remove_stale_temps(run_dir: Path) -> list[Path]:
     ck = run_dir / "checkpoints"
     found += [p for pat in (".ckpt-*.pt.*", ".index.json.*") for p in ck.glob(pat)]
     for p in found:
-        p.unlink(missing_ok=True)
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
         log.info("removed %s, left behind by an interrupted write", p)
     return found
 
@@ -85,12 +86,12 @@ def remove_stale_temps(run_dir: Path) -> list[Path]:
 def disk_footprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, checkpoints: int,
                    export: bool) -> tuple[int, str]:
     """Bytes a run's writes need at most: ``checkpoints`` files held at once (weights + AdamW's two moments
-    of every trainable parameter), plus the export (model.pt + model.safetensors). Returns (bytes, breakdown)."""
+    of every trainable parameter), plus the export folder (weights at most in fp32). Returns (bytes, breakdown)."""
     weights = tensor_bytes(model.state_dict())
     moments = 2 * sum(p.numel() * p.element_size() for g in optimizer.param_groups for p in g["params"])
     ckpt = int((weights + moments) * 1.01) + (1 << 20)  # + steps, RNG, config, pickle framing
-    need = checkpoints * ckpt + (2 * weights if export else 0)
-    what = f"{checkpoints} checkpoint(s) of {gb(ckpt)} held at once" + (f" + an export of {gb(2 * weights)}" if export else "")
+    need = checkpoints * ckpt + (weights if export else 0)
+    what = f"{checkpoints} checkpoint(s) of {gb(ckpt)} held at once" + (f" + an export of {gb(weights)}" if export else "")
     return need, what
 
 

@@ -14,7 +14,7 @@ import torch
 from ..config import Config, ConfigError, save_config
 from ..data.loader import build_split, load_tokenizer
 from ..diagnose.accel import acceleration_state, one_line, write_state
-from ..models.build import build_model, export_weights, gb
+from ..models.build import build_model, gb
 from ..models.speech_llm import human, param_count
 from ..speed import apply_speed
 from ..speed.flags import tf32_scope
@@ -187,13 +187,13 @@ def build_trainer(cfg: Config) -> Trainer:
 def check_disk(cfg: Config, trainer: Trainer) -> None:
     """Refuse a run whose checkpoints and export would not fit on the disk of its output folder."""
     t = cfg.train
-    need, what = disk_footprint(trainer.model, trainer.optimizer, held_checkpoints(trainer), t.export_safetensors)
+    need, what = disk_footprint(trainer.model, trainer.optimizer, held_checkpoints(trainer), t.export != "none")
     free = shutil.disk_usage(trainer.run_dir).free
     if need > free:
         raise ConfigError(
             f"train.output_dir={trainer.run_dir}: this run needs about {gb(need)} of disk ({what}) but only "
             f"{gb(free)} are free there. Keep fewer checkpoints (train.keep_n={t.keep_n}), save less often "
-            f"(train.save_every={t.save_every}), skip the export (train.export_safetensors=false), "
+            f"(train.save_every={t.save_every}), skip the export (train.export=none), "
             "or point train.output_dir at a larger disk")
     log.info("disk: the run needs about %s (%s); %s free in %s", gb(need), what, gb(free), trainer.run_dir)
 
@@ -211,21 +211,30 @@ def held_checkpoints(trainer: Trainer) -> int:
 
 
 def train(cfg: Config) -> dict:
+    export = cfg.train.export
+    if export == "hf":  # fail now, not after the run, if the native class cannot hold this model
+        from ..models.hf_native import check_exportable
+
+        check_exportable(cfg.model)
     trainer = build_trainer(cfg)
+    if export != "none" and not (cfg.data.tokenizer or cfg.model.llm.path):
+        log.warning("train.export=%s skipped: a model folder needs a tokenizer (data.tokenizer or model.llm.path)", export)
+        export = "none"
     try:
         result = trainer.fit()  # the final checkpoint is written here, before any export
     finally:
         trainer.close_data()
     run_dir = trainer.run_dir
     if trainer.rank == 0:
-        if cfg.train.export_safetensors:
+        if export != "none":
+            from ..models.export import export_folder
+
             try:
-                paths = export_weights(trainer.model, run_dir)
+                export_folder(trainer.model, cfg, run_dir / f"model-{export}", export, cfg.train.export_dtype)
             except OSError:
                 latest = trainer.ckpts.latest() if trainer.ckpts else None
                 log.error("the export failed; the trained weights are in %s", latest or "no checkpoint (train.save_final=false)")
                 raise
-            log.info("exported %s", ", ".join(str(p) for p in paths))
         if cfg.diagnose.report:
             from ..diagnose.report import write_report
 

@@ -26,7 +26,7 @@ STEP_LOGS = ("steps.jsonl", "slow_steps.jsonl", "history.jsonl", "metrics.jsonl"
 # Keys whose change between a checkpoint and its resume is expected (where and how long, not what is computed).
 RESUME_HARMLESS = {"train.resume", "train.resume_from", "train.overwrite", "train.output_dir", "train.max_steps",
                    "train.max_epochs", "train.progress", "train.tensorboard", "train.log_every", "train.save_every",
-                   "train.val_every", "train.keep_n", "train.save_final", "train.export_safetensors", "data.num_workers",
+                   "train.val_every", "train.keep_n", "train.save_final", "train.export", "train.export_dtype", "data.num_workers",
                    "data.pin_memory", "diagnose.report"}
 
 

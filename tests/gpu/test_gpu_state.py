@@ -29,7 +29,7 @@ SMALL = [  # a small speech-LLM of the real layout: bf16 LLM trained, encoder an
     "optim.lr=1e-3", "model.llm.config.bos_token_id=null", "model.llm.config.eos_token_id=null",
 ]
 RUN = ["train.progress=false", "train.tensorboard=false", "train.log_every=1", "diagnose.report=false",
-       "train.export_safetensors=false"]
+       "train.export=none"]
 FAST = ["speed.packing=true", "speed.frozen_eval=true", "speed.fused_adamw=true", "speed.cuda_graph=true"]
 
 
@@ -159,7 +159,7 @@ def test_bf16_encoder_run_exports_the_fp32_encoder_bit_identical(tmp_path):
     from brisk.models.build import build_model, read_state_dict
     from brisk.train.run import train
 
-    cfg = _cfg(*RUN, *FAST, "speed.encoder_dtype=bf16", "train.max_steps=2", "train.export_safetensors=true",
+    cfg = _cfg(*RUN, *FAST, "speed.encoder_dtype=bf16", "train.max_steps=2", "train.export=funasr",
                f"train.output_dir={tmp_path}")
     original = build_model(cfg.model, "cuda").state_dict()
     train(cfg)

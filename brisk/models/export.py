@@ -1,0 +1,290 @@
+"""Model folders that others load: FunASR's (``funasr.AutoModel``) and transformers' native Fun-ASR-Nano.
+
+    export_folder(model, cfg, out, fmt="funasr"|"hf", dtype="bf16"|"fp32", tokenizer=None) -> Path
+
+Each folder is written under a temporary name beside ``out`` and renamed into place, so a crash never leaves
+a half-written folder. The weights are read from ``model.state_dict()`` (the model's own, original weights).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+import yaml
+
+from ..config import Config, ConfigError
+from .build import ensure_free, fsync_dir, tensor_bytes
+
+log = logging.getLogger("brisk")
+
+FORMATS = ("funasr", "hf")
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+LLM_DIR = "Qwen3-0.6B"  # the LLM folder's name inside a FunASR model folder (FunASR's own layout)
+
+
+def export_folder(model, cfg: Config, out: str | Path, fmt: str = "funasr", dtype: str = "bf16",
+                  tokenizer=None) -> Path:
+    if fmt not in FORMATS:
+        raise ConfigError(f"export format {fmt!r}: use funasr or hf")
+    if dtype not in DTYPES:
+        raise ConfigError(f"export dtype {dtype!r}: use bf16 or fp32")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        if tokenizer is None:
+            from ..data.loader import load_tokenizer
+
+            tokenizer = load_tokenizer(cfg)
+        state = _converted_state(model, DTYPES[dtype])
+        ensure_free(out.parent, tensor_bytes(state), f"the {fmt} export")
+        (_write_funasr if fmt == "funasr" else _write_hf)(model, cfg, state, tmp, dtype, tokenizer)
+        _write_readme(tmp, fmt, dtype, cfg)
+        for f in tmp.rglob("*"):  # torch.save and save_file do not fsync: the data is on disk before the rename
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+        _replace(tmp, out)
+        fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    sizes = {p.relative_to(out).as_posix(): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
+    log.info("exported %s folder %s (%s, %.1f MB): %s", fmt, out, dtype, sum(sizes.values()) / 1e6,
+             ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sizes.items() if v > 1e6) or "all files under 1 MB")
+    return out
+
+
+def _converted_state(model, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """model.state_dict() on the CPU in ``dtype``; tensors that share storage (a tied lm_head) stay shared, so
+    torch.save writes them once, as FunASR's own model.pt does."""
+    done: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for k, v in model.state_dict().items():
+        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), tuple(v.stride()))
+        if key not in done:
+            done[key] = v.detach().to("cpu", dtype).contiguous()
+        out[k] = done[key]
+    return out
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    """Rename tmp to out; an existing out is moved aside first and removed only after the rename."""
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _llm_config(model) -> dict:
+    d = model.llm.config.to_dict()
+    for k in ("_name_or_path", "transformers_version", "architectures"):
+        d.pop(k, None)
+    return d
+
+
+# ---------------------------------------------------------------------------------------- FunASR
+def funasr_yaml(cfg: Config, llm_dim: int) -> dict:
+    """FunASR's config.yaml for the run: the source folder's (if any) with the run's sizes and dataset_conf."""
+    m, d = cfg.model, cfg.data
+    raw: dict = {}
+    if m.path and (Path(m.path) / "config.yaml").is_file():
+        raw = yaml.safe_load((Path(m.path) / "config.yaml").read_text(encoding="utf-8")) or {}
+    enc, ad, fe = m.encoder, m.adaptor, m.frontend
+    raw["model"] = "FunASRNano"
+    raw["audio_encoder"] = "SenseVoiceEncoderSmall"
+    raw["audio_encoder_conf"] = {**(raw.get("audio_encoder_conf") or {}), **dict(
+        output_size=enc.output_size, attention_heads=enc.attention_heads, linear_units=enc.linear_units,
+        num_blocks=enc.num_blocks, tp_blocks=enc.tp_blocks, dropout_rate=enc.dropout_rate,
+        attention_dropout_rate=enc.attention_dropout_rate, kernel_size=enc.kernel_size, sanm_shfit=enc.sanm_shift,
+        input_layer="pe", pos_enc_class="SinusoidalPositionEncoder", normalize_before=True,
+        selfattention_layer_type="sanm", freeze=enc.freeze)}
+    raw["audio_adaptor"] = "Transformer"
+    raw["audio_adaptor_conf"] = {**(raw.get("audio_adaptor_conf") or {}), **dict(
+        downsample_rate=ad.downsample_rate, use_low_frame_rate=ad.use_low_frame_rate, ffn_dim=ad.ffn_dim,
+        llm_dim=llm_dim, encoder_dim=enc.output_size, n_layer=ad.n_layer, attention_heads=ad.attention_heads,
+        dropout_rate=ad.dropout_rate, freeze=ad.freeze)}
+    raw["llm"] = raw.get("llm") or "Qwen3-0.6b"
+    raw["llm_conf"] = {**(raw.get("llm_conf") or {}), "hub": "hf", "init_param_path": LLM_DIR,
+                       "freeze": m.llm.freeze, "llm_dtype": m.llm.dtype}
+    raw["frontend"] = "WavFrontend"
+    raw["frontend_conf"] = {**(raw.get("frontend_conf") or {}), **dict(
+        fs=fe.fs, window=fe.window, n_mels=fe.n_mels, frame_length=fe.frame_length, frame_shift=fe.frame_shift,
+        lfr_m=fe.lfr_m, lfr_n=fe.lfr_n, cmvn_file=None)}
+    if m.ctc.enabled:
+        c = m.ctc
+        raw["ctc_decoder"] = raw.get("ctc_decoder") or "Transformer"
+        raw["ctc_decoder_conf"] = {**(raw.get("ctc_decoder_conf") or {}), **dict(
+            downsample_rate=c.downsample_rate, ffn_dim=c.ffn_dim, llm_dim=c.dim, encoder_dim=enc.output_size,
+            n_layer=c.n_layer, freeze=c.freeze)}
+        raw["ctc_vocab_size"] = c.vocab_size
+    else:
+        for k in ("ctc_decoder", "ctc_decoder_conf", "ctc_vocab_size"):
+            raw.pop(k, None)
+    raw["dataset"] = raw.get("dataset") or "FunASR"
+    conf = dict(raw.get("dataset_conf") or {})
+    conf.setdefault("index_ds", "FunASR")
+    conf.update(batch_type="token", batch_size=d.batch_tokens, max_token_length=d.max_token_length,
+                sort_size=d.sort_size, sys_prompt=d.sys_prompt, do_think=d.do_think, multiturn_num_max=d.multiturn_max)
+    if d.prompt_class:
+        conf.update(prompt_classes=d.prompt_class, prompt_conf=dict(d.prompt_conf))
+    else:
+        conf.pop("prompt_classes", None)
+        conf.pop("prompt_conf", None)
+    raw["dataset_conf"] = conf
+    raw["tokenizer"] = "HuggingfaceTokenizer"
+    raw["tokenizer_conf"] = {**(raw.get("tokenizer_conf") or {}), "init_param_path": LLM_DIR}
+    raw.pop("init_param", None)  # the folder's model.pt is found by FunASR itself
+    return raw
+
+
+CONFIGURATION_JSON = {
+    "framework": "pytorch", "task": "auto-speech-recognition", "model": {"type": "funasr"},
+    "pipeline": {"type": "funasr-pipeline"},
+    "file_path_metas": {"init_param": "model.pt", "config": "config.yaml",
+                        "tokenizer_conf": {"init_param_path": LLM_DIR}, "llm_conf": {"init_param_path": LLM_DIR}},
+}
+
+
+def _write_funasr(model, cfg: Config, state: dict, out: Path, dtype: str, tokenizer) -> None:
+    llm_dim = model.llm.get_input_embeddings().weight.shape[-1]
+    raw = funasr_yaml(cfg, llm_dim)
+    (out / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    (out / "configuration.json").write_text(json.dumps(CONFIGURATION_JSON, indent=2) + "\n", encoding="utf-8")
+    torch.save({"state_dict": state}, out / "model.pt")
+    llm = out / LLM_DIR
+    llm.mkdir()
+    (llm / "config.json").write_text(json.dumps(_llm_config(model), indent=2) + "\n", encoding="utf-8")
+    tokenizer.save_pretrained(llm)
+    src = Path(cfg.model.path) if cfg.model.path else None
+    if src is not None and src.is_dir():  # small side files FunASR may need (CTC vocabulary, README, ...)
+        for f in src.iterdir():
+            if f.is_file() and f.name not in ("model.pt", "config.yaml", "configuration.json", "README.md") \
+                    and not f.name.endswith((".pt", ".safetensors", ".bin")) and f.stat().st_size < 20e6:
+                shutil.copy2(f, out / f.name)
+
+
+# ------------------------------------------------------------------------------------ transformers
+def _write_hf(model, cfg: Config, state: dict, out: Path, dtype: str, tokenizer) -> None:
+    from safetensors.torch import save_file
+
+    from .hf_native import AUDIO_TOKEN, hf_config, to_hf
+
+    text = _llm_config(model)
+    audio_id = tokenizer.convert_tokens_to_ids(AUDIO_TOKEN) if AUDIO_TOKEN in tokenizer.get_vocab() else None
+    hc = hf_config(cfg.model, text, audio_id if audio_id is not None else min(151646, text["vocab_size"] - 1))
+    hc.architectures = ["FunAsrNanoForConditionalGeneration"]
+    hc.dtype = {"bf16": "bfloat16", "fp32": "float32"}[dtype]
+    hc.save_pretrained(out)
+    weights = to_hf(state, cfg.model)
+    if hc.tie_word_embeddings:  # stored once, as transformers writes tied weights
+        weights.pop("lm_head.weight", None)
+    save_file({k: v.clone() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    # Written as JSON, not through FunAsrNanoFeatureExtractor, which needs torchaudio just to be built.
+    fe = cfg.model.frontend
+    extractor = dict(feature_extractor_type="FunAsrNanoFeatureExtractor", processor_class="FunAsrNanoProcessor",
+                     feature_size=fe.n_mels, sampling_rate=fe.fs, frame_length=int(fe.frame_length),
+                     frame_shift=int(fe.frame_shift), num_frames_lfr=fe.lfr_m, stride_lfr=fe.lfr_n, window=fe.window,
+                     padding_value=0.0, padding_side="right", return_attention_mask=True)
+    (out / "preprocessor_config.json").write_text(json.dumps(extractor, indent=2) + "\n", encoding="utf-8")
+    if audio_id is not None:  # without the native audio placeholder in the tokenizer there is no processor
+        processor = {"processor_class": "FunAsrNanoProcessor", "audio_token": AUDIO_TOKEN}
+        (out / "processor_config.json").write_text(json.dumps(processor, indent=2) + "\n", encoding="utf-8")
+    tokenizer.save_pretrained(out)
+
+
+# ------------------------------------------------------------------------------------------ README
+def _write_readme(out: Path, fmt: str, dtype: str, cfg: Config) -> None:
+    header = "with the context header (" + cfg.data.prompt_class + ")" if cfg.data.prompt_class else "without a context header"
+    if fmt == "funasr":
+        body = f"""# Fun-ASR-Nano model folder (FunASR layout), exported by brisk
+
+Load with FunASR 1.4.x: `funasr.AutoModel(model="<this folder>")`; fine-tune again with FunASR's
+`train_ds.py` or with brisk (`model.path=<this folder>`). Weights: `model.pt` ({{"state_dict": ...}}, {dtype}).
+`{LLM_DIR}/` holds the LLM's config.json and tokenizer (its weights are in model.pt).
+This runtime behaves like training: FunASR's own front end, prompt and splicing. The model was trained
+{header}; FunASR's inference prompt carries none.
+"""
+    else:
+        body = f"""# Fun-ASR-Nano, transformers-native layout (FunAsrNanoForConditionalGeneration), exported by brisk
+
+Load with transformers >= 5.17: `FunAsrNanoForConditionalGeneration.from_pretrained("<this folder>")`;
+brisk loads it back with `model.path=<this folder>`. Weights: `model.safetensors` ({dtype}; the CTC branch,
+if the run had one, is not part of this class).
+
+Which runtime behaves like training: brisk, FunASR (the `funasr` export), and this class only when it is fed
+FunASR's features and FunASR's splicing (`brisk.models.hf_native.native_inputs_embeds`: the first ~L/8 adaptor
+outputs of each utterance into the prompt's audio slots, features from audio scaled to the int16 range), with
+`model.model.multi_modal_projector.config._attn_implementation` set (left unset, padded frames are not masked in
+the adaptor). The native processor differs from training: it inserts one audio token per LFR frame and its
+feature extractor uses unit-scale audio. The model was trained {header}.
+"""
+    (out / "README.md").write_text(body, encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------------ loading
+def folder_kind(path: str | Path) -> str:
+    """'run' (a brisk run folder), 'funasr' (FunASR model folder) or 'hf' (transformers-native folder)."""
+    from .hf_native import is_hf_folder
+
+    path = Path(path)
+    if is_hf_folder(path):
+        return "hf"
+    cfg_file = path / "config.yaml"
+    if cfg_file.is_file():
+        raw = yaml.safe_load(cfg_file.read_text(encoding="utf-8")) or {}
+        return "run" if isinstance(raw.get("model"), dict) else "funasr"
+    raise ConfigError(f"{path}: not a brisk run folder, a FunASR model folder (config.yaml) or a native "
+                      "Fun-ASR-Nano folder (config.json with model_type fun_asr_nano)")
+
+
+def run_weights(run_dir: Path) -> Path | None:
+    """The newest weights of a run: its last checkpoint, else its exported FunASR model.pt."""
+    ckpts = sorted((run_dir / "checkpoints").glob("ckpt-*.pt"))
+    if ckpts:
+        return ckpts[-1]
+    for p in (run_dir / "model-funasr" / "model.pt", run_dir / "model.pt"):
+        if p.is_file():
+            return p
+    return None
+
+
+def load_for_inference(path: str | Path, device: str | torch.device = "cpu", overrides: list[str] | None = None):
+    """(model in eval mode, tokenizer, Config) from a run folder, a FunASR model folder or a native HF folder.
+
+    A run folder is rebuilt from its saved config (model.path / model.init give the starting weights) and then
+    takes its newest weights (last checkpoint, else model-funasr/model.pt); a checkpoint that holds only the
+    trained weights leaves the frozen ones as built.
+    """
+    from ..config import load_config
+    from ..data.loader import load_tokenizer
+    from .build import build_model, read_state_dict
+
+    path = Path(path)
+    kind = folder_kind(path)
+    if kind == "run":
+        cfg = load_config(path / "config.yaml", overrides, check_paths=False)  # its data may have moved
+        model = build_model(cfg.model)
+        weights = run_weights(path)
+        if weights is not None:
+            state = read_state_dict(weights)
+            own = model.state_dict()
+            unknown = sorted(set(state) - set(own))
+            if unknown:
+                raise RuntimeError(f"{weights}: {len(unknown)} keys the run's model lacks (e.g. {unknown[:3]})")
+            model.load_state_dict(state, strict=False)
+            log.info("loaded %d tensors from %s", len(state), weights)
+    else:
+        cfg = load_config(None, [f"model.path={path}", *(overrides or [])])
+        model = build_model(cfg.model)
+    return model.to(device).eval(), load_tokenizer(cfg), cfg
