@@ -23,13 +23,31 @@ log = logging.getLogger("brisk")
 
 
 def pick_device(name: str) -> torch.device:
+    """train.device -> the device of this process. Under torchrun (WORLD_SIZE > 1) ``auto`` and ``cuda`` mean
+    this rank's GPU, cuda:LOCAL_RANK; an explicit ``cuda:N`` must name that same GPU (each rank owns one)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
     if name == "auto":
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"train.device={name}: no CUDA device is available")
+        if world > 1:
+            name = "cuda" if torch.cuda.is_available() else "cpu"
+        else:
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise ConfigError(f"train.device={name!r}: use auto, cpu, cuda or cuda:N") from e
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"train.device={name}: no CUDA device is available")
+        if world > 1:
+            if dev.index is not None and dev.index != local:
+                raise ConfigError(f"train.device={name} under torchrun: rank with LOCAL_RANK={local} owns cuda:{local}; "
+                                  "use train.device=cuda (or auto) and let each rank take its own GPU")
+            dev = torch.device("cuda", local)
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"train.device={name}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    elif dev.type != "cpu":
+        raise ConfigError(f"train.device={name!r}: use auto, cpu, cuda or cuda:N")
     return dev
 
 
