@@ -171,12 +171,15 @@ class TrainConfig:
     gc_every: int = 0  # >0: freeze+disable Python's GC after step 1 and collect every N steps (tagged)
     export_safetensors: bool = True  # write model.safetensors + model.pt (FunASR keys) at the end
     save_final: bool = True  # checkpoint at the end of a run stopped by max_steps (false: measurement runs)
+    parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard of the decoder layers, then the root)
 
     def __post_init__(self):
         if self.keep_metric not in ("loss", "acc"):
             raise ConfigError(f"train.keep_metric={self.keep_metric!r}: use loss or acc")
         if self.accum_grad < 1:
             raise ConfigError("train.accum_grad must be at least 1")
+        if self.parallel not in ("ddp", "fsdp"):
+            raise ConfigError(f"train.parallel={self.parallel!r}: use ddp or fsdp")
 
 
 @dataclass

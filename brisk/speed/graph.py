@@ -98,6 +98,7 @@ class GraphedStep:
         self.encoder = GraphedEncoder(self.model, self.pool)
         audio.encode = self.encoder  # the frozen audio path now replays encoder graphs
         self.graphs: dict[int, _Captured] = {}
+        self.sync_grads = None  # several ranks: train.dist.GradSync, captured between backward and clipping
         self.capture_seconds = 0.0
         self.eager_fallbacks = 0
 
@@ -108,6 +109,8 @@ class GraphedStep:
         logits, loss, correct, count = model_loss(self.model, batch, h, rows)
         with h.context():
             loss.backward()
+        if self.sync_grads is not None:
+            self.sync_grads()
         norm = torch.nn.utils.get_total_norm([p.grad for p in self.params])
         found_inf = (~torch.isfinite(norm)).to(torch.float32)
         self.optimizer.found_inf = found_inf

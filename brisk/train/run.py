@@ -16,6 +16,7 @@ from ..models.build import build_model, export_weights
 from ..models.speech_llm import human, param_count
 from ..speed import apply_speed
 from .optim import WarmupLR, build_optimizer
+from .parallel import apply_parallel, attach_grad_sync
 from .step import StepHooks, TrainStep
 from .trainer import Trainer
 
@@ -110,6 +111,8 @@ def graph_step(cfg: Config, step: TrainStep, plan, device: torch.device):
     from ..speed.graph import GraphedStep
 
     graphed = GraphedStep(step, plan.audio, grad_clip=cfg.optim.grad_clip)
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        log.info(attach_grad_sync(graphed))
     vocab = step.model.llm.get_input_embeddings().weight.shape[0]
     seconds = graphed.prepare([b.to(device) for b in example_batches(cfg, plan.collator, vocab)])
     log.info("cuda_graph: %d step graphs and %d encoder graphs captured up front in %.1f s",
@@ -145,12 +148,9 @@ def build_trainer(cfg: Config) -> Trainer:
     train = build_split(cfg, "train", plan.collator, vocab, rank, world, tokenizer)
     valid = build_split(cfg, "valid", plan.collator, vocab, rank, world, tokenizer)
 
-    net = model
-    if world > 1:
-        if cfg.speed.cuda_graph:
-            raise ConfigError("speed.cuda_graph is single-GPU for now; run without it under torchrun")
-        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                                        find_unused_parameters=model.ctc is not None and not cfg.model.ctc.freeze)
+    net, shape_sync, notes = apply_parallel(model, cfg, device, world)
+    for note in notes:
+        log.info(note)
     probe = None
     if cfg.probe.enabled:
         from ..probe.record import ProbeRecorder
@@ -159,7 +159,7 @@ def build_trainer(cfg: Config) -> Trainer:
     hooks = StepHooks(logit_stats=probe is not None, on_grads=[probe.on_grads] if probe is not None else [])
     optimizer, schedule, step = build_step(cfg, model, plan, net, hooks)
     trainer = Trainer(cfg, run_dir, model, step, optimizer, schedule, train, valid, device, plan, rank, probe,
-                      trap=state["plan_build_trap"])
+                      trap=state["plan_build_trap"], shape_sync=shape_sync)
     hooks.mark = trainer.timer.mark
 
     resume = Path(cfg.train.resume_from) if cfg.train.resume_from else (trainer.ckpts.latest() if cfg.train.resume and trainer.ckpts else None)

@@ -52,6 +52,7 @@ class Trainer:
     pos: Position = field(default_factory=Position)
     saved_step: int = -1
     trap: str | None = None  # the cuDNN plan-build explanation for this machine (acceleration_state has it)
+    shape_sync: object | None = None  # several ranks, static shapes: Batch -> Batch padded to the ranks' bucket
 
     def __post_init__(self):
         c = self.cfg
@@ -100,6 +101,8 @@ class Trainer:
         group, waited, t0 = [], 0.0, time.perf_counter()
         for batch in loader:
             waited += time.perf_counter() - t0
+            if self.shape_sync is not None:  # every rank, every batch (empty ones too): a collective
+                batch = self.shape_sync(batch)
             self.pos.bad_samples += len(batch.bad)
             for reason in batch.bad:
                 log.warning("skipped a bad sample: %s", reason)
