@@ -239,3 +239,29 @@ def test_two_ranks_on_halves_equal_one_rank_on_both(tmp_path):
     assert pa.keys() == pb.keys()
     worst = max(float((pa[k].float() - pb[k].float()).abs().max()) for k in pa)
     assert worst <= 1e-4, worst
+    # Per-rank diagnostics: each rank timed its steps; the report merges them.
+    for name in ("steps.jsonl", "steps.rank1.jsonl"):
+        assert len((two / name).read_text().splitlines()) == 3, name
+    assert main(["report", str(two)]) == 0
+    text = (two / "report.md").read_text()
+    assert "## Ranks" in text and "| 1 | 3 |" in text and "slowest rank each step, 3 steps" in text
+
+
+def test_report_merges_rank_files_and_tags_slow_steps(tmp_path):
+    import json
+
+    from brisk.diagnose.report import write_report
+
+    def rec(step, total):
+        return {"step": step, "epoch": 0, "total": total, "data": 0.0, "compute": total, "forward": total / 3,
+                "backward": total / 2, "optimizer": total / 6, "host": total, "events": {},
+                "shape": {"layout": "packed", "rows": 1, "len": 256, "tokens": 200}, "new_shape": False}
+
+    for name, scale in (("steps.jsonl", 1.0), ("steps.rank1.jsonl", 2.0)):
+        (tmp_path / name).write_text("".join(json.dumps(rec(i, 0.1 * scale)) + "\n" for i in range(1, 6)))
+    slow = {"step": 4, "total": 0.9, "median": 0.2, "ratio": 4.5, "cause": "data", "why": "waited"}
+    (tmp_path / "slow_steps.rank1.jsonl").write_text(json.dumps(slow) + "\n")
+    text = write_report(tmp_path).read_text()
+    assert "| 0 | 5 | 100.0 ms" in text and "| 1 | 5 | 200.0 ms" in text
+    assert "Job step (slowest rank each step, 5 steps): mean 200.0 ms" in text and "rank 1 on 5 steps" in text
+    assert "| 4 (rank 1) | 0.900 s |" in text

@@ -174,6 +174,8 @@ def train(cfg: Config) -> dict:
     trainer = build_trainer(cfg)
     result = trainer.fit()
     run_dir = trainer.run_dir
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()  # every rank's steps file is complete before rank 0 writes the report
     if trainer.rank == 0:
         if cfg.train.export_safetensors:
             paths = export_weights(trainer.model, run_dir)

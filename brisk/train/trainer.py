@@ -57,9 +57,10 @@ class Trainer:
     def __post_init__(self):
         c = self.cfg
         self.ckpts = Checkpoints(self.run_dir, c.train.keep_n, c.train.keep_metric) if self.rank == 0 else None
-        self.timer = StepTimer(self.device, self.run_dir / "steps.jsonl" if self.rank == 0 else None)
+        rank = "" if self.rank == 0 else f".rank{self.rank}"  # every rank times its steps; the report merges them
+        self.timer = StepTimer(self.device, self.run_dir / f"steps{rank}.jsonl")
         self.detector = SlowStepDetector(c.diagnose.slow_factor, c.diagnose.warmup_steps, c.diagnose.window,
-                                         self.trap, self.run_dir / "slow_steps.jsonl" if self.rank == 0 else None)
+                                         self.trap, self.run_dir / f"slow_steps{rank}.jsonl")
         self.gcwatch = GCWatch()
         self.monitor = Monitor(self.run_dir, self.total_steps(), every=c.train.log_every, progress=c.train.progress,
                                tensorboard=c.train.tensorboard, rank=self.rank)
