@@ -123,11 +123,12 @@ def atomic_save(obj, path: Path) -> None:
         raise
 
 
-def export_weights(model: nn.Module, folder: Path) -> list[Path]:
-    """model.pt (FunASR's {"state_dict": ...} layout, loadable by FunASR) and model.safetensors."""
+def export_weights(model: nn.Module, folder: Path, state: dict | None = None) -> list[Path]:
+    """model.pt (FunASR's {"state_dict": ...} layout, loadable by FunASR) and model.safetensors.
+    ``state``: the model's full state dict when the model itself holds only shards (FSDP)."""
     from safetensors.torch import save_file
 
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().cpu().contiguous() for k, v in (state if state is not None else model.state_dict()).items()}
     pt = folder / "model.pt"
     atomic_save({"state_dict": state}, pt)
     st = folder / "model.safetensors"

@@ -27,6 +27,11 @@ from torch import nn
 PER_STEP = ("loss", "grad_norm", "logits_absmean", "logits_std", "skipped")
 
 
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """FSDP2 shards are DTensors; their sums are partial per rank until reduced (a collective, all ranks)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def module_of(name: str) -> str:
     """Group a parameter name: decoder layers individually, everything else by its first two parts."""
     m = re.match(r"(.*?\blayers\.\d+)\.", name)
@@ -67,14 +72,14 @@ class ProbeRecorder:
         groups: dict[str, float] = {}
         for name, p in self.named:
             if p.grad is not None:
-                groups[module_of(name)] = groups.get(module_of(name), 0.0) + float(p.grad.detach().float().pow(2).sum())
+                groups[module_of(name)] = groups.get(module_of(name), 0.0) + float(_full(p.grad.detach().float().pow(2).sum()))
         for g, v in sorted(groups.items()):
             self._put(self.current_step, f"grad_norm.{g}", math.sqrt(v))
 
     @torch.no_grad()
     def after_step(self, step: int) -> None:
         if step in self.steps:
-            total = sum(float(p.detach().float().pow(2).sum()) for _, p in self.named)
+            total = sum(float(_full(p.detach().float().pow(2).sum())) for _, p in self.named)
             self._put(step, "param_norm", math.sqrt(total))
 
     def on_validation(self, step: int, val: dict) -> None:

@@ -73,9 +73,13 @@ def clip_grads(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros((), device=params[0].device)
-    if max_norm > 0:
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    return torch.nn.utils.get_total_norm(grads)
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if max_norm > 0 else torch.nn.utils.get_total_norm(grads)
+    return full(norm)
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor: sharded (FSDP2) gradients give a DTensor norm; its full value is the same on every rank."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def update(optimizer: torch.optim.Optimizer, schedule: WarmupLR, norm: torch.Tensor, *, on_device: bool) -> torch.Tensor:

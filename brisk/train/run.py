@@ -159,7 +159,7 @@ def build_trainer(cfg: Config) -> Trainer:
     hooks = StepHooks(logit_stats=probe is not None, on_grads=[probe.on_grads] if probe is not None else [])
     optimizer, schedule, step = build_step(cfg, model, plan, net, hooks)
     trainer = Trainer(cfg, run_dir, model, step, optimizer, schedule, train, valid, device, plan, rank, probe,
-                      trap=state["plan_build_trap"], shape_sync=shape_sync)
+                      trap=state["plan_build_trap"], shape_sync=shape_sync, sharded=world > 1 and cfg.train.parallel == "fsdp")
     hooks.mark = trainer.timer.mark
 
     resume = Path(cfg.train.resume_from) if cfg.train.resume_from else (trainer.ckpts.latest() if cfg.train.resume and trainer.ckpts else None)
@@ -176,9 +176,10 @@ def train(cfg: Config) -> dict:
     run_dir = trainer.run_dir
     if torch.distributed.is_initialized():
         torch.distributed.barrier()  # every rank's steps file is complete before rank 0 writes the report
+    full = trainer.weights()[0] if trainer.sharded and cfg.train.export_safetensors else None  # FSDP: a collective
     if trainer.rank == 0:
         if cfg.train.export_safetensors:
-            paths = export_weights(trainer.model, run_dir)
+            paths = export_weights(trainer.model, run_dir, full)
             log.info("exported %s", ", ".join(str(p) for p in paths))
         if cfg.diagnose.report:
             from ..diagnose.report import write_report

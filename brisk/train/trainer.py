@@ -53,6 +53,7 @@ class Trainer:
     saved_step: int = -1
     trap: str | None = None  # the cuDNN plan-build explanation for this machine (acceleration_state has it)
     shape_sync: object | None = None  # several ranks, static shapes: Batch -> Batch padded to the ranks' bucket
+    sharded: bool = False  # train.parallel=fsdp: state dicts are gathered (a collective on every rank)
 
     def __post_init__(self):
         c = self.cfg
@@ -195,9 +196,10 @@ class Trainer:
 
     def state(self) -> dict:
         p = self.pos
+        model_sd, optim_sd = self.weights()
         return {
-            "state_dict": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "state_dict": model_sd,
+            "optimizer": optim_sd,
             "schedule": self.schedule.state_dict(),
             "trainer": {"step": p.step, "epoch": p.epoch, "batches_in_epoch": p.batches_in_epoch,
                         "bad_samples": p.bad_samples, "history": p.history},
@@ -205,7 +207,17 @@ class Trainer:
             "config": self.cfg.to_dict(),
         }
 
+    def weights(self) -> tuple[dict, dict]:
+        """Model and optimizer state dicts; under FSDP the full ones, gathered to rank 0 (all ranks call this)."""
+        if self.sharded:
+            from ..speed.fsdp import full_state
+
+            return full_state(self.model, self.optimizer)
+        return self.model.state_dict(), self.optimizer.state_dict()
+
     def save(self) -> None:
+        if self.sharded and self.ckpts is None:
+            self.weights()  # a collective: rank 0 gathers the shards
         if self.ckpts is None:  # only rank 0 writes
             self.saved_step = self.pos.step
             return
@@ -219,8 +231,13 @@ class Trainer:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
         if "trainer" not in ckpt:
             raise ConfigError(f"{path}: not a brisk checkpoint (no trainer state); use model.init to start from its weights")
-        self.model.load_state_dict(ckpt["state_dict"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.sharded:
+            from ..speed.fsdp import load_full_state
+
+            load_full_state(self.model, self.optimizer, ckpt["state_dict"], ckpt["optimizer"])
+        else:
+            self.model.load_state_dict(ckpt["state_dict"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
         self.schedule.load_state_dict(ckpt["schedule"])
         t = ckpt["trainer"]
         self.pos = Position(t["step"], t["epoch"], t["batches_in_epoch"], t.get("bad_samples", 0), 0, t.get("history", []))
