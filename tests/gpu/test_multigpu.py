@@ -78,3 +78,21 @@ def test_two_gpus_equal_one_gpu_accumulating(tmp_path, graph):
     worst = max(float((pa[k].float() - pb[k].float()).norm() / pb[k].float().norm().clamp_min(1e-12)) for k in pa)
     assert worst <= 1e-3, worst  # relative L2 per tensor (bench/gpu_checks.py measured 4e-3 for graph vs eager in bf16)
     assert (two / "steps.rank1.jsonl").exists()
+
+
+def test_fsdp_equals_ddp_on_two_gpus(tmp_path):
+    """FSDP2 (NCCL reduce-scatter) against DDP (NCCL all-reduce), same batches, bf16 decoder as in the recipe."""
+    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
+    bf16 = ["model.llm.dtype=bf16", "speed.frozen_eval=true"]
+    _train(ddp, bf16, 2)
+    _train(fsdp, bf16 + ["train.parallel=fsdp"], 2)
+    for r in (0, 1):
+        a, b = _probe(ddp / f"probe.rank{r}.jsonl"), _probe(fsdp / f"probe.rank{r}.jsonl")
+        for s in range(1, 7):
+            assert abs(a[("loss", s)] - b[("loss", s)]) <= 1e-2 * a[("loss", s)], (r, s)  # bf16: 1%
+            assert abs(a[("grad_norm", s)] - b[("grad_norm", s)]) <= 2e-2 * a[("grad_norm", s)], (r, s)
+    pa, pb = _params(ddp), _params(fsdp)
+    assert list(pa) == list(pb) and all(pa[k].shape == pb[k].shape and pa[k].dtype == pb[k].dtype for k in pa)
+    worst = max(float((pa[k].float() - pb[k].float()).norm() / pa[k].float().norm().clamp_min(1e-12)) for k in pa)
+    assert worst <= 1e-2, worst
+    assert "FSDP2 over 2 ranks" in (fsdp / "train.log").read_text()
