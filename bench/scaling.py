@@ -30,6 +30,9 @@ ARMS = {
     "sdpa_backends + frozen_eval": ["speed.sdpa_backends=[flash,efficient,math]", "speed.frozen_eval=true"],
     "fast path": ["speed.packing=true", "speed.cuda_graph=true", "speed.frozen_eval=true", "speed.encoder_dtype=bf16",
                   "speed.sdpa_backends=[flash,efficient,math]"],
+    # FSDP2 runs the eager step (with --config configs/fun_asr_1p7b.yaml for a decoder where sharding pays).
+    "fsdp": ["train.parallel=fsdp", "speed.packing=true", "speed.frozen_eval=true", "speed.fused_adamw=true",
+             "speed.encoder_dtype=bf16"],
 }
 ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
        "PYTHONUNBUFFERED": "1"}
