@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60, help="timed steps a run")
     ap.add_argument("--warmup", type=int, default=10, help="steps a run before timing")
     ap.add_argument("--workers", type=int, default=2, help="data.num_workers per rank")
-    ap.add_argument("--timeout", type=int, default=170, help="seconds a run at most")
+    ap.add_argument("--timeout", type=int, default=130, help="seconds a run at most (4 runs fit a 10-minute job)")
     ap.add_argument("--config", default=str(REPO / "configs/bench_nano.yaml"))
     ap.add_argument("--out", default=os.environ.get("OUT", str(REPO / "bench/tmp/scaling")))
     ap.add_argument("overrides", nargs="*", help="key=value overrides for every run")
