@@ -57,6 +57,13 @@ def run(arm: str, gpus: int, args, out: Path) -> dict:
             rc = "timeout"
     wall = time.perf_counter() - t0
     print(f"{arm}, {gpus} GPU(s): exit {rc}, {wall:.0f} s (log: {out / (folder.name + '.log')})", flush=True)
+    try:  # the per-rank report (job step = slowest rank, each rank's slow steps) beside the run
+        sys.path.insert(0, str(REPO))
+        from brisk.diagnose.report import write_report
+
+        write_report(folder)
+    except Exception as e:  # noqa: BLE001 - a missing plot must not lose the table
+        print(f"  no report for {folder.name}: {e}")
     return {"arm": arm, "gpus": gpus, "rc": rc, "wall": wall, **measure(folder, gpus, args.warmup)}
 
 
