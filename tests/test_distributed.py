@@ -321,3 +321,15 @@ def test_fsdp_equals_ddp_and_saves_the_full_state_dict(tmp_path):
     assert [json.loads(x)["step"] for x in (more / "steps.jsonl").read_text().splitlines()] == [4]
     pc = torch.load(more / "checkpoints" / "ckpt-00000004.pt", weights_only=False)
     assert pc["optimizer"]["state"][0]["step"] == 4 and pc["state_dict"].keys() == single.keys()
+
+
+def test_parallel_key_is_checked(tmp_path):
+    from brisk.cli import main
+
+    from .conftest import DEMO_CONFIG
+
+    with pytest.raises(ConfigError, match=r"train.parallel='zero': use ddp or fsdp"):
+        from .conftest import tiny_config
+
+        tiny_config(tmp_path, **{"train.parallel": "zero"})
+    assert main(["train", str(DEMO_CONFIG), "train.parallel=fsdp", "train.max_stepz=1"]) == 2
