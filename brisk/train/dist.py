@@ -31,10 +31,6 @@ from ..data.collate import pad_static, static_needs
 log = logging.getLogger("brisk")
 
 
-def world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 class ShapeSync:
     """Pads each rank's static packed batch to the ranks' common shapes (one 4-integer all-reduce a batch)."""
 

@@ -10,14 +10,10 @@
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from ..config import Config, ConfigError
 from .dist import GradSync, ShapeSync, broadcast_params
-
-log = logging.getLogger("brisk")
 
 
 def apply_parallel(model: torch.nn.Module, cfg: Config, device: torch.device, world: int):
