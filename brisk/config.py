@@ -189,6 +189,7 @@ class TrainConfig:
     export: str = "funasr"  # at the end: funasr (a FunASR model folder) | hf (transformers-native) | none
     export_dtype: str = "bf16"  # bf16 (what FunASR stores) | fp32
     save_final: bool = True  # checkpoint at the end of a run stopped by max_steps (false: measurement runs)
+    parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard of the decoder layers, then the root)
 
     def __post_init__(self):
         if self.keep_metric not in ("loss", "acc"):
@@ -208,6 +209,8 @@ class TrainConfig:
             raise ConfigError(f"train.export={self.export!r}: use funasr, hf or none")
         if self.export_dtype not in ("bf16", "fp32"):
             raise ConfigError(f"train.export_dtype={self.export_dtype!r}: use bf16 or fp32")
+        if self.parallel not in ("ddp", "fsdp"):
+            raise ConfigError(f"train.parallel={self.parallel!r}: use ddp or fsdp")
 
 
 @dataclass

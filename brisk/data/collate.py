@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -129,3 +130,51 @@ class Collator:
                      cu_seqlens=torch.tensor(cu, dtype=torch.int32),
                      layout="packed", keys=[s.key for s in good], slot_counts=_counts(good), n_utts=len(good), n_tokens=total,
                      n_label_tokens=int((labels[:, 1:] != -100).sum()), speech_frames=frames)
+
+
+# ------------------------------------------------------------------------------ shapes shared by ranks
+def static_needs(batch: Batch) -> list[int]:
+    """What decides a static packed batch's shapes: [row length, speech frames, speech segments, cu_seqlens
+    entries]. Each rank's maximum of these is the common shape (every entry is a bucket or a fixed count,
+    so the maximum is one too)."""
+    if batch.n_utts == 0 or batch.layout != "packed":
+        return [0, 0, 0, 0]
+    return [batch.input_ids.shape[1], batch.speech.shape[1], batch.speech.shape[0], batch.cu_seqlens.numel()]
+
+
+def pad_static(batch: Batch, tokens: int, frames: int, segments: int, cu_len: int) -> Batch:
+    """A static packed batch padded to larger shapes without changing what it computes.
+
+    The row grows by label-free padding that continues the padding tail (its own sequence: positions keep
+    counting from the tail's start, cu_seqlens' last real boundary stays); the extra audio slots write to the
+    scratch position (= the new row length); new speech segments are one zero frame, as in collation.
+    """
+    t = batch.input_ids.shape[1]
+    n, f, d = batch.speech.shape
+    if (tokens, frames, segments, cu_len) == (t, f, n, batch.cu_seqlens.numel()):
+        return batch
+    if tokens < t or frames < f or segments < n or cu_len < batch.cu_seqlens.numel():
+        raise ValueError(f"pad_static: cannot shrink {static_needs(batch)} to {[tokens, frames, segments, cu_len]}")
+    real = batch.n_tokens
+    ids = batch.input_ids.new_zeros(1, tokens)
+    ids[:, :t] = batch.input_ids
+    labels = batch.labels.new_full((1, tokens), -100)
+    labels[:, :t] = batch.labels
+    pos_ids = batch.position_ids.new_zeros(1, tokens)
+    pos_ids[:, :real] = batch.position_ids[:, :real]
+    pos_ids[0, real:] = torch.arange(tokens - real)
+    k = batch.n_utts + 1  # cu_seqlens[:k] are the utterances' boundaries; the rest close the padding tail
+    cu = batch.cu_seqlens.new_full((cu_len,), tokens)
+    cu[:k] = batch.cu_seqlens[:k]
+    audio_pos = torch.where(batch.audio_pos == t, tokens, batch.audio_pos)  # the scratch position moves
+    extra = tokens - batch.audio_pos.numel()
+    audio_pos = torch.cat([audio_pos, audio_pos.new_full((extra,), tokens)])
+    audio_utt = torch.cat([batch.audio_utt, batch.audio_utt.new_zeros(extra)])
+    audio_frame = torch.cat([batch.audio_frame, batch.audio_frame.new_zeros(extra)])
+    speech = batch.speech.new_zeros(segments, frames, d)
+    speech[:n, :f] = batch.speech
+    lengths = torch.cat([batch.speech_lengths, batch.speech_lengths.new_ones(segments - n)])
+    out = dataclasses.replace(batch, input_ids=ids, labels=labels, position_ids=pos_ids, cu_seqlens=cu,
+                              audio_pos=audio_pos, audio_utt=audio_utt, audio_frame=audio_frame, speech=speech,
+                              speech_lengths=lengths)
+    return out.pin_memory() if batch.input_ids.is_pinned() else out

@@ -1,5 +1,8 @@
 """`brisk report RUN`: the step-time picture of a run, as report.png and report.md in the run folder.
 
+With several ranks (steps.rank<r>.jsonl beside steps.jsonl) the plot is rank 0's; the markdown adds a table
+per rank, the job's step time (the slowest rank each step) and every rank's slow steps, tagged.
+
 Panels: every step's time with slow steps marked by cause and the running median; a histogram; the median
 phase breakdown (data, forward, backward, optimizer, between-step work; a CUDA-graphed step is one replay,
 shown as one "whole graphed step" bar); memory (peak allocated per step on a GPU, tokens per step on the
@@ -128,17 +131,59 @@ def plot(steps: list[dict], slow: list[dict], out: Path, title: str = "", metric
     plt.close(fig)
 
 
+def rank_records(run_dir: Path) -> dict[int, tuple[list[dict], list[dict]]]:
+    """{rank: (step records, slow steps)}: rank 0 writes steps.jsonl, rank r > 0 steps.rank<r>.jsonl."""
+    out = {0: (_read_jsonl(run_dir / "steps.jsonl"), _read_jsonl(run_dir / "slow_steps.jsonl"))}
+    for path in sorted(run_dir.glob("steps.rank*.jsonl")):
+        r = int(path.name[len("steps.rank"):-len(".jsonl")])
+        out[r] = (_read_jsonl(path), _read_jsonl(run_dir / f"slow_steps.rank{r}.jsonl"))
+    return out
+
+
+def rank_lines(ranks: dict[int, tuple[list[dict], list[dict]]]) -> list[str]:
+    """Markdown for a run of several ranks: each rank's numbers, and the job's step (the slowest rank's)."""
+    lines = ["## Ranks", "", "| rank | steps | mean | median | p90 | slow steps | backward median | data median |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r, (steps, slow) in sorted(ranks.items()):
+        if not steps:
+            lines.append(f"| {r} | 0 | | | | | | |")
+            continue
+        s = summarize(steps, slow)
+        lines.append(f"| {r} | {s['steps']} | {s['mean'] * 1000:.1f} ms | {s['median'] * 1000:.1f} ms | "
+                     f"{s['p90'] * 1000:.1f} ms | {s['slow']} | {s['phases']['backward'] * 1000:.1f} ms | "
+                     f"{s['phases']['data'] * 1000:.1f} ms |")
+    by_step: dict[int, dict[int, float]] = {}
+    for r, (steps, _) in ranks.items():
+        for x in steps:
+            by_step.setdefault(x["step"], {})[r] = x["total"]
+    common = [v for v in by_step.values() if len(v) == len(ranks)]
+    if common:
+        # The ranks meet at every gradient all-reduce, so the job advances at the slowest rank's pace.
+        job = [max(v.values()) for v in common]
+        spread = [max(v.values()) - min(v.values()) for v in common]
+        slowest = [max(v, key=v.get) for v in common]
+        count = {r: slowest.count(r) for r in sorted(ranks)}
+        lines += ["", f"Job step (slowest rank each step, {len(common)} steps): mean {statistics.fmean(job) * 1000:.1f} ms, "
+                  f"median {statistics.median(job) * 1000:.1f} ms; spread between ranks: median "
+                  f"{statistics.median(spread) * 1000:.1f} ms, max {max(spread) * 1000:.1f} ms. Slowest rank: "
+                  + ", ".join(f"rank {r} on {n} steps" for r, n in count.items()) + "."]
+    return lines + [""]
+
+
 def write_report(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
-    steps = _read_jsonl(run_dir / "steps.jsonl")
+    ranks = rank_records(run_dir)
+    steps, slow0 = ranks[0]
+    slow = slow0
     if not steps:
         raise FileNotFoundError(f"{run_dir}: no steps.jsonl (is this a brisk run folder?)")
-    slow = _read_jsonl(run_dir / "slow_steps.jsonl")
+    if len(ranks) > 1:  # every rank's slow steps, tagged with the rank
+        slow = sorted(({**x, "rank": r} for r, (_, sl) in ranks.items() for x in sl), key=lambda x: (x["step"], x["rank"]))
     accel = json.loads((run_dir / "accel.json").read_text()) if (run_dir / "accel.json").exists() else {}
-    s = summarize(steps, slow)
+    s = summarize(steps, slow0)
     title = f"{run_dir.name}: {accel.get('gpu', accel.get('device', ''))}, torch {accel.get('torch', '')}"
     history = _read_jsonl(run_dir / "history.jsonl")
-    plot(steps, slow, run_dir / "report.png", title, _read_jsonl(run_dir / "metrics.jsonl"), history)
+    plot(steps, slow0, run_dir / "report.png", title, _read_jsonl(run_dir / "metrics.jsonl"), history)
     gpu = any("mem_peak_gb" in x for x in steps)
     lines = [f"# Step-time report: {run_dir.name}", ""]
     if accel:
@@ -155,9 +200,12 @@ def write_report(run_dir: str | Path) -> Path:
         f"{s['slow']} | {s['slow_time']:.2f} s |" + (f" {s['mem_peak_gb']:.2f} GiB |" if gpu else ""), "",
         "Phase medians: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in phase_bars(steps)), "",
     ]
+    if len(ranks) > 1:
+        lines += rank_lines(ranks)
     if slow:
         lines += ["## Slow steps", "", "| step | time | x median | cause | why |", "|---|---|---|---|---|"]
-        lines += [f"| {x['step']} | {x['total']:.3f} s | {x['ratio']:.1f} | {x['cause']} | {x['why']} |" for x in slow[:100]]
+        lines += [f"| {x['step']}{' (rank %d)' % x['rank'] if 'rank' in x else ''} | {x['total']:.3f} s | {x['ratio']:.1f} | "
+                  f"{x['cause']} | {x['why']} |" for x in slow[:100]]
         if len(slow) > 100:
             lines.append(f"| ... | {len(slow) - 100} more | | | |")
         lines += ["", "Causes: " + ", ".join(f"{k} {v}" for k, v in s["causes"].items()), ""]

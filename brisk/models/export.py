@@ -29,7 +29,8 @@ LLM_DIR = "Qwen3-0.6B"  # the LLM folder's name inside a FunASR model folder (Fu
 
 
 def export_folder(model, cfg: Config, out: str | Path, fmt: str = "funasr", dtype: str = "bf16",
-                  tokenizer=None) -> Path:
+                  tokenizer=None, state: dict | None = None) -> Path:
+    """Write a model folder of ``fmt``; ``state``: the full state dict when the model holds only shards (FSDP)."""
     if fmt not in FORMATS:
         raise ConfigError(f"export format {fmt!r}: use funasr or hf")
     if dtype not in DTYPES:
@@ -42,7 +43,7 @@ def export_folder(model, cfg: Config, out: str | Path, fmt: str = "funasr", dtyp
             from ..data.loader import load_tokenizer
 
             tokenizer = load_tokenizer(cfg)
-        state = _converted_state(model, DTYPES[dtype])
+        state = _converted_state(model, DTYPES[dtype], state)
         ensure_free(out.parent, tensor_bytes(state), f"the {fmt} export")
         (_write_funasr if fmt == "funasr" else _write_hf)(model, cfg, state, tmp, dtype, tokenizer)
         _write_readme(tmp, fmt, dtype, cfg)
@@ -61,12 +62,12 @@ def export_folder(model, cfg: Config, out: str | Path, fmt: str = "funasr", dtyp
     return out
 
 
-def _converted_state(model, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _converted_state(model, dtype: torch.dtype, state: dict | None = None) -> dict[str, torch.Tensor]:
     """model.state_dict() on the CPU in ``dtype``; tensors that share storage (a tied lm_head) stay shared, so
     torch.save writes them once, as FunASR's own model.pt does."""
     done: dict[tuple, torch.Tensor] = {}
     out = {}
-    for k, v in model.state_dict().items():
+    for k, v in (state if state is not None else model.state_dict()).items():
         key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), tuple(v.stride()))
         if key not in done:
             done[key] = v.detach().to("cpu", dtype).contiguous()

@@ -27,6 +27,11 @@ from torch import nn
 PER_STEP = ("loss", "grad_norm", "logits_absmean", "logits_std", "skipped")
 
 
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """FSDP2 shards are DTensors; their sums are partial per rank until reduced (a collective, all ranks)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def module_of(name: str) -> str:
     """Group a parameter name: decoder layers individually, everything else by its first two parts."""
     m = re.match(r"(.*?\blayers\.\d+)\.", name)
@@ -72,7 +77,7 @@ class ProbeRecorder:
         if module_norms is not None:
             for g, v in zip(self.groups, module_norms.tolist()):
                 self._put(step, f"grad_norm.{g}", v)
-        total = sum(float(p.detach().float().pow(2).sum()) for _, p in self.named)
+        total = sum(float(_full(p.detach().float().pow(2).sum())) for _, p in self.named)
         self._put(step, "param_norm", math.sqrt(total))
 
     def on_validation(self, step: int, val: dict) -> None:

@@ -21,6 +21,7 @@ from ..speed.flags import tf32_scope
 from . import run_dir as run_dirs
 from .checkpoint import broadcast_from_rank0, disk_footprint
 from .optim import WarmupLR, build_optimizer
+from .parallel import apply_parallel, attach_grad_sync
 from .step import StepHooks, TrainStep
 from .trainer import Trainer
 
@@ -28,13 +29,31 @@ log = logging.getLogger("brisk")
 
 
 def pick_device(name: str) -> torch.device:
+    """train.device -> the device of this process. Under torchrun (WORLD_SIZE > 1) ``auto`` and ``cuda`` mean
+    this rank's GPU, cuda:LOCAL_RANK; an explicit ``cuda:N`` must name that same GPU (each rank owns one)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
     if name == "auto":
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"train.device={name}: no CUDA device is available")
+        if world > 1:
+            name = "cuda" if torch.cuda.is_available() else "cpu"
+        else:
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise ConfigError(f"train.device={name!r}: use auto, cpu, cuda or cuda:N") from e
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"train.device={name}: no CUDA device is available")
+        if world > 1:
+            if dev.index is not None and dev.index != local:
+                raise ConfigError(f"train.device={name} under torchrun: rank with LOCAL_RANK={local} owns cuda:{local}; "
+                                  "use train.device=cuda (or auto) and let each rank take its own GPU")
+            dev = torch.device("cuda", local)
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"train.device={name}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    elif dev.type != "cpu":
+        raise ConfigError(f"train.device={name!r}: use auto, cpu, cuda or cuda:N")
     return dev
 
 
@@ -109,6 +128,8 @@ def graph_step(cfg: Config, step: TrainStep, plan, device: torch.device):
     from ..speed.graph import GraphedStep
 
     graphed = GraphedStep(step, plan.audio)
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        log.info(attach_grad_sync(graphed))
     vocab = step.model.llm.get_input_embeddings().weight.shape[0]
     seconds = graphed.prepare([b.to(device) for b in example_batches(cfg, plan.collator, vocab)])
     log.info("cuda_graph: %d step graphs and %d encoder graphs captured up front in %.1f s",
@@ -156,27 +177,24 @@ def build_trainer(cfg: Config) -> Trainer:
     train = build_split(cfg, "train", plan.collator, vocab, rank, world, tokenizer)
     valid = build_split(cfg, "valid", plan.collator, vocab, rank, world, tokenizer)
 
+    net, shape_sync, notes = apply_parallel(model, cfg, device, world)
+    for note in notes:
+        log.info(note)
     probe = None
     if cfg.probe.enabled:
         from ..probe.record import ProbeRecorder
 
         probe = ProbeRecorder(run_dir / f"probe.rank{rank}.jsonl", model, cfg.probe.param_norm_steps, rank, cfg.to_dict())
-    optimizer, schedule = optimizer_and_schedule(cfg, model, plan)
+    optimizer, schedule = optimizer_and_schedule(cfg, model, plan)  # after FSDP sharding: it sees the shards
     trainer = Trainer(cfg, run_dir, model, None, optimizer, schedule, train, valid, device, plan, rank, probe,
-                      trap=state["plan_build_trap"])
+                      trap=state["plan_build_trap"], shape_sync=shape_sync, sharded=world > 1 and cfg.train.parallel == "fsdp")
     resume = resume_path(cfg, trainer)
-    if resume is not None:  # every rank loads, before DDP wraps the model
+    if resume is not None:  # every rank loads the same checkpoint
         trainer.resume(resume)
     run_dirs.after_resume(cfg, run_dir, resume, trainer.pos.step, rank)
     if rank == 0:
         check_disk(cfg, trainer)
 
-    net = model
-    if world > 1:
-        if cfg.speed.cuda_graph:
-            raise ConfigError("speed.cuda_graph is single-GPU for now; run without it under torchrun")
-        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                                        find_unused_parameters=model.ctc is not None and not cfg.model.ctc.freeze)
     hooks = StepHooks(logit_stats=probe is not None, grad_groups=probe.grad_groups if probe is not None else None,
                       mark=trainer.timer.mark)
     step = train_step(cfg, net, optimizer, schedule, plan, hooks)
@@ -225,12 +243,15 @@ def train(cfg: Config) -> dict:
     finally:
         trainer.close_data()
     run_dir = trainer.run_dir
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()  # every rank's steps file is complete before rank 0 writes the report
+    full = trainer.weights()[0] if trainer.sharded and export != "none" else None  # FSDP: a collective
     if trainer.rank == 0:
         if export != "none":
             from ..models.export import export_folder
 
             try:
-                export_folder(trainer.model, cfg, run_dir / f"model-{export}", export, cfg.train.export_dtype)
+                export_folder(trainer.model, cfg, run_dir / f"model-{export}", export, cfg.train.export_dtype, state=full)
             except OSError:
                 latest = trainer.ckpts.latest() if trainer.ckpts else None
                 log.error("the export failed; the trained weights are in %s", latest or "no checkpoint (train.save_final=false)")

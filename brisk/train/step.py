@@ -132,7 +132,12 @@ class TrainStep:
         for the probe from the same per-tensor norms: device tensors, no sync."""
         if not grads:
             return torch.zeros((), device=self.params[0].device)
-        per = torch.stack([t.float() for t in torch._foreach_norm(grads)])  # [tensors]
+        if hasattr(grads[0], "to_local"):  # FSDP2 shards: local sums of squares, added over ranks (one all-reduce)
+            sq = torch.stack([g.to_local().float().pow(2).sum() for g in grads])
+            torch.distributed.all_reduce(sq)
+            per = sq.sqrt()
+        else:
+            per = torch.stack([t.float() for t in torch._foreach_norm(grads)])  # [tensors]
         if self.group_index is not None:
             if len(grads) != len(self.params):  # a parameter without a gradient (unused in this step)
                 have = torch.tensor([p.grad is not None for p in self.params], device=per.device)

@@ -53,13 +53,16 @@ class Trainer:
     pos: Position = field(default_factory=Position)
     saved_step: int = -1
     trap: str | None = None  # the cuDNN plan-build explanation for this machine (acceleration_state has it)
+    shape_sync: object | None = None  # several ranks, static shapes: Batch -> Batch padded to the ranks' bucket
+    sharded: bool = False  # train.parallel=fsdp: state dicts are gathered (a collective on every rank)
 
     def __post_init__(self):
         c = self.cfg
         self.ckpts = Checkpoints(self.run_dir, c.train.keep_n, c.train.keep_metric) if self.rank == 0 else None
-        self.timer = StepTimer(self.device, self.run_dir / "steps.jsonl" if self.rank == 0 else None)
+        rank = "" if self.rank == 0 else f".rank{self.rank}"  # every rank times its steps; the report merges them
+        self.timer = StepTimer(self.device, self.run_dir / f"steps{rank}.jsonl")
         self.detector = SlowStepDetector(c.diagnose.slow_factor, c.diagnose.warmup_steps, c.diagnose.window,
-                                         self.trap, self.run_dir / "slow_steps.jsonl" if self.rank == 0 else None)
+                                         self.trap, self.run_dir / f"slow_steps{rank}.jsonl")
         self.gcwatch = GCWatch()
         self.monitor = Monitor(self.run_dir, self.total_steps(), every=c.train.log_every, progress=c.train.progress,
                                tensorboard=c.train.tensorboard, rank=self.rank)
@@ -107,6 +110,8 @@ class Trainer:
         group, waited, t0 = [], 0.0, time.perf_counter()
         for batch in loader:
             waited += time.perf_counter() - t0
+            if self.shape_sync is not None:  # every rank, every batch (empty ones too): a collective
+                batch = self.shape_sync(batch)
             self.pos.bad_samples += len(batch.bad)
             for reason in batch.bad:
                 log.warning("skipped a bad sample: %s", reason)
@@ -199,17 +204,28 @@ class Trainer:
 
     def state(self) -> dict:
         p = self.pos
+        model_sd, optim_sd = self.weights()
         return {
-            "state_dict": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "state_dict": model_sd,
+            "optimizer": optim_sd,
             "schedule": self.schedule.state_dict(),
             "trainer": {"step": p.step, "epoch": p.epoch, "batches_in_epoch": p.batches_in_epoch,
                         "bad_samples": p.bad_samples, "history": p.history},
             "config": self.cfg.to_dict(),
         }
 
+    def weights(self) -> tuple[dict, dict]:
+        """Model and optimizer state dicts; under FSDP the full ones, gathered to rank 0 (all ranks call this)."""
+        if self.sharded:
+            from ..speed.fsdp import full_state
+
+            return full_state(self.model, self.optimizer)
+        return self.model.state_dict(), self.optimizer.state_dict()
+
     def save(self) -> None:
         rngs = gather_to_rank0(rng_state())  # every rank's RNG (a collective: all ranks save together)
+        if self.sharded and self.ckpts is None:
+            self.weights()  # a collective: rank 0 gathers the shards
         if self.ckpts is None:  # only rank 0 writes
             self.saved_step = self.pos.step
             return
@@ -225,10 +241,15 @@ class Trainer:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
         if "trainer" not in ckpt:
             raise ConfigError(f"{path}: not a brisk checkpoint (no trainer state); use model.init to start from its weights")
-        self.model.load_state_dict(ckpt["state_dict"])
+        if self.sharded:
+            from ..speed.fsdp import load_full_state
+
+            load_full_state(self.model, self.optimizer, ckpt["state_dict"], ckpt["optimizer"])
+        else:
+            self.model.load_state_dict(ckpt["state_dict"])
+            load_optimizer_state(self.optimizer, ckpt["optimizer"])
         if self.plan.audio is not None:
             self.plan.audio.refresh()  # compute copies of the frozen encoder follow the loaded weights
-        load_optimizer_state(self.optimizer, ckpt["optimizer"])
         self.schedule.load_state_dict(ckpt["schedule"])
         t = ckpt["trainer"]
         self.pos = Position(t["step"], t["epoch"], t["batches_in_epoch"], t.get("bad_samples", 0), 0, t.get("history", []))
