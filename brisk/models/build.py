@@ -124,7 +124,9 @@ def tensor_bytes(obj) -> int:
 
     def walk(o):
         nonlocal total
-        if isinstance(o, torch.Tensor):
+        if hasattr(o, "full_tensor"):  # an FSDP2 shard (DTensor): the full tensor's bytes, as it will be saved
+            total += o.numel() * o.element_size()
+        elif isinstance(o, torch.Tensor):
             key = (o.untyped_storage().data_ptr(), o.device) if o.numel() else id(o)
             if key not in seen:
                 seen.add(key)
