@@ -171,6 +171,8 @@ class TrainConfig:
     gc_every: int = 0  # >0: freeze+disable Python's GC after step 1 and collect every N steps (tagged)
     export_safetensors: bool = True  # write model.safetensors + model.pt (FunASR keys) at the end
     save_final: bool = True  # checkpoint at the end of a run stopped by max_steps (false: measurement runs)
+    async_checkpoint: bool = True  # snapshot to host memory, write on a background thread (same file, same bytes)
+    frozen_ref: bool = True  # frozen weights written once per run; checkpoints reference them (path + sha256)
 
     def __post_init__(self):
         if self.keep_metric not in ("loss", "acc"):

@@ -73,6 +73,37 @@ def _load_hf_llm_weights(model: SpeechLLM, folder: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ weights
+FROZEN_REF_KEY = "frozen_ref"  # a checkpoint's reference to frozen weights stored once (train.frozen_ref)
+
+
+def read_checkpoint(path: Path) -> dict:
+    """torch.load a checkpoint; frozen weights it references are verified (sha256) and merged back.
+
+    The reference names a file beside the checkpoint; a missing file or a different hash is an error,
+    never a silent partial load.
+    """
+    import hashlib
+
+    obj = torch.load(path, map_location="cpu", weights_only=False)
+    ref = obj.pop(FROZEN_REF_KEY, None) if isinstance(obj, dict) else None
+    if ref is None:
+        return obj
+    frozen = Path(path).parent / ref["file"]
+    if not frozen.is_file():
+        raise ConfigError(f"{path}: references frozen weights {frozen}, which do not exist (copy them beside it)")
+    h = hashlib.sha256()
+    with open(frozen, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    if h.hexdigest() != ref["sha256"]:
+        raise ConfigError(f"{path}: frozen weights {frozen} do not match the checkpoint's hash (changed or damaged)")
+    weights = torch.load(frozen, map_location="cpu", weights_only=True)
+    if sorted(weights) != sorted(ref["keys"]):
+        raise ConfigError(f"{path}: frozen weights {frozen} hold other keys than the checkpoint references")
+    obj["state_dict"] = {**obj["state_dict"], **weights}
+    return obj
+
+
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """A FunASR model.pt, a brisk checkpoint, or a .safetensors file -> flat state dict."""
     if not path.is_file():
@@ -81,7 +112,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         return load_file(str(path))
-    obj = torch.load(path, map_location="cpu", weights_only=False)
+    obj = read_checkpoint(path)
     for key in ("state_dict", "model_state_dict", "model"):
         if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
             obj = obj[key]

@@ -18,6 +18,8 @@ from ..diagnose.timer import StepTimer
 from ..speed import SpeedPlan
 from ..speed.compile import compile_counters
 from ..speed.flags import tf32_scope
+from ..models.build import read_checkpoint
+from .async_save import AsyncCheckpointer
 from .checkpoint import Checkpoints, rng_state, set_rng_state
 from .monitor import Monitor
 from .step import StepHooks, model_loss
@@ -56,6 +58,8 @@ class Trainer:
     def __post_init__(self):
         c = self.cfg
         self.ckpts = Checkpoints(self.run_dir, c.train.keep_n, c.train.keep_metric) if self.rank == 0 else None
+        self.saver = AsyncCheckpointer(self.ckpts, self.model, self.device, c.train.async_checkpoint,
+                                       c.train.frozen_ref, self.run_dir / "checkpoints.jsonl") if self.ckpts else None
         self.timer = StepTimer(self.device, self.run_dir / "steps.jsonl" if self.rank == 0 else None)
         self.detector = SlowStepDetector(c.diagnose.slow_factor, c.diagnose.warmup_steps, c.diagnose.window,
                                          self.trap, self.run_dir / "slow_steps.jsonl" if self.rank == 0 else None)
@@ -207,12 +211,11 @@ class Trainer:
             return
         self.monitor.flush()
         last = self.pos.history[-1] if self.pos.history and self.pos.history[-1]["step"] == self.pos.step else None
-        path = self.ckpts.save(self.state(), self.pos.step, last and {"loss": last["loss"], "acc": last["acc"]})
+        self.saver.save(self.state(), self.pos.step, last and {"loss": last["loss"], "acc": last["acc"]})
         self.saved_step = self.pos.step
-        log.info("saved %s", path)
 
     def resume(self, path: Path) -> None:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = read_checkpoint(path)  # merges frozen weights stored once (train.frozen_ref)
         if "trainer" not in ckpt:
             raise ConfigError(f"{path}: not a brisk checkpoint (no trainer state); use model.init to start from its weights")
         self.model.load_state_dict(ckpt["state_dict"])
@@ -224,6 +227,8 @@ class Trainer:
         log.info("resumed from %s at step %d (epoch %d, batch %d of the epoch)", path, t["step"], t["epoch"], t["batches_in_epoch"])
 
     def finish(self) -> dict:
+        if self.saver is not None:
+            self.saver.close()  # the last background write is on disk before the run ends
         self.monitor.close()
         for rec in self.timer.close():
             self.monitor.step_time(rec["total"])
