@@ -54,6 +54,7 @@ class Trainer:
     pos: Position = field(default_factory=Position)
     saved_step: int = -1
     trap: str | None = None  # the cuDNN plan-build explanation for this machine (acceleration_state has it)
+    phases: dict = field(default_factory=dict)  # seconds spent between/around steps: validation, checkpoint, gc
 
     def __post_init__(self):
         c = self.cfg
@@ -81,6 +82,7 @@ class Trainer:
     def fit(self) -> dict:
         c = self.cfg.train
         self.model.train()
+        log.info("training from step %d (epoch %d)", self.pos.step, self.pos.epoch)  # the first step's start, in train.log
         with tf32_scope(self.cfg.speed.tf32):
             while self.pos.epoch < c.max_epochs and not self.done():
                 self.train.sampler.set_epoch(self.pos.epoch, self.pos.batches_in_epoch)
@@ -149,7 +151,9 @@ class Trainer:
     def timed(self, name: str, fn) -> None:
         t0 = time.perf_counter()
         fn()
-        self.timer.event(name, time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
+        self.timer.event(name, dt)
+        self.phases[name] = self.phases.get(name, 0.0) + dt
 
     def end_epoch(self) -> None:
         self.timed("validation", self.validate)
@@ -228,7 +232,8 @@ class Trainer:
 
     def finish(self) -> dict:
         if self.saver is not None:
-            self.saver.close()  # the last background write is on disk before the run ends
+            self.phases["checkpoint_exit_wait"] = self.saver.close()  # the last write is on disk before the run ends
+        log.info("time around the steps: %s", json.dumps({k: round(v, 3) for k, v in self.phases.items()}))
         self.monitor.close()
         for rec in self.timer.close():
             self.monitor.step_time(rec["total"])
