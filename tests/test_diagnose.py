@@ -44,7 +44,8 @@ def test_slow_steps_are_explained_from_real_triggers(tmp_path, monkeypatch):
         "train.max_steps": 16, "train.save_every": 15, "train.save_final": False, "diagnose.warmup_steps": 3,
         # A large CTC head (not in the loss) makes the checkpoint heavy while the steps stay light.
         "model.ctc.enabled": True, "model.ctc.vocab_size": 1500000, "model.ctc.dim": 32, "model.ctc.n_layer": 1,
-        "model.ctc.ffn_dim": 32, "diagnose.report": True})
+        "model.ctc.ffn_dim": 32, "diagnose.report": True,
+        "train.async_checkpoint": False})  # the checkpoint step must stall: a synchronous write
     slow_key = json.loads(open(data, encoding="utf-8").readlines()[8])["key"]
     load = SpeechDataset._load
 
