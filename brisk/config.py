@@ -190,7 +190,7 @@ class SpeedConfig:
     compile_scope: str = "layer"  # layer: each decoder layer; stack: the whole decoder stack
     compile_dynamic: bool | None = None  # passed to torch.compile; None: automatic dynamic shapes
     compile_on_error: str = "warn"  # warn: fall back to eager; raise
-    inductor_cache_dir: str | None = None  # persistent Inductor/Triton cache (TORCHINDUCTOR_CACHE_DIR)
+    inductor_cache_dir: str | None = None  # persistent Inductor/Triton cache; None: $TORCHINDUCTOR_CACHE_DIR or ~/.cache/brisk/inductor
     fused_adamw: bool = False
     tf32: bool = False  # TF32 matmuls/convolutions for the fp32 parts (process-wide, restored at the end)
     frozen_eval: bool = False  # frozen modules in eval mode (no dropout), run without autograd

@@ -16,7 +16,7 @@ from ..data.loader import Split
 from ..diagnose.slow import GCWatch, SlowStepDetector
 from ..diagnose.timer import StepTimer
 from ..speed import SpeedPlan
-from ..speed.compile import compile_counters
+from ..speed.compile import compile_counters, total_compile_seconds
 from ..speed.flags import tf32_scope
 from ..models.build import read_checkpoint
 from .async_save import AsyncCheckpointer
@@ -233,6 +233,8 @@ class Trainer:
     def finish(self) -> dict:
         if self.saver is not None:
             self.phases["checkpoint_exit_wait"] = self.saver.close()  # the last write is on disk before the run ends
+        if self.cfg.speed.compile:
+            self.phases["compile"] = total_compile_seconds(self.model)  # inside steps (and capture), not added to them
         log.info("time around the steps: %s", json.dumps({k: round(v, 3) for k, v in self.phases.items()}))
         self.monitor.close()
         for rec in self.timer.close():
