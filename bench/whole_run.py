@@ -160,6 +160,7 @@ def main() -> int:
     ap.add_argument("--arms", default="cold,warm")
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=300, help="seconds per training run")
+    ap.add_argument("--keep-runs", action="store_true", help="keep the run folders (checkpoints, exports)")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     a = ap.parse_args()
     out = Path(a.out).resolve()
@@ -208,6 +209,14 @@ def main() -> int:
         print(f"whole_run: {arm} cache: {' '.join(cmd[2:])}", flush=True)
         rc, t0, t1 = sh(cmd, work / f"{arm}.out", a.timeout, {**env, "TORCHINDUCTOR_CACHE_DIR": str(cache)})
         results[arm] = phases(run_dir, t0, t1, rc)
+        # Keep the logs, free the disk (each run writes ~20 GB of checkpoints and exports at real size).
+        logs = work / f"logs_{arm}"
+        logs.mkdir(exist_ok=True)
+        for name in ("train.log", "steps.jsonl", "checkpoints.jsonl", "accel.json", "slow_steps.jsonl", "config.yaml"):
+            if (run_dir / name).exists():
+                shutil.copy(run_dir / name, logs / name)
+        if not a.keep_runs:
+            shutil.rmtree(run_dir, ignore_errors=True)
         print(f"whole_run: {arm}: rc {rc}, {t1 - t0:.1f} s", flush=True)
         if rc:
             print((work / f"{arm}.out").read_text(errors="replace")[-3000:])
@@ -219,7 +228,7 @@ def main() -> int:
     with tarfile.open(out / "whole_run_logs.tgz", "w:gz") as tar:
         for arm in results:
             for name in ("train.log", "steps.jsonl", "checkpoints.jsonl", "accel.json", "slow_steps.jsonl", "config.yaml"):
-                p = work / f"run_{arm}" / name
+                p = work / f"logs_{arm}" / name
                 if p.exists():
                     tar.add(p, arcname=f"{arm}/{name}")
             if (work / f"{arm}.out").exists():
