@@ -145,12 +145,12 @@ class AsyncCheckpointer:
                  ", writing in the background" if self.asynchronous else "")
         return job
 
-    def warm(self, state: dict) -> None:
+    def warm(self, state_fn) -> None:
         """Allocate the pinned buffers on the writer thread (pinning GBs takes seconds), so that the first
         checkpoint's step waits only for the copies. Called once the optimizer state exists."""
         if not (self.asynchronous and self.snapshot.pin) or self.thread is not None or self.snapshot.buffers:
             return
-        state, _ = self._split_frozen(state)
+        state, _ = self._split_frozen(state_fn())
         t0 = time.perf_counter()
 
         def allocate():

@@ -129,7 +129,7 @@ class Trainer:
         lr = self.schedule.lr
         metrics = self.step_fn(batches)
         if p.step == 1 and self.saver is not None:
-            self.saver.warm(self.state())  # pinned checkpoint buffers, allocated off the step's path
+            self.saver.warm(self.state)  # pinned checkpoint buffers, allocated off the step's path
         p.batches_in_epoch += len(batches)
         self.monitor.add(p.step, metrics, lr)
         if self.probe is not None:

@@ -45,7 +45,7 @@ def test_async_checkpoint_of_a_cuda_model_resumes_exactly(tmp_path):
 def test_warm_allocates_pinned_buffers_that_the_first_save_reuses(tmp_path):
     model = nn.Linear(256, 256).cuda()
     saver = AsyncCheckpointer(Checkpoints(tmp_path, 3, "loss"), model, torch.device("cuda"))
-    saver.warm({"state_dict": model.state_dict()})
+    saver.warm(lambda: {"state_dict": model.state_dict()})
     saver.wait()
     ptrs = {k: b.data_ptr() for k, b in saver.snapshot.buffers.items()}
     assert ptrs and all(b.is_pinned() for b in saver.snapshot.buffers.values())
