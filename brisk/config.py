@@ -190,6 +190,8 @@ class TrainConfig:
     export_dtype: str = "bf16"  # bf16 (what FunASR stores) | fp32
     save_final: bool = True  # checkpoint at the end of a run stopped by max_steps (false: measurement runs)
     parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard of the decoder layers, then the root)
+    async_checkpoint: bool = True  # snapshot to host memory, write on a background thread (same file, same bytes)
+    frozen_ref: bool = True  # frozen weights written once per run; checkpoints reference them (path + sha256)
 
     def __post_init__(self):
         if self.keep_metric not in ("loss", "acc"):
@@ -222,7 +224,7 @@ class SpeedConfig:
     compile_scope: str = "layer"  # layer: each decoder layer; stack: the whole decoder stack
     compile_dynamic: bool | None = None  # passed to torch.compile; None: automatic dynamic shapes
     compile_on_error: str = "warn"  # warn: fall back to eager; raise
-    inductor_cache_dir: str | None = None  # persistent Inductor/Triton cache (TORCHINDUCTOR_CACHE_DIR)
+    inductor_cache_dir: str | None = None  # persistent Inductor/Triton cache; None: $TORCHINDUCTOR_CACHE_DIR or ~/.cache/brisk/inductor
     fused_adamw: bool = False  # torch's fused AdamW kernel (CUDA)
     tf32: bool = False  # TF32 matmuls/convolutions for the fp32 parts (process-wide, restored at the end)
     frozen_eval: bool = False  # frozen modules in eval mode (no dropout), run without autograd

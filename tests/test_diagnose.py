@@ -47,7 +47,8 @@ def test_slow_steps_are_explained_from_real_triggers(tmp_path, monkeypatch):
     cfg = tiny_config(run, **{
         "data.train": data, "data.valid": None, "data.shuffle": False, "data.sort_size": 1, "data.batch_tokens": 100000,
         "train.max_steps": 16, "train.save_every": 15, "train.save_final": False, "diagnose.warmup_steps": 3,
-        "diagnose.report": True})
+        "diagnose.report": True,
+        "train.async_checkpoint": False})  # the checkpoint step must stall: a synchronous write
     slow_key = json.loads(open(data, encoding="utf-8").readlines()[8])["key"]
     load = SpeechDataset._load
 

@@ -29,6 +29,7 @@ class StepTimer:
         self.pending: deque[dict] = deque()
         self.current: dict | None = None
         self.seen_shapes: set = set()
+        self.between: dict[str, float] = {}  # work done between steps (epoch-end validation, checkpoint)
 
     # ------------------------------------------------------------------------------ inside the loop
     def _stamp(self):
@@ -41,9 +42,10 @@ class StepTimer:
     def start(self, step: int, epoch: int, batch, data_wait: float, counters: dict) -> None:
         key = batch.shape_key()
         self.current = {"step": step, "epoch": epoch, "data": data_wait, "shape": batch.shape,
-                        "new_shape": key not in self.seen_shapes, "events": {}, "marks": [("start", self._stamp())],
+                        "new_shape": key not in self.seen_shapes, "events": self.between, "marks": [("start", self._stamp())],
                         "host_start": time.perf_counter(), "counters0": counters}
         self.seen_shapes.add(key)
+        self.between = {}
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
 
@@ -53,8 +55,9 @@ class StepTimer:
 
     def event(self, name: str, seconds: float) -> None:
         """Work charged to the current step from outside it (validation, checkpoint, gc)."""
-        if self.current is not None:
-            self.current["events"][name] = self.current["events"].get(name, 0.0) + seconds
+        # Outside a step (the end of an epoch) the work delays the next step, so it is charged there.
+        events = self.current["events"] if self.current is not None else self.between
+        events[name] = events.get(name, 0.0) + seconds
 
     def end(self, counters: dict) -> list[dict]:
         """Close the current step; returns the records that are now complete (older steps on a GPU)."""

@@ -5,6 +5,7 @@ Everything is read from local paths; nothing is downloaded.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -44,7 +45,15 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> S
 
     With ``device`` the parameters are created there directly (a 0.8B model initialises on a GPU in a
     second rather than ~15 s on the CPU); the random values then come from that device's generator.
+    When one file (model.init, else the folder's model.pt) holds every weight, the random values would
+    all be overwritten: the parameters are then made without values (meta), allocated once in their
+    final dtype on ``device`` and filled from the file (see build_from_file).
     """
+    full = Path(cfg.init) if cfg.init else (Path(cfg.path) / "model.pt" if cfg.path else None)
+    if full is not None and full.is_file():
+        model = build_from_file(cfg, full, device)
+        if model is not None:
+            return model
     torch.manual_seed(cfg.seed)  # the random initialisation is part of the run's definition
     with torch.device(device or "cpu"):
         model = SpeechLLM(cfg, build_llm(cfg))
@@ -56,6 +65,53 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> S
         load_weights(model, Path(cfg.path), from_hf(load_hf_weights(cfg.path), cfg))
     if cfg.init:
         load_weights(model, Path(cfg.init))
+    return model
+
+
+@contextlib.contextmanager
+def _params_on_meta():
+    """Parameters are created on the meta device (no memory, no init compute); buffers stay real, since
+    non-persistent ones (rotary inv_freq) are computed at construction and are in no weights file."""
+    register = nn.Module.register_parameter
+
+    def to_meta(module, name, param):
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = to_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def build_from_file(cfg: ModelConfig, path: Path, device=None) -> SpeechLLM | None:
+    """The model built without random values and loaded from ``path``; None when the file lacks a weight
+    (then the seeded random initialisation is needed and build_model takes its usual path)."""
+    state = read_state_dict(path)
+    with _params_on_meta(), torch.device(device or "cpu"):
+        model = SpeechLLM(cfg, build_llm(cfg))
+    params = dict(model.named_parameters(remove_duplicate=False))
+    first = {}  # a tied weight (lm_head = embed_tokens) is one Parameter under two names
+    for name, p in params.items():
+        first.setdefault(id(p), name)
+    covered = {id(p) for n, p in params.items() if n in state}
+    if any(id(p) not in covered for p in params.values()) or set(state) - set(model.state_dict()):
+        return None
+    made: dict[int, nn.Parameter] = {}
+    for mname, module in model.named_modules():
+        for pname, p in list(module._parameters.items()):
+            if p is not None and p.device.type == "meta":
+                if id(p) not in made:
+                    made[id(p)] = nn.Parameter(torch.empty_like(p, device=device or "cpu"), requires_grad=p.requires_grad)
+                module._parameters[pname] = made[id(p)]
+    _check_shapes(model, state, path)
+    with torch.no_grad():
+        own = model.state_dict()
+        for k, v in state.items():
+            own[k].copy_(v)  # into the parameter's own dtype and device
+    log.info("loaded %d tensors from %s (built without random init: the file holds every weight)", len(state), path)
     return model
 
 
@@ -77,6 +133,37 @@ def _load_hf_llm_weights(model: SpeechLLM, folder: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ weights
+FROZEN_REF_KEY = "frozen_ref"  # a checkpoint's reference to frozen weights stored once (train.frozen_ref)
+
+
+def read_checkpoint(path: Path) -> dict:
+    """torch.load a checkpoint; frozen weights it references are verified (sha256) and merged back.
+
+    The reference names a file beside the checkpoint; a missing file or a different hash is an error,
+    never a silent partial load.
+    """
+    import hashlib
+
+    obj = torch.load(path, map_location="cpu", weights_only=False)
+    ref = obj.pop(FROZEN_REF_KEY, None) if isinstance(obj, dict) else None
+    if ref is None:
+        return obj
+    frozen = Path(path).parent / ref["file"]
+    if not frozen.is_file():
+        raise ConfigError(f"{path}: references frozen weights {frozen}, which do not exist (copy them beside it)")
+    h = hashlib.sha256()
+    with open(frozen, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    if h.hexdigest() != ref["sha256"]:
+        raise ConfigError(f"{path}: frozen weights {frozen} do not match the checkpoint's hash (changed or damaged)")
+    weights = torch.load(frozen, map_location="cpu", weights_only=True)
+    if sorted(weights) != sorted(ref["keys"]):
+        raise ConfigError(f"{path}: frozen weights {frozen} hold other keys than the checkpoint references")
+    obj["state_dict"] = {**obj["state_dict"], **weights}
+    return obj
+
+
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """A FunASR model.pt, a brisk checkpoint, or a .safetensors file -> flat state dict."""
     if not path.is_file():
@@ -85,11 +172,18 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         return load_file(str(path))
-    obj = torch.load(path, map_location="cpu", weights_only=False)
+    obj = read_checkpoint(path)
     for key in ("state_dict", "model_state_dict", "model"):
         if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
             obj = obj[key]
     return {k.removeprefix("module."): v for k, v in obj.items()}
+
+
+def _check_shapes(model: nn.Module, state: dict, path: Path) -> None:
+    own = model.state_dict()
+    for k, v in state.items():
+        if k in own and own[k].shape != v.shape:
+            raise RuntimeError(f"{path}: {k} has shape {tuple(v.shape)}, the model expects {tuple(own[k].shape)}")
 
 
 def load_weights(model: nn.Module, path: Path, state: dict[str, torch.Tensor] | None = None) -> None:
@@ -106,9 +200,7 @@ def load_weights(model: nn.Module, path: Path, state: dict[str, torch.Tensor] | 
             f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
             "Check model.encoder/adaptor/ctc/llm sizes against the checkpoint."
         )
-    for k, v in state.items():
-        if own[k].shape != v.shape:
-            raise RuntimeError(f"{path}: {k} has shape {tuple(v.shape)}, the model expects {tuple(own[k].shape)}")
+    _check_shapes(model, state, path)
     model.load_state_dict(state, strict=False)
     log.info("loaded %d tensors from %s", len(state), path)
 

@@ -10,8 +10,9 @@ scope=stack compiles the whole decoder stack (what FunASR's PR did). Either way:
 - a compile error falls back to eager with a warning (speed.compile_on_error=raise to fail instead);
 - the module tree and state_dict keys are unchanged: only the instance's ``forward`` is replaced.
 
-The Inductor cache folder (speed.inductor_cache_dir) is exported as TORCHINDUCTOR_CACHE_DIR and
-TRITON_CACHE_DIR before the first compile, so a second run starts warm.
+The Inductor cache folder (speed.inductor_cache_dir; else TORCHINDUCTOR_CACHE_DIR; else
+~/.cache/brisk/inductor) is exported as TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR before the first
+compile and printed, so a second run starts warm.
 """
 
 from __future__ import annotations
@@ -86,12 +87,24 @@ def decoder_stack(llm: nn.Module) -> nn.Module:
     return base
 
 
+def inductor_cache_dir(cfg: SpeedConfig) -> tuple[str, str]:
+    """(folder, where it came from): speed.inductor_cache_dir, else TORCHINDUCTOR_CACHE_DIR, else the user's
+    cache folder (~/.cache/brisk/inductor). A persistent folder makes a second run's compile a cache hit
+    (torch's own default, /tmp/torchinductor_<user>, is lost at reboot and on fresh machines)."""
+    if cfg.inductor_cache_dir:
+        return cfg.inductor_cache_dir, "speed.inductor_cache_dir"
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return os.environ["TORCHINDUCTOR_CACHE_DIR"], "TORCHINDUCTOR_CACHE_DIR"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "brisk", "inductor"), "default"
+
+
 def apply_compile(model: nn.Module, cfg: SpeedConfig, audio_encoder: nn.Module | None = None) -> str:
     """``audio_encoder``: the frozen encoder that computes the audio rows (a bf16 copy under encoder_dtype)."""
-    if cfg.inductor_cache_dir:
-        os.makedirs(cfg.inductor_cache_dir, exist_ok=True)
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cfg.inductor_cache_dir
-        os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(cfg.inductor_cache_dir, "triton"))
+    cache, source = inductor_cache_dir(cfg)
+    os.makedirs(cache, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(cache, "triton"))
     stack = decoder_stack(model.llm)
     targets = list(enumerate(stack.layers)) if cfg.compile_scope == "layer" else [(None, stack)]
     for i, module in targets:
@@ -106,9 +119,8 @@ def apply_compile(model: nn.Module, cfg: SpeedConfig, audio_encoder: nn.Module |
         for block in blocks:
             block.forward = CudaOnlyCompiled(block.forward, "encoder block", cfg.compile_dynamic, cfg.compile_on_error)
         what += f" + {len(blocks)} x frozen encoder block"
-    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "default (/tmp/torchinductor_<user>)")
     return (f"compile: {what}, dynamic={cfg.compile_dynamic}, CUDA inputs only, on_error={cfg.compile_on_error}, "
-            f"inductor cache {cache}")
+            f"inductor cache {cache} ({source})")
 
 
 def total_compile_seconds(model: nn.Module) -> float:

@@ -16,8 +16,10 @@ from ..data.loader import Split
 from ..diagnose.slow import GCWatch, SlowStepDetector
 from ..diagnose.timer import StepTimer
 from ..speed import SpeedPlan
-from ..speed.compile import compile_counters
+from ..speed.compile import compile_counters, total_compile_seconds
 from ..speed.flags import tf32_scope
+from ..models.build import read_checkpoint
+from .async_save import AsyncCheckpointer
 from .checkpoint import Checkpoints, gather_to_rank0, rng_state, set_rng_state
 from .monitor import Monitor
 from .optim import load_optimizer_state
@@ -55,10 +57,13 @@ class Trainer:
     trap: str | None = None  # the cuDNN plan-build explanation for this machine (acceleration_state has it)
     shape_sync: object | None = None  # several ranks, static shapes: Batch -> Batch padded to the ranks' bucket
     sharded: bool = False  # train.parallel=fsdp: state dicts are gathered (a collective on every rank)
+    phases: dict = field(default_factory=dict)  # seconds spent between/around steps: validation, checkpoint, gc
 
     def __post_init__(self):
         c = self.cfg
         self.ckpts = Checkpoints(self.run_dir, c.train.keep_n, c.train.keep_metric) if self.rank == 0 else None
+        self.saver = AsyncCheckpointer(self.ckpts, self.model, self.device, c.train.async_checkpoint,
+                                       c.train.frozen_ref, self.run_dir / "checkpoints.jsonl") if self.ckpts else None
         rank = "" if self.rank == 0 else f".rank{self.rank}"  # every rank times its steps; the report merges them
         self.timer = StepTimer(self.device, self.run_dir / f"steps{rank}.jsonl")
         self.detector = SlowStepDetector(c.diagnose.slow_factor, c.diagnose.warmup_steps, c.diagnose.window,
@@ -86,6 +91,7 @@ class Trainer:
     def fit(self) -> dict:
         c = self.cfg.train
         self.model.train()
+        log.info("training from step %d (epoch %d)", self.pos.step, self.pos.epoch)  # the first step's start, in train.log
         with tf32_scope(self.cfg.speed.tf32):
             while self.pos.epoch < c.max_epochs and not self.done():
                 self.monitor.epoch = (self.pos.epoch + 1, self.total_epochs())
@@ -135,6 +141,8 @@ class Trainer:
         lr = self.schedule.lr
         metrics = self.step_fn(batches)
         module_norms = metrics.pop("module_norms", None)  # a vector: for the probe, not the monitor
+        if p.step == 1 and self.saver is not None and not self.sharded:
+            self.saver.warm(self.state)  # pinned checkpoint buffers, allocated off the step's path
         p.batches_in_epoch += len(batches)
         self.monitor.add(p.step, metrics, lr)
         if self.probe is not None:
@@ -158,7 +166,9 @@ class Trainer:
     def timed(self, name: str, fn) -> None:
         t0 = time.perf_counter()
         fn()
-        self.timer.event(name, time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
+        self.timer.event(name, dt)
+        self.phases[name] = self.phases.get(name, 0.0) + dt
 
     def end_epoch(self) -> None:
         self.timed("validation", self.validate)
@@ -232,13 +242,12 @@ class Trainer:
         self.monitor.flush()
         last = self.pos.history[-1] if self.pos.history and self.pos.history[-1]["step"] == self.pos.step else None
         state = {**self.state(), "rng": rngs[0], "rng_ranks": rngs}
-        path = self.ckpts.save(state, self.pos.step, last and {"loss": last["loss"], "acc": last["acc"]})
+        self.saver.save(state, self.pos.step, last and {"loss": last["loss"], "acc": last["acc"]})
         self.saved_step = self.pos.step
-        log.info("saved %s", path)
 
     def resume(self, path: Path) -> None:
-        """Every rank calls this with the same file, before the model is wrapped for data parallel."""
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        """Every rank calls this with the same file."""
+        ckpt = read_checkpoint(path)  # merges frozen weights stored once (train.frozen_ref)
         if "trainer" not in ckpt:
             raise ConfigError(f"{path}: not a brisk checkpoint (no trainer state); use model.init to start from its weights")
         if self.sharded:
@@ -267,6 +276,11 @@ class Trainer:
 
     def finish(self) -> dict:
         self.close_data()
+        if self.saver is not None:
+            self.phases["checkpoint_exit_wait"] = self.saver.close()  # the last write is on disk before the run ends
+        if self.cfg.speed.compile:
+            self.phases["compile"] = total_compile_seconds(self.model)  # inside steps (and capture), not added to them
+        log.info("time around the steps: %s", json.dumps({k: round(v, 3) for k, v in self.phases.items()}))
         self.monitor.close()
         for rec in self.timer.close():
             self.monitor.step_time(rec["total"])

@@ -1,0 +1,39 @@
+"""bench/whole_run.py reads every phase from a run's own files (no run needed: a made-up run folder)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from datetime import datetime
+
+from .conftest import REPO
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("whole_run", REPO / "bench" / "whole_run.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_phases_come_from_the_run_files(tmp_path):
+    t = datetime(2026, 11, 29, 12, 0, 0).timestamp()
+    stamp = lambda s: datetime.fromtimestamp(t + s).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]  # noqa: E731
+    lines = [(1.0, "model: 1.0B parameters, 0.6B trainable (built in 4.5 s)"),
+             (9.0, "cuda_graph: 3 step graphs and 2 encoder graphs captured up front in 3.0 s"),
+             (10.0, "training from step 0 (epoch 0)"),
+             (11.0, "speed.compile: compiled decoder layer for input (1, 512, 1024) in 2.5 s"),
+             (20.0, 'time around the steps: {"validation": 1.5, "checkpoint": 0.25, "checkpoint_exit_wait": 2.0}'),
+             (26.0, "exported /x/model.pt, /x/model.safetensors"), (27.0, "report: /x/report.md")]
+    (tmp_path / "train.log").write_text("".join(f"{stamp(s)} INFO {m}\n" for s, m in lines))
+    steps = [{"step": i, "data": 0.01, "compute": 0.02 * i} for i in (1, 2, 3)]
+    (tmp_path / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    ck = [{"step": 2, "stall": 0.1, "bytes": 10, "footprint": 30}, {"step": 3, "stall": 0.15, "bytes": 10, "footprint": 40}]
+    (tmp_path / "checkpoints.jsonl").write_text("".join(json.dumps(c) + "\n" for c in ck))
+    r = _bench().phases(tmp_path, launch=t - 2.0, end=t + 28.5, rc=0)
+    assert abs(r["startup"] - 12.0) < 1e-3 and r["build_load"] == 4.5 and r["capture"] == 3.0 and r["compile"] == 2.5
+    assert abs(r["steps"] - 0.15) < 1e-9 and r["steps_n"] == 3
+    assert r["validation"] == 1.5 and r["checkpoint_stalls"] == 0.25 and r["checkpoint_max_stall"] == 0.15
+    assert r["checkpoint_final_wait"] == 2.0 and r["footprint_bytes"] == 40
+    assert abs(r["export"] - 6.0) < 1e-3 and abs(r["report"] - 1.0) < 1e-3 and abs(r["exit"] - 1.5) < 1e-3
+    assert abs(r["wall"] - 30.5) < 1e-9

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""A random Fun-ASR-Nano model folder in FunASR's layout, at real sizes (or --tiny), for benchmarks.
+
+    <out>/config.yaml      as FunASR writes it (the keys brisk's funasr_folder_config reads, FunASR's names)
+    <out>/model.pt         {"state_dict": ...} in FunASR's key layout, bf16 weights (FunASR stores bf16)
+    <out>/Qwen3-0.6B/      config.json (Qwen3-0.6B sizes) and a tokenizer
+
+The weights are brisk's modules (same key layout and sizes as FunASR's classes; FunASR itself is not
+needed, so this runs on a GPU machine without it), seeded, built on the GPU when there is one (a 0.8B
+model initialises there in seconds). No CTC decoder. No real Qwen tokenizer is available offline: the
+folder gets brisk's demo tokenizer (vocabulary 483, same special tokens), which the random 151,936-row
+embedding covers; prompts are therefore shorter than with Qwen's tokenizer.
+
+    python tools/make_nano_folder.py --out bench/tmp/nano_folder
+    python tools/make_nano_folder.py --out bench/tmp/nano_tiny --tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+TINY = {"model.encoder.output_size": 32, "model.encoder.linear_units": 64, "model.encoder.num_blocks": 2,
+        "model.encoder.tp_blocks": 1, "model.adaptor.ffn_dim": 64, "model.adaptor.n_layer": 1,
+        "model.llm.config.vocab_size": 512, "model.llm.config.hidden_size": 32,
+        "model.llm.config.intermediate_size": 64, "model.llm.config.num_hidden_layers": 2,
+        "model.llm.config.num_attention_heads": 2, "model.llm.config.num_key_value_heads": 1,
+        "model.llm.config.head_dim": 16, "model.llm.config.bos_token_id": 0, "model.llm.config.eos_token_id": 0}
+
+
+def funasr_config(cfg, llm_dir: str) -> dict:
+    """config.yaml with FunASR 1.4's names (sanm_shfit is FunASR's spelling)."""
+    e, a, fe = cfg.encoder, cfg.adaptor, cfg.frontend
+    return {
+        "model": "FunASRNano",
+        "model_conf": {"lsm_weight": 0.0, "length_normalized_loss": True},
+        "frontend": "WavFrontend",
+        "frontend_conf": {"fs": fe.fs, "window": fe.window, "n_mels": fe.n_mels, "frame_length": fe.frame_length,
+                          "frame_shift": fe.frame_shift, "lfr_m": fe.lfr_m, "lfr_n": fe.lfr_n},
+        "audio_encoder": "SenseVoiceEncoderSmall",
+        "audio_encoder_conf": {"output_size": e.output_size, "attention_heads": e.attention_heads,
+                               "linear_units": e.linear_units, "num_blocks": e.num_blocks, "tp_blocks": e.tp_blocks,
+                               "dropout_rate": e.dropout_rate, "attention_dropout_rate": e.attention_dropout_rate,
+                               "kernel_size": e.kernel_size, "sanm_shfit": e.sanm_shift, "freeze": e.freeze},
+        "audio_adaptor": "Transformer",
+        "audio_adaptor_conf": {"downsample_rate": a.downsample_rate, "ffn_dim": a.ffn_dim,
+                               "llm_dim": cfg.llm.config["hidden_size"], "encoder_dim": e.output_size,
+                               "n_layer": a.n_layer, "attention_heads": a.attention_heads, "freeze": a.freeze},
+        "llm": "Qwen3-0.6b",
+        "llm_conf": {"hub": "hf", "freeze": cfg.llm.freeze, "llm_dtype": "bf16", "init_param_path": llm_dir,
+                     "use_lora": False},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="bench/tmp/nano_folder")
+    ap.add_argument("--tiny", action="store_true", help="tiny sizes (CPU tests of the benchmark)")
+    ap.add_argument("--device", default="auto")
+    a = ap.parse_args()
+    import torch
+    import yaml
+    from transformers import AutoConfig
+
+    from brisk.config import load_config
+    from brisk.models.build import build_model
+
+    t0 = time.perf_counter()
+    overrides = [f"{k}={json.dumps(v)}" for k, v in (TINY if a.tiny else {}).items()]
+    cfg = load_config(REPO / "configs" / "fun_asr_nano.yaml", overrides).model
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
+    out = Path(a.out)
+    if out.exists():
+        shutil.rmtree(out)
+    llm_dir = out / "Qwen3-0.6B"
+    llm_dir.mkdir(parents=True)
+    extra = dict(cfg.llm.config)
+    AutoConfig.for_model(extra.pop("model_type"), **extra).save_pretrained(llm_dir)
+    for f in (REPO / "data" / "demo" / "tokenizer").iterdir():
+        shutil.copy(f, llm_dir / f.name)
+    model = build_model(cfg, device)
+    state = {k: v.detach().to("cpu", torch.bfloat16) for k, v in model.state_dict().items()}
+    torch.save({"state_dict": state}, out / "model.pt")
+    (out / "config.yaml").write_text(yaml.safe_dump(funasr_config(cfg, "Qwen3-0.6B"), sort_keys=False))
+    n = sum(v.numel() for k, v in state.items() if not k.endswith("lm_head.weight"))
+    print(json.dumps({"folder": str(out), "parameters": n, "model_pt_bytes": (out / "model.pt").stat().st_size,
+                      "device": device, "seconds": round(time.perf_counter() - t0, 1)}))
+
+
+if __name__ == "__main__":
+    main()
