@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from brisk.models.build import read_checkpoint
+
 from brisk.config import ConfigError
 from brisk.train.run import pick_device
 
@@ -234,8 +236,8 @@ def test_two_ranks_on_halves_equal_one_rank_on_both(tmp_path):
     # Parameters after 3 steps (the final checkpoints). Measured: 8.4e-6 max abs (Adam divides by sqrt(v), so
     # elements with tiny gradients turn fp32 reordering into visible update differences); the bound, 1e-4, is
     # 1/60 of the 3 steps' update size (3 x lr 2e-3), far below what a wrong average (x2 or x0.5) would move.
-    pa = torch.load(two / "checkpoints" / "ckpt-00000003.pt", weights_only=False)["state_dict"]
-    pb = torch.load(one / "checkpoints" / "ckpt-00000003.pt", weights_only=False)["state_dict"]
+    pa = read_checkpoint(two / "checkpoints" / "ckpt-00000003.pt")["state_dict"]
+    pb = read_checkpoint(one / "checkpoints" / "ckpt-00000003.pt")["state_dict"]
     assert pa.keys() == pb.keys()
     worst = max(float((pa[k].float() - pb[k].float()).abs().max()) for k in pa)
     assert worst <= 1e-4, worst
@@ -299,8 +301,8 @@ def test_fsdp_equals_ddp_and_saves_the_full_state_dict(tmp_path):
         for s in (1, 2, 3):
             assert abs(a[("loss", s)] - b[("loss", s)]) <= 1e-5 * a[("loss", s)], (r, s)
             assert abs(a[("grad_norm", s)] - b[("grad_norm", s)]) <= 1e-5 * a[("grad_norm", s)], (r, s)
-    pa = torch.load(ddp / "checkpoints" / "ckpt-00000003.pt", weights_only=False)
-    pb = torch.load(fsdp / "checkpoints" / "ckpt-00000003.pt", weights_only=False)
+    pa = read_checkpoint(ddp / "checkpoints" / "ckpt-00000003.pt")
+    pb = read_checkpoint(fsdp / "checkpoints" / "ckpt-00000003.pt")
     single = build_model(tiny_config(tmp_path / "x", **common).model).state_dict()
     assert list(pb["state_dict"]) == list(single) == list(pa["state_dict"])  # same keys, same order
     for k, v in pb["state_dict"].items():
@@ -319,7 +321,7 @@ def test_fsdp_equals_ddp_and_saves_the_full_state_dict(tmp_path):
     _torchrun(more, **{**common, "train.max_steps": 4, "train.parallel": "fsdp",
                        "train.resume_from": str(ddp / "checkpoints" / "ckpt-00000003.pt")})
     assert [json.loads(x)["step"] for x in (more / "steps.jsonl").read_text().splitlines()] == [4]
-    pc = torch.load(more / "checkpoints" / "ckpt-00000004.pt", weights_only=False)
+    pc = read_checkpoint(more / "checkpoints" / "ckpt-00000004.pt")
     assert pc["optimizer"]["state"][0]["step"] == 4 and pc["state_dict"].keys() == single.keys()
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from brisk.config import ConfigError
-from brisk.models.build import DiskSpaceError, atomic_save, build_model, read_state_dict
+from brisk.models.build import DiskSpaceError, atomic_save, build_model, read_checkpoint, read_state_dict
 from brisk.models.export import export_folder
 from brisk.speed import apply_speed
 from brisk.speed.flags import backend_flags
@@ -135,7 +135,7 @@ def test_bf16_encoder_saves_the_fp32_originals(tmp_path):
     cfg = tiny_config(tmp_path, **frozen, **{"speed.encoder_dtype": "bf16"})
     original = build_model(cfg.model).state_dict()
     run_train(tmp_path, **frozen, **{"speed.encoder_dtype": "bf16"})
-    ckpt = torch.load(tmp_path / "checkpoints" / "ckpt-00000002.pt", map_location="cpu", weights_only=False)
+    ckpt = read_checkpoint(tmp_path / "checkpoints" / "ckpt-00000002.pt")  # frozen weights by reference, merged
     keys = [k for k in original if k.startswith(("audio_encoder.", "audio_adaptor."))]
     for saved in (ckpt["state_dict"], read_state_dict(tmp_path / "model-funasr" / "model.pt")):
         assert keys and all(saved[k].dtype == torch.float32 and torch.equal(saved[k], original[k]) for k in keys)
@@ -262,13 +262,13 @@ def test_torchrun_resume_restores_every_rank(tmp_path):
     (two / "checkpoints" / "index.json").write_text(json.dumps({"ckpt-00000003.pt": {"step": 3}}))
     torchrun(two, "train.resume=true")
 
-    a, b = (torch.load(d / "checkpoints" / "ckpt-00000006.pt", map_location="cpu", weights_only=False) for d in (one, two))
+    a, b = (read_checkpoint(d / "checkpoints" / "ckpt-00000006.pt") for d in (one, two))
     assert b["trainer"]["step"] == 6
     for k in a["state_dict"]:
         assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k
     sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
     assert sa.keys() == sb.keys() and all(torch.equal(sa[i]["exp_avg_sq"], sb[i]["exp_avg_sq"]) for i in sa)
-    three = torch.load(one / "checkpoints" / "ckpt-00000003.pt", map_location="cpu", weights_only=False)
+    three = read_checkpoint(one / "checkpoints" / "ckpt-00000003.pt")
     r0, r1 = three["rng_ranks"]
     assert not torch.equal(r0["torch"], r1["torch"])  # per-rank RNG saved (seed + rank)
     # Rank 1 resumed at step 3 too (its record starts at step 4), with rank 0's parameters and optimizer

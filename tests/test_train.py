@@ -10,7 +10,7 @@ import torch
 
 from brisk.data.collate import Collator
 from brisk.data.loader import build_split
-from brisk.models.build import build_model
+from brisk.models.build import build_model, read_checkpoint
 from brisk.train.checkpoint import Checkpoints
 from brisk.train.optim import WarmupLR, build_optimizer
 from brisk.train.step import TrainStep
@@ -19,7 +19,7 @@ from .conftest import run_train, tiny_config
 
 
 def _ckpt(run_dir, step):
-    return torch.load(run_dir / "checkpoints" / f"ckpt-{step:08d}.pt", map_location="cpu", weights_only=False)
+    return read_checkpoint(run_dir / "checkpoints" / f"ckpt-{step:08d}.pt")
 
 
 def test_resume_is_exact(tmp_path):

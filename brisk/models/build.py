@@ -160,7 +160,8 @@ def read_checkpoint(path: Path) -> dict:
     weights = torch.load(frozen, map_location="cpu", weights_only=True)
     if sorted(weights) != sorted(ref["keys"]):
         raise ConfigError(f"{path}: frozen weights {frozen} hold other keys than the checkpoint references")
-    obj["state_dict"] = {**obj["state_dict"], **weights}
+    merged = {**obj["state_dict"], **weights}
+    obj["state_dict"] = {k: merged[k] for k in obj.pop("state_dict_keys", merged)}  # the model's own key order
     return obj
 
 

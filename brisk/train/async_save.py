@@ -47,14 +47,6 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def remove_stale_temps(folder: Path) -> list[Path]:
-    """Temp files left by a write that was killed: never trusted (nothing lists them), removed at start."""
-    stale = [p for pat in (".*.pt.*", ".index.json.*") for p in folder.glob(pat) if p.is_file()]
-    for p in stale:
-        p.unlink(missing_ok=True)
-    return stale
-
-
 class HostSnapshot:
     """Copies a nested state (dicts, lists, tuples, tensors, plain values) into reused host buffers.
 
@@ -118,8 +110,6 @@ class AsyncCheckpointer:
         self.error: BaseException | None = None
         self.done: list[dict] = []  # finished writes, drained by the main thread (events, log lines)
         self.sizes: dict[str, int] = {}
-        for p in remove_stale_temps(ckpts.dir):
-            log.warning("removed %s: the temp file of a checkpoint write that did not finish", p)
 
     # ---------------------------------------------------------------------------------- main thread
     def save(self, state: dict, step: int, val: dict | None) -> dict:
@@ -201,7 +191,8 @@ class AsyncCheckpointer:
         if not self.frozen:
             return state, None
         sd = state["state_dict"]
-        rest = {**state, "state_dict": {k: v for k, v in sd.items() if k not in self.frozen}, FROZEN_REF_KEY: self.frozen_ref}
+        rest = {**state, "state_dict": {k: v for k, v in sd.items() if k not in self.frozen}, FROZEN_REF_KEY: self.frozen_ref,
+                "state_dict_keys": list(sd)}  # the model's key order, restored when the frozen weights are merged back
         return rest, (None if self.frozen_ref else {k: sd[k] for k in sorted(self.frozen) if k in sd})
 
     def _write_frozen(self, frozen: dict) -> dict:

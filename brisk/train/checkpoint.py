@@ -76,7 +76,7 @@ def remove_stale_temps(run_dir: Path) -> list[Path]:
     """Temporary files of writes a crash interrupted (never renamed into place): safe to delete at start."""
     found = [p for pat in STALE_TEMPS for p in run_dir.glob(pat)]
     ck = run_dir / "checkpoints"
-    found += [p for pat in (".ckpt-*.pt.*", ".index.json.*") for p in ck.glob(pat)]
+    found += [p for pat in (".*.pt.*", ".index.json.*") for p in ck.glob(pat)]  # checkpoints, frozen-weight files
     for p in found:
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
         log.info("removed %s, left behind by an interrupted write", p)

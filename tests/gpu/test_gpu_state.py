@@ -14,6 +14,8 @@ import shutil
 import pytest
 import torch
 
+from brisk.models.build import read_checkpoint
+
 from ..conftest import REPO
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -40,7 +42,7 @@ def _cfg(*overrides):
 
 
 def _ckpt(run_dir, step):
-    return torch.load(run_dir / "checkpoints" / f"ckpt-{step:08d}.pt", map_location="cpu", weights_only=False)
+    return read_checkpoint(run_dir / "checkpoints" / f"ckpt-{step:08d}.pt")
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
