@@ -161,6 +161,8 @@ class TrainConfig:
     accum_grad: int = 1
     log_every: int = 10  # metrics are read from the device (one sync) every log_every steps
     val_every: int = 0  # steps; 0: only at epoch end
+    val_decode: int = 0  # >0: also decode the first N validation utterances (greedy) at each validation and
+    #                      before the first step: CER/WER into history.jsonl, TensorBoard and the report
     save_every: int = 0  # steps; 0: only at epoch end
     keep_n: int = 3  # keep the n best checkpoints (by keep_metric) plus the latest
     keep_metric: str = "loss"  # loss | acc (validation)
@@ -177,6 +179,8 @@ class TrainConfig:
             raise ConfigError(f"train.keep_metric={self.keep_metric!r}: use loss or acc")
         if self.accum_grad < 1:
             raise ConfigError("train.accum_grad must be at least 1")
+        if self.val_decode < 0:
+            raise ConfigError(f"train.val_decode={self.val_decode}: give a number of validation utterances (0: off)")
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Panels: every step's time with slow steps marked by cause and the running median; a histogram; the median
 phase breakdown (data, forward, backward, optimizer, between-step work); memory (peak allocated per step on
-a GPU, tokens per step on the CPU). The markdown holds the acceleration state, summary numbers, the slow
+a GPU, tokens per step on the CPU); with a validation history, its loss and accuracy curves and, where the
+run decoded (train.val_decode), CER and WER. The markdown holds the acceleration state, summary numbers, the slow
 steps with their causes, and the validation history.
 """
 
@@ -42,7 +43,31 @@ def summarize(steps: list[dict], slow: list[dict]) -> dict:
     }
 
 
-def plot(steps: list[dict], slow: list[dict], out: Path, title: str = "") -> None:
+def plot_history(ax_loss, ax_err, history: list[dict]) -> None:
+    """Validation curves: loss and accuracy; CER and WER where the run decoded (train.val_decode)."""
+    x = [h["step"] for h in history]
+    ax_loss.plot(x, [h["loss"] for h in history], "o-", color="#d62728", label="loss")
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("validation loss")
+    ax_loss.set_title("validation loss and token accuracy")
+    acc = ax_loss.twinx()
+    acc.plot(x, [h["acc"] for h in history], "s--", color="#2ca02c", label="accuracy")
+    acc.set_ylabel("token accuracy")
+    dec = [h for h in history if "cer" in h]
+    if dec:
+        xs = [h["step"] for h in dec]
+        ax_err.plot(xs, [100 * h["cer"] for h in dec], "o-", color="#1f77b4", label="CER")
+        ax_err.plot(xs, [100 * h["wer"] for h in dec], "s--", color="#ff7f0e", label="WER")
+        ax_err.set_ylabel("%")
+        ax_err.legend(fontsize=8)
+        ax_err.set_title(f"validation CER / WER (greedy, {dec[-1].get('decoded', '?')} utterances)")
+    else:
+        ax_err.text(0.5, 0.5, "no decoding (train.val_decode=0)", ha="center", va="center", transform=ax_err.transAxes)
+        ax_err.set_axis_off()
+    ax_err.set_xlabel("step")
+
+
+def plot(steps: list[dict], slow: list[dict], out: Path, title: str = "", history: list[dict] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,7 +75,11 @@ def plot(steps: list[dict], slow: list[dict], out: Path, title: str = "") -> Non
 
     x = [s["step"] for s in steps]
     y = [s["total"] * 1000 for s in steps]
-    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), gridspec_kw={"height_ratios": [1.3, 1]})
+    if history:
+        fig, axes = plt.subplots(3, 2, figsize=(13, 12.5), gridspec_kw={"height_ratios": [1.3, 1, 1]})
+        plot_history(axes[2, 0], axes[2, 1], history)
+    else:
+        fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), gridspec_kw={"height_ratios": [1.3, 1]})
     ax = axes[0, 0]
     ax.plot(x, y, lw=0.8, color="#444", label="step time")
     ax.plot(x, [v * 1000 for v in running_median([s["total"] for s in steps])], lw=1.5, color="#1f77b4",
@@ -107,7 +136,8 @@ def write_report(run_dir: str | Path) -> Path:
     accel = json.loads((run_dir / "accel.json").read_text()) if (run_dir / "accel.json").exists() else {}
     s = summarize(steps, slow)
     title = f"{run_dir.name}: {accel.get('gpu', accel.get('device', ''))}, torch {accel.get('torch', '')}"
-    plot(steps, slow, run_dir / "report.png", title)
+    history = _read_jsonl(run_dir / "history.jsonl")
+    plot(steps, slow, run_dir / "report.png", title, history)
     lines = [f"# Step-time report: {run_dir.name}", ""]
     if accel:
         from .accel import one_line
@@ -131,10 +161,13 @@ def write_report(run_dir: str | Path) -> Path:
         lines += ["", "Causes: " + ", ".join(f"{k} {v}" for k, v in s["causes"].items()), ""]
     else:
         lines += ["No slow steps.", ""]
-    history = [h for h in _read_jsonl(run_dir / "history.jsonl")]
     if history:
-        lines += ["## Validation", "", "| step | loss | accuracy |", "|---|---|---|"]
-        lines += [f"| {h['step']} | {h['loss']:.4f} | {h['acc']:.4f} |" for h in history]
+        dec = any("cer" in h for h in history)
+        lines += ["## Validation", "", "| step | loss | accuracy |" + (" CER | WER |" if dec else ""),
+                  "|---|---|---|" + ("---|---|" if dec else "")]
+        cell = lambda h, k: f" {100 * h[k]:.2f}% |" if k in h else " |"  # noqa: E731
+        lines += [f"| {h['step']} | {h['loss']:.4f} | {h['acc']:.4f} |" + (cell(h, "cer") + cell(h, "wer") if dec else "")
+                  for h in history]
     out = run_dir / "report.md"
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return out
