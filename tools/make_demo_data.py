@@ -15,6 +15,7 @@ What it makes (under --out, default ``data/demo``):
   the chat / speech special tokens brisk uses.
 * ``train.jsonl`` / ``valid.jsonl`` - FunASR-style ("scp2jsonl") manifests
   with audio paths relative to the jsonl file's folder.
+* ``am.mvn`` - CMVN statistics of the training features (FunASR's am.mvn format).
 * ``README.md`` - a description of the set with its statistics.
 
 Speech is synthesized with the ``espeak-ng`` program and resampled from its
@@ -275,6 +276,29 @@ def tokenizer_texts(train_texts: list[str]) -> list[str]:
 
 
 # --------------------------------------------------------------------------
+# Feature normalisation
+# --------------------------------------------------------------------------
+def write_cmvn(wav_paths: list[Path], out: Path) -> None:
+    """am.mvn (Kaldi nnet format, as FunASR model folders ship it) with the mean and inverse standard
+    deviation of the training set's LFR features (560 dims, no dither), computed with brisk's front end.
+    Normalised features let a model trained from scratch start listening within minutes."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import torch
+
+    from brisk.config import FrontendConfig
+    from brisk.data.audio import read_audio
+    from brisk.data.features import Frontend
+
+    fe = Frontend(FrontendConfig(dither=0.0))
+    feats = torch.cat([fe(read_audio(str(p), SAMPLE_RATE)) for p in wav_paths]).double()
+    mean, std = feats.mean(0), feats.std(0).clamp_min(1e-3)
+    row = lambda v: " ".join(f"{x:.6f}" for x in v.tolist())  # noqa: E731
+    d = feats.shape[1]
+    write_text(out, f"<Nnet>\n<Splice> {d} {d}\n[ 0 ]\n<AddShift> {d} {d}\n<LearnRateCoef> 0 [ {row(-mean)} ]\n"
+                    f"<Rescale> {d} {d}\n<LearnRateCoef> 0 [ {row(1.0 / std)} ]\n</Nnet>\n")
+
+
+# --------------------------------------------------------------------------
 # Manifests and README
 # --------------------------------------------------------------------------
 def speech_length(duration_s: float) -> int:
@@ -361,6 +385,9 @@ Total: {total_s:.1f} s ({total_s / 60:.1f} min) of audio in {total_bytes / 1e6:.
   under the tokenizer below).  The user turn is
   `{USER_PROMPT}<|startofspeech|>!audio/train/utt0001.flac<|endofspeech|>`; audio
   paths are relative to this folder.
+* `am.mvn`: feature normalisation (Kaldi nnet format, as in FunASR model folders): minus the mean and
+  one over the standard deviation of the training set's 560-dim LFR features (brisk's front end, no
+  dither); the demo config sets `model.frontend.cmvn_file` to it.
 * `tokenizer/`: Qwen-style byte-level BPE tokenizer, {vocab_size} tokens, trained on
   the training transcripts and prompts.  Load it with
   `transformers.AutoTokenizer.from_pretrained("data/demo/tokenizer")`.
@@ -385,7 +412,7 @@ def prepare_out_dir(out: Path) -> None:
     for sub in ("audio", "tokenizer"):
         if (out / sub).exists():
             shutil.rmtree(out / sub)
-    for name in ("train.jsonl", "valid.jsonl", "README.md"):
+    for name in ("train.jsonl", "valid.jsonl", "README.md", "am.mvn"):
         (out / name).unlink(missing_ok=True)
     for split in ("train", "valid"):
         (out / "audio" / split).mkdir(parents=True)
@@ -420,6 +447,7 @@ def main() -> None:
     if total_bytes > MAX_TOTAL_AUDIO_BYTES:
         sys.exit(f"error: audio totals {total_bytes} bytes, over the {MAX_TOTAL_AUDIO_BYTES} budget")
 
+    write_cmvn([out / u.rel_path for u in utts if u.split == "train"], out / "am.mvn")
     train_tokenizer(tokenizer_texts([u.text for u in utts if u.split == "train"]), out / "tokenizer")
     tok = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
 
