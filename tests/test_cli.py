@@ -19,7 +19,7 @@ def test_demo_trains_and_validation_loss_falls(tmp_path, capsys):
     assert rc == 0
     hist = [json.loads(x) for x in (tmp_path / "history.jsonl").read_text().splitlines()]
     assert [h["step"] for h in hist][:1] == [0] and len(hist) == 4, hist  # before training, then each epoch
-    assert hist[-1]["loss"] < 0.8 * hist[1]["loss"] < hist[0]["loss"], hist
+    assert hist[-1]["loss"] < hist[1]["loss"] < 0.8 * hist[0]["loss"], hist  # falls, and keeps falling
     out = capsys.readouterr().out
     assert "validation loss" in out and "->" in out
     assert "validation CER" in out and out.count(" ref: ") == 3 and out.count(" hyp: ") == 3
