@@ -9,6 +9,8 @@
                                                or a FunASR / native folder to convert)
     brisk bench CONFIG [key=value ...]         arms interleaved on the same batches, a markdown table
     brisk profile CONFIG [key=value ...]       top ops on CPU and GPU, launches a step, host- or device-bound
+    brisk eval RUN_OR_MODEL data.jsonl         decode, CER/WER (jiwer), one line per utterance, speed
+    brisk transcribe RUN_OR_MODEL a.wav ...    print the transcript of each file
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ def cmd_train(args) -> int:
         first, last = hist[0], hist[-1]
         print(f"validation loss {first['loss']:.4f} (step {first['step']}) -> {last['loss']:.4f} (step {last['step']}), "
               f"accuracy {first['acc']:.3f} -> {last['acc']:.3f}")
+        if "cer" in first and "cer" in last:
+            from .eval.evaluate import print_transcripts
+
+            print_transcripts(first, last, result["transcripts"])
     print(f"{result['step']} steps, {len(result['slow_steps'])} slow; run folder: {cfg.train.output_dir}")
     return 0
 
@@ -190,13 +196,18 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--out", help="folder for tables and the trace (default: <train.output_dir>/profile)")
     f.set_defaults(fn=cmd_profile)
 
+    from .eval.evaluate import add_verbs
+
+    add_verbs(sub)  # eval, transcribe
+
     args = p.parse_args(argv)
     from .config import ConfigError
+    from .data.audio import AudioError
     from .data.jsonl import DataError
 
     try:
         return args.fn(args)
-    except (ConfigError, DataError, FileNotFoundError) as e:
+    except (ConfigError, DataError, AudioError, FileNotFoundError) as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
 

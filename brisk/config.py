@@ -177,6 +177,8 @@ class TrainConfig:
     accum_grad: int = 1  # batches accumulated into one optimizer step
     log_every: int = 10  # metrics are read from the device (one sync) every log_every steps
     val_every: int = 0  # steps; 0: only at epoch end
+    val_decode: int = 0  # >0: also decode the first N validation utterances (greedy) at each validation and
+    #                      before the first step: CER/WER into history.jsonl, TensorBoard and the report
     save_every: int = 0  # steps; 0: only at epoch end
     keep_n: int = 3  # keep the n best checkpoints (by keep_metric) plus the latest
     keep_metric: str = "loss"  # loss | acc (validation)
@@ -213,6 +215,8 @@ class TrainConfig:
             raise ConfigError(f"train.export_dtype={self.export_dtype!r}: use bf16 or fp32")
         if self.parallel not in ("ddp", "fsdp"):
             raise ConfigError(f"train.parallel={self.parallel!r}: use ddp or fsdp")
+        if self.val_decode < 0:
+            raise ConfigError(f"train.val_decode={self.val_decode}: give a number of validation utterances (0: off)")
 
 
 @dataclass

@@ -12,14 +12,17 @@ from .conftest import DEMO_CONFIG, REPO, tiny_overrides
 
 
 def test_demo_trains_and_validation_loss_falls(tmp_path, capsys):
-    """The demo config itself (not shrunk), 3 epochs: validation loss must fall clearly."""
+    """The demo config itself (not shrunk), 3 epochs: validation loss must fall clearly; decoding 8 validation
+    utterances before the first step and after each epoch, it prints CER before and after and 3 transcripts."""
     rc = main(["train", str(DEMO_CONFIG), f"train.output_dir={tmp_path}", "train.max_epochs=3", "train.progress=false",
-               "data.num_workers=0"])
+               "data.num_workers=0", "train.val_decode=8"])
     assert rc == 0
     hist = [json.loads(x) for x in (tmp_path / "history.jsonl").read_text().splitlines()]
-    assert len(hist) == 3 and hist[-1]["loss"] < 0.8 * hist[0]["loss"], hist
+    assert [h["step"] for h in hist][:1] == [0] and len(hist) == 4, hist  # before training, then each epoch
+    assert hist[-1]["loss"] < hist[1]["loss"] < 0.8 * hist[0]["loss"], hist  # falls, and keeps falling
     out = capsys.readouterr().out
     assert "validation loss" in out and "->" in out
+    assert "validation CER" in out and out.count(" ref: ") == 3 and out.count(" hyp: ") == 3
     for name in ("report.png", "report.md", "steps.jsonl", "accel.json", "config.yaml", "model-funasr/model.pt",
                  "model-funasr/config.yaml"):
         assert (tmp_path / name).exists(), name

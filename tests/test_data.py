@@ -44,7 +44,7 @@ GOOD = str(DEMO / "audio/train/utt0001.flac")
 
 def test_demo_jsonl_reads_with_relative_audio_resolved():
     idx = read(DEMO / "train.jsonl")
-    assert len(idx.utterances) == 160
+    assert len(idx.utterances) == 240  # data/demo/README.md: 240 training utterances
     u = idx.utterances[0]
     assert u.audio_paths()[0] == str(DEMO / "audio/train/utt0001.flac")
     assert u.source_len == u.speech_length + u.text_length

@@ -23,13 +23,14 @@ def _ckpt(run_dir, step):
 
 
 def test_resume_is_exact(tmp_path):
-    """2N steps in one run == N steps, resume, N more (N=10 crosses the epoch end at 18 batches)."""
-    extra = {"data.num_workers": 1, "train.max_steps": 20}
+    """2N steps in one run == N steps, resume, N more (N=15 crosses the epoch end at 26 batches)."""
+    extra = {"data.num_workers": 1, "train.max_steps": 30}
     run_train(tmp_path / "one", **extra)
-    run_train(tmp_path / "two", **{**extra, "train.max_steps": 10})
+    run_train(tmp_path / "two", **{**extra, "train.max_steps": 15})
     run_train(tmp_path / "two", **{**extra, "train.resume": True})
-    a, b = _ckpt(tmp_path / "one", 20), _ckpt(tmp_path / "two", 20)
-    assert a["trainer"]["step"] == b["trainer"]["step"] == 20 and a["trainer"]["epoch"] == b["trainer"]["epoch"]
+    a, b = _ckpt(tmp_path / "one", 30), _ckpt(tmp_path / "two", 30)
+    assert a["trainer"]["epoch"] == 1  # the epoch end was crossed
+    assert a["trainer"]["step"] == b["trainer"]["step"] == 30 and a["trainer"]["epoch"] == b["trainer"]["epoch"]
     assert a["state_dict"].keys() == b["state_dict"].keys()
     for k in a["state_dict"]:
         assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k

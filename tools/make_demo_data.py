@@ -3,21 +3,23 @@
 
 What it makes (under --out, default ``data/demo``):
 
-* ``audio/train/utt0001.flac`` ... 160 training and ``audio/valid/...`` 40
+* ``audio/train/utt0001.flac`` ... 240 training and ``audio/valid/...`` 40
   validation utterances of synthesized English speech, 16 kHz mono 16-bit
   FLAC (two training utterances are written as WAV so both formats are
-  exercised).  Sentences come from a tiny fixed grammar (~80 lowercase words:
-  colours, numbers, animals, objects, simple verbs) so a tiny model can learn
-  them; validation uses the same voices but sentences not seen in training.
+  exercised).  Sentences are 3-5 words drawn independently at random from 24
+  lowercase words (digits, colours, animals, objects), so no transcript can
+  be predicted without listening; validation sentences are not in training
+  and are spoken by voices that training never heard.
 * ``tokenizer/`` - a tiny byte-level BPE tokenizer (tokenizer.json +
   tokenizer_config.json) loadable with ``transformers.AutoTokenizer``, with
   the chat / speech special tokens brisk uses.
 * ``train.jsonl`` / ``valid.jsonl`` - FunASR-style ("scp2jsonl") manifests
   with audio paths relative to the jsonl file's folder.
+* ``am.mvn`` - CMVN statistics of the training features (FunASR's am.mvn format).
 * ``README.md`` - a description of the set with its statistics.
 
 Speech is synthesized with the ``espeak-ng`` program and resampled from its
-native 22050 Hz to 16 kHz with ``sox`` (nothing is trimmed).  Install them
+native 22050 Hz to 16 kHz with ``sox``, leading and trailing silence trimmed.  Install them
 with ``apt-get install -y espeak-ng sox``.
 
 Output is deterministic for a given ``--seed`` (and given espeak-ng / sox /
@@ -44,32 +46,32 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_SEED = 1234
-N_TRAIN = 160
+N_TRAIN = 240
 N_VALID = 40
 # Training utterances (1-based) written as 16 kHz WAV instead of FLAC, so that
 # loaders are exercised on both formats.
 WAV_TRAIN_UTTS = (2, 9)
 SAMPLE_RATE = 16000
-RATE_RANGE = (140, 190)  # espeak-ng -s (words per minute), inclusive
+RATE_RANGE = (150, 200)  # espeak-ng -s (words per minute), inclusive
 # An utterance shorter than this is re-spoken at the slowest rate, so that even
 # the shortest sentences at fast rates give a reasonable amount of audio.
-MIN_SECONDS = 1.5
+MIN_SECONDS = 1.0
 MAX_TOTAL_AUDIO_BYTES = 8_000_000  # keep the repo light: <= 8 MB of audio
 
 # espeak-ng voice[+variant] names.  NOTE: variants attached to "en-gb"
 # (e.g. "en-gb+m3") are silently ignored by espeak-ng 1.51 and give plain
 # en-gb audio, so British variants are spelled "en+...".  check_voices()
 # guards against such silent duplicates.
-VOICES = (
-    "en-us",  # American English, default male
-    "en-gb",  # British English, default male
-    "en-us+f3",  # American, female variant 3
-    "en+m3",  # British, male variant 3
-    "en-us+f2",  # American, female variant 2
-    "en+klatt",  # British, Klatt-synthesizer variant
-    "en-gb-scotland+f4",  # Scottish English, female variant 4
-    "en-gb-x-rp+f5",  # Received Pronunciation, female variant 5
+# Training and validation voices are disjoint: validation measures recognition
+# of speakers (voice variants) that training never heard.  Accents are shared,
+# variants are not (m4, f4, m6 and klatt2 only ever speak validation sentences).
+TRAIN_VOICES = (
+    "en-us", "en-gb", "en-us+f3", "en+m3", "en-us+f2", "en+klatt",
+    "en-gb-scotland+f1", "en-gb-x-rp+f5", "en-us+m1", "en+m2", "en-029+m5",
+    "en-us-nyc+m7", "en+f3", "en-gb-x-gbclan+m1",
 )
+VALID_VOICES = ("en-us+m4", "en+f4", "en-gb-x-rp+m6", "en-us+klatt2")
+VOICES = TRAIN_VOICES + VALID_VOICES
 
 SYSTEM_PROMPT = "You are a helpful assistant."
 USER_PROMPT = "语音转写："  # "speech transcription:", FunASR's usual ASR prompt
@@ -86,78 +88,35 @@ SPECIAL_TOKENS = (
 TOKENIZER_VOCAB_SIZE = 512
 
 # --------------------------------------------------------------------------
-# The grammar.  A closed vocabulary keeps the task learnable by a tiny model.
+# Sentences: words drawn independently and uniformly from a small closed
+# vocabulary, so nothing about a transcript can be guessed from the prompt or
+# from the words before it: the model has to listen.  24 words that sound
+# distinct keep the task learnable by a tiny model in minutes.
 # --------------------------------------------------------------------------
-NUMBERS = ("two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
-COLOURS = ("red", "green", "blue", "yellow", "black", "white", "brown", "pink")
-SIZES = ("big", "small", "tall", "little", "old")
-ANIMALS = {  # singular -> plural
-    "fox": "foxes", "cat": "cats", "dog": "dogs", "bird": "birds",
-    "fish": "fish", "horse": "horses", "mouse": "mice", "frog": "frogs",
-    "duck": "ducks", "bear": "bears",
-}
-OBJECTS = {
-    "box": "boxes", "ball": "balls", "cup": "cups", "hat": "hats",
-    "book": "books", "car": "cars", "tree": "trees", "chair": "chairs",
-}
-VERBS = {  # third person singular -> plural
-    "sees": "see", "likes": "like", "finds": "find", "takes": "take",
-    "wants": "want", "pushes": "push", "holds": "hold",
-}
-PLACES = ("on", "under", "near", "behind")
-
-# (weight, template).  Slots: {num} {colour} {size} {animal} {animals}
-# {object} {objects} {verb_s} {verb_p} {place}; {animal2} is an animal other
-# than {animal}.  Templates have 5-8 words: shorter ones are weighted up so
-# the audio stays small (about 2.3 s on average) and none is much under 1.5 s.
-TEMPLATES = (
-    (1, "the {size} {colour} {animal} {verb_s} {num} {colour2} {objects}"),
-    (2, "the {colour} {animal} {verb_s} the {object}"),
-    (2, "{num} {colour} {animals} {verb_p} the {object}"),
-    (2, "the {animal} is {place} the {object}"),
-    (3, "the {num} {objects} are {colour}"),
-    (2, "the {size} {animal} {verb_s} {num} {objects}"),
-    (3, "the {colour} {object} is {size}"),
-    (1, "{num} {size} {animals} are {place} the {object}"),
-    (1, "the {animal} and the {animal2} {verb_p} {num} {objects}"),
-    (2, "the {animal} {verb_s} one {colour} {object}"),
-    (3, "{num} {animals} {verb_p} {num2} {objects}"),
+WORDS = (
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
+    "red", "green", "blue", "black", "white", "yellow",
+    "cat", "dog", "bird", "fish", "fox", "horse", "box", "cup",
 )
+WORDS_PER_SENTENCE = (3, 5)  # inclusive
 
 
 def grammar_words() -> list[str]:
-    """Every word the grammar can produce, sorted (used for the README and as
+    """Every word a sentence can contain, sorted (used for the README and as
     tokenizer training text)."""
-    words = {"the", "is", "are", "and", "one"}
-    words.update(NUMBERS, COLOURS, SIZES, PLACES)
-    for table in (ANIMALS, OBJECTS, VERBS):
-        words.update(table)
-        words.update(table.values())
-    return sorted(words)
+    return sorted(WORDS)
 
 
 def random_sentence(rng: random.Random) -> str:
-    """Draw one sentence: pick a template, then fill each slot."""
-    weights = [w for w, _ in TEMPLATES]
-    template = rng.choices([t for _, t in TEMPLATES], weights=weights)[0]
-    animal, animal2 = rng.sample(sorted(ANIMALS), 2)
-    obj = rng.choice(sorted(OBJECTS))
-    verb = rng.choice(sorted(VERBS))
-    slots = {
-        "num": rng.choice(NUMBERS), "num2": rng.choice(NUMBERS),
-        "colour": rng.choice(COLOURS), "colour2": rng.choice(COLOURS),
-        "size": rng.choice(SIZES), "place": rng.choice(PLACES),
-        "animal": animal, "animal2": animal2, "animals": ANIMALS[animal],
-        "object": obj, "objects": OBJECTS[obj],
-        "verb_s": verb, "verb_p": VERBS[verb],
-    }
-    return template.format(**slots)
+    """Draw one sentence: a random length, then each word independently."""
+    n = rng.randint(*WORDS_PER_SENTENCE)
+    return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
 def make_sentences(seed: int) -> tuple[list[str], list[str]]:
     """Unique training sentences, then validation sentences that are not in
     the training set but only use words the training set contains (so the
-    validation set measures generalisation, not unseen vocabulary)."""
+    validation set measures recognition, not unseen vocabulary)."""
     rng = random.Random(f"sentences-{seed}")
     train: list[str] = []
     while len(train) < N_TRAIN:
@@ -197,17 +156,18 @@ class Utterance:
 
 def plan_utterances(seed: int) -> list[Utterance]:
     """Assign sentence, voice and rate to every utterance.  Voices go round
-    robin so each split has every voice equally often (20 / 5 each)."""
+    robin within each split: training sentences are spoken by TRAIN_VOICES
+    only, validation sentences by VALID_VOICES only."""
     train, valid = make_sentences(seed)
     rng = random.Random(f"rates-{seed}")
     utts = []
-    for split, sentences in (("train", train), ("valid", valid)):
+    for split, sentences, voices in (("train", train, TRAIN_VOICES), ("valid", valid, VALID_VOICES)):
         for i, text in enumerate(sentences):
             index = i + 1
             is_wav = split == "train" and index in WAV_TRAIN_UTTS
             utts.append(Utterance(
                 split=split, index=index, text=text,
-                voice=VOICES[i % len(VOICES)],
+                voice=voices[i % len(voices)],
                 rate=rng.randint(*RATE_RANGE),
                 ext="wav" if is_wav else "flac",
             ))
@@ -222,15 +182,20 @@ def run(cmd: list[str]) -> None:
 
 
 def synthesize(text: str, voice: str, rate: int, out_path: Path, tmp_dir: Path) -> None:
-    """espeak-ng -> 22050 Hz WAV -> sox -> 16 kHz mono 16-bit FLAC/WAV."""
+    """espeak-ng -> 22050 Hz WAV -> sox -> trimmed 16 kHz mono 16-bit FLAC/WAV."""
     raw = tmp_dir / "espeak.wav"
     run(["espeak-ng", "-v", voice, "-s", str(rate), "-w", str(raw), text])
     # -D: no dither.  sox dithers with random noise by default when it
     # resamples, which would make every run differ (and compress worse).
     # "gain -1" leaves 1 dB of headroom: espeak-ng peaks at full scale and the
     # resampler's overshoot would otherwise clip a few samples.
+    # "silence ... reverse silence ... reverse" trims espeak-ng's leading and
+    # trailing silence (~0.3 s an utterance, a fifth of the audio) and "pad"
+    # puts back 50 ms at each end, so the set stays small.
     run(["sox", "-D", str(raw), "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16",
-         "-e", "signed-integer", str(out_path), "gain", "-1"])
+         "-e", "signed-integer", str(out_path), "gain", "-1",
+         "silence", "1", "0.02", "0.3%", "reverse", "silence", "1", "0.02", "0.3%", "reverse",
+         "pad", "0.05", "0.05"])
 
 
 def check_tools() -> None:
@@ -311,6 +276,29 @@ def tokenizer_texts(train_texts: list[str]) -> list[str]:
 
 
 # --------------------------------------------------------------------------
+# Feature normalisation
+# --------------------------------------------------------------------------
+def write_cmvn(wav_paths: list[Path], out: Path) -> None:
+    """am.mvn (Kaldi nnet format, as FunASR model folders ship it) with the mean and inverse standard
+    deviation of the training set's LFR features (560 dims, no dither), computed with brisk's front end.
+    Normalised features let a model trained from scratch start listening within minutes."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import torch
+
+    from brisk.config import FrontendConfig
+    from brisk.data.audio import read_audio
+    from brisk.data.features import Frontend
+
+    fe = Frontend(FrontendConfig(dither=0.0))
+    feats = torch.cat([fe(read_audio(str(p), SAMPLE_RATE)) for p in wav_paths]).double()
+    mean, std = feats.mean(0), feats.std(0).clamp_min(1e-3)
+    row = lambda v: " ".join(f"{x:.6f}" for x in v.tolist())  # noqa: E731
+    d = feats.shape[1]
+    write_text(out, f"<Nnet>\n<Splice> {d} {d}\n[ 0 ]\n<AddShift> {d} {d}\n<LearnRateCoef> 0 [ {row(-mean)} ]\n"
+                    f"<Rescale> {d} {d}\n<LearnRateCoef> 0 [ {row(1.0 / std)} ]\n</Nnet>\n")
+
+
+# --------------------------------------------------------------------------
 # Manifests and README
 # --------------------------------------------------------------------------
 def speech_length(duration_s: float) -> int:
@@ -349,7 +337,8 @@ def write_readme(out: Path, seed: int, utts: list[Utterance], durations: dict[st
     total_s = seconds("train") + seconds("valid")
     n_words = [len(u.text.split()) for u in utts]
     wavs = ", ".join(f"`utt{i:04d}.wav`" for i in WAV_TRAIN_UTTS)
-    voices = ", ".join(f"`{v}`" for v in VOICES)
+    train_voices = ", ".join(f"`{v}`" for v in TRAIN_VOICES)
+    valid_voices = ", ".join(f"`{v}`" for v in VALID_VOICES)
     specials = ", ".join(f"`{t}` = {i}" for t, i in special_ids.items())
     espeak = tool_version(["espeak-ng", "--version"])
     sox = tool_version(["sox", "--version"])
@@ -367,13 +356,17 @@ python tools/make_demo_data.py --out data/demo --seed {seed}
 ## How it was made
 
 * Sentences: {min(n_words)}-{max(n_words)} words, lowercase ASCII, no punctuation,
-  drawn from a small fixed grammar of {len(grammar_words())} distinct words (listed below).
+  each word drawn independently and uniformly from {len(grammar_words())} words (listed below),
+  so a transcript cannot be guessed from the prompt or from its first words: the model has to listen.
   Validation sentences never occur in training, but all their words do.
-* Speech: `espeak-ng` ({espeak}), {len(VOICES)} voices used round robin (the same
-  in both splits): {voices}.  Speaking rate drawn from {RATE_RANGE[0]}-{RATE_RANGE[1]}
+* Speech: `espeak-ng` ({espeak}), voices used round robin within each split.
+  Training: {train_voices}.
+  Validation, voices training never heard: {valid_voices}.
+  Speaking rate drawn from {RATE_RANGE[0]}-{RATE_RANGE[1]}
   words per minute; an utterance under {MIN_SECONDS} s is re-spoken at {RATE_RANGE[0]}.
 * Audio: resampled from 22050 Hz to 16 kHz mono 16-bit with `sox` ({sox}),
-  1 dB lower (headroom against clipping), no dither, nothing trimmed.
+  1 dB lower (headroom against clipping), no dither, leading and trailing silence
+  trimmed (sox `silence`, 0.3% threshold) and 50 ms of silence put back at each end.
   Other tool versions may give slightly different audio.
 
 ## Contents
@@ -392,13 +385,16 @@ Total: {total_s:.1f} s ({total_s / 60:.1f} min) of audio in {total_bytes / 1e6:.
   under the tokenizer below).  The user turn is
   `{USER_PROMPT}<|startofspeech|>!audio/train/utt0001.flac<|endofspeech|>`; audio
   paths are relative to this folder.
+* `am.mvn`: feature normalisation (Kaldi nnet format, as in FunASR model folders): minus the mean and
+  one over the standard deviation of the training set's 560-dim LFR features (brisk's front end, no
+  dither); the demo config sets `model.frontend.cmvn_file` to it.
 * `tokenizer/`: Qwen-style byte-level BPE tokenizer, {vocab_size} tokens, trained on
   the training transcripts and prompts.  Load it with
   `transformers.AutoTokenizer.from_pretrained("data/demo/tokenizer")`.
   Special tokens: {specials}.
   `<|endoftext|>` is also the pad and eos token; no BOS/EOS is added automatically.
 
-Vocabulary: {" ".join(grammar_words())}.
+Words: {" ".join(grammar_words())}.
 
 ## Licence
 
@@ -416,7 +412,7 @@ def prepare_out_dir(out: Path) -> None:
     for sub in ("audio", "tokenizer"):
         if (out / sub).exists():
             shutil.rmtree(out / sub)
-    for name in ("train.jsonl", "valid.jsonl", "README.md"):
+    for name in ("train.jsonl", "valid.jsonl", "README.md", "am.mvn"):
         (out / name).unlink(missing_ok=True)
     for split in ("train", "valid"):
         (out / "audio" / split).mkdir(parents=True)
@@ -451,6 +447,7 @@ def main() -> None:
     if total_bytes > MAX_TOTAL_AUDIO_BYTES:
         sys.exit(f"error: audio totals {total_bytes} bytes, over the {MAX_TOTAL_AUDIO_BYTES} budget")
 
+    write_cmvn([out / u.rel_path for u in utts if u.split == "train"], out / "am.mvn")
     train_tokenizer(tokenizer_texts([u.text for u in utts if u.split == "train"]), out / "tokenizer")
     tok = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
 

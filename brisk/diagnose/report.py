@@ -6,7 +6,8 @@ per rank, the job's step time (the slowest rank each step) and every rank's slow
 Panels: every step's time with slow steps marked by cause and the running median; a histogram; the median
 phase breakdown (data, forward, backward, optimizer, between-step work; a CUDA-graphed step is one replay,
 shown as one "whole graphed step" bar); memory (peak allocated per step on a GPU, tokens per step on the
-CPU); the training loss (metrics.jsonl) with the validation loss (history.jsonl); accuracy likewise. The
+CPU); the training loss (metrics.jsonl) with the validation loss (history.jsonl); accuracy likewise; where the run decoded (train.val_decode),
+validation CER and WER. The
 markdown holds the acceleration state, summary numbers (GPU-only columns only on a GPU), the slow steps
 with their causes, and the validation history.
 """
@@ -62,6 +63,18 @@ def phase_bars(steps: list[dict]) -> list[tuple[str, float]]:
     return [(p, med[p]) for p in phases] + [("between steps", other)]
 
 
+def plot_decoding(ax, history: list[dict]) -> None:
+    """Validation CER and WER where the run decoded (train.val_decode)."""
+    dec = [h for h in history if "cer" in h]
+    xs = [h["step"] for h in dec]
+    ax.plot(xs, [100 * h["cer"] for h in dec], "o-", color="#1f77b4", label="CER")
+    ax.plot(xs, [100 * h["wer"] for h in dec], "s--", color="#ff7f0e", label="WER")
+    ax.set_xlabel("step")
+    ax.set_ylabel("%")
+    ax.legend(fontsize=8)
+    ax.set_title(f"validation CER / WER (greedy, {dec[-1].get('decoded', '?')} utterances)")
+
+
 def plot(steps: list[dict], slow: list[dict], out: Path, title: str = "", metrics: list[dict] | None = None,
          history: list[dict] | None = None) -> None:
     import matplotlib
@@ -71,7 +84,12 @@ def plot(steps: list[dict], slow: list[dict], out: Path, title: str = "", metric
 
     x = [s["step"] for s in steps]
     y = [s["total"] * 1000 for s in steps]
-    fig, axes = plt.subplots(3, 2, figsize=(13, 12), gridspec_kw={"height_ratios": [1.3, 1, 1]})
+    decoded = any("cer" in h for h in history or [])
+    rows = 4 if decoded else 3
+    fig, axes = plt.subplots(rows, 2, figsize=(13, 4 * rows), gridspec_kw={"height_ratios": [1.3] + [1] * (rows - 1)})
+    if decoded:
+        plot_decoding(axes[3, 0], history)
+        axes[3, 1].set_axis_off()
     ax = axes[0, 0]
     ax.plot(x, y, lw=0.8, color="#444", label="step time")
     ax.plot(x, [v * 1000 for v in running_median([s["total"] for s in steps])], lw=1.5, color="#1f77b4",
@@ -212,8 +230,12 @@ def write_report(run_dir: str | Path) -> Path:
     else:
         lines += ["No slow steps.", ""]
     if history:
-        lines += ["## Validation", "", "| step | loss | accuracy |", "|---|---|---|"]
-        lines += [f"| {h['step']} | {h['loss']:.4f} | {h['acc']:.4f} |" for h in history]
+        dec = any("cer" in h for h in history)
+        lines += ["## Validation", "", "| step | loss | accuracy |" + (" CER | WER |" if dec else ""),
+                  "|---|---|---|" + ("---|---|" if dec else "")]
+        cell = lambda h, k: f" {100 * h[k]:.2f}% |" if k in h else " |"  # noqa: E731
+        lines += [f"| {h['step']} | {h['loss']:.4f} | {h['acc']:.4f} |" + (cell(h, "cer") + cell(h, "wer") if dec else "")
+                  for h in history]
     out = run_dir / "report.md"
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return out

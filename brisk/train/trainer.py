@@ -24,6 +24,7 @@ from .checkpoint import Checkpoints, gather_to_rank0, rng_state, set_rng_state
 from .monitor import Monitor
 from .optim import load_optimizer_state
 from .step import StepHooks, model_loss
+from .val_decode import ValDecoder
 
 log = logging.getLogger("brisk")
 
@@ -73,6 +74,7 @@ class Trainer:
                                tensorboard=c.train.tensorboard, rank=self.rank)
         if self.probe is not None:
             self.monitor.listeners.append(self.probe.on_metrics)
+        self.decoder = ValDecoder(self.valid, self.run_dir, c.train.val_decode, self.device) if c.train.val_decode else None
 
     def total_steps(self) -> int:
         per_epoch = len(self.train.sampler.batches(0)) // self.cfg.train.accum_grad
@@ -93,6 +95,8 @@ class Trainer:
         self.model.train()
         log.info("training from step %d (epoch %d)", self.pos.step, self.pos.epoch)  # the first step's start, in train.log
         with tf32_scope(self.cfg.speed.tf32):
+            if c.val_decode and self.pos.step == 0:  # the "before" of the CER curve
+                self.validate()
             while self.pos.epoch < c.max_epochs and not self.done():
                 self.monitor.epoch = (self.pos.epoch + 1, self.total_epochs())
                 self.train.sampler.set_epoch(self.pos.epoch, self.pos.batches_in_epoch)
@@ -201,6 +205,8 @@ class Trainer:
                 torch.distributed.all_reduce(t)
         n = max(int(count), 1)
         val = {"loss": float(loss_sum) / n, "acc": int(correct) / n, "tokens": int(count)}
+        if self.cfg.train.val_decode and self.rank == 0:
+            val.update(self.decoder.run(self.model, self.pos.step))
         self.pos.history.append({"step": self.pos.step, **val})
         if self.rank == 0:
             with (self.run_dir / "history.jsonl").open("a", encoding="utf-8") as f:
@@ -208,6 +214,11 @@ class Trainer:
         log.info("validation at step %d: loss %.4f  acc %.4f  (%d tokens)", self.pos.step, val["loss"], val["acc"], n)
         self.monitor.scalar("valid/loss", val["loss"], self.pos.step)
         self.monitor.scalar("valid/acc", val["acc"], self.pos.step)
+        if "cer" in val:
+            log.info("validation decode at step %d: CER %.2f%%  WER %.2f%%  (%d utterances, %.1f s)", self.pos.step,
+                     100 * val["cer"], 100 * val["wer"], val["decoded"], val["decode_seconds"])
+            self.monitor.scalar("valid/cer", val["cer"], self.pos.step)
+            self.monitor.scalar("valid/wer", val["wer"], self.pos.step)
         if self.probe is not None:
             self.probe.on_validation(self.pos.step, val)
         return val
@@ -297,4 +308,4 @@ class Trainer:
                         self.pos.bad_samples, len(self.train.skipped_lines))
         return {"step": self.pos.step, "history": self.pos.history, "slow_steps": self.detector.slow,
                 "bad_samples": self.pos.bad_samples, "bad_lines": len(self.train.skipped_lines),
-                "last": self.monitor.last}
+                "last": self.monitor.last, "transcripts": self.decoder.last_rows if self.decoder else []}

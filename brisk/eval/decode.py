@@ -1,0 +1,167 @@
+"""Greedy decoding with a KV cache and FunASR 1.4.16's inference prompt.
+
+The prompt is the one ``FunASRNano.inference`` builds (``get_prompt`` + ``generate_chatml``), not the jsonl's:
+
+    <|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n<|im_start|>user\\n
+    语音转写：<|startofspeech|>[audio slots]<|endofspeech|><|im_end|>\\n<|im_start|>assistant\\n
+
+with ``语音转写成{language}`` when a language is given and ``，不进行文本规整`` before the colon when itn is off;
+no context header (FunASR's inference adds none). ``data.sys_prompt=false`` drops the system turn and
+``data.do_think=false`` appends ``<think>\\n\\n</think>\\n\\n``, as FunASR's inference reads them from
+dataset_conf. The text pieces are tokenized one by one, as FunASR does, and the audio slots take the first
+``audio_token_count(L)`` adaptor outputs.
+
+Decoding is the LLM's own ``generate(inputs_embeds=...)``: greedy, KV cache, stopping at the LLM config's
+eos and at ``<|im_end|>``. Several utterances decode together, left-padded (FunASR's batched path does the
+same); positions then come from the attention mask, so each utterance's tokens keep positions 0, 1, 2, ...
+
+Features are computed without dither (FunASR's frontend dithers unless its config sets dither: 0), so a
+transcript is the same on every run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from ..data.audio import read_audio
+from ..data.features import Frontend
+from ..models.speech_llm import audio_token_count
+
+SYSTEM = "You are a helpful assistant."  # FunASR's generate_chatml
+_SPLIT = re.compile(r"(<\|startofspeech\|>.*?<\|endofspeech\|>)")
+
+
+def inference_prompt(hotwords: list[str] | tuple = (), language: str | None = None, itn: bool = True) -> str:
+    """FunASR 1.4.16's ``FunASRNano.get_prompt``, string for string."""
+    prompt = ""
+    if hotwords:
+        prompt = ("请结合上下文信息，更加准确地完成语音转写任务。如果没有相关信息，我们会留空。\n\n\n**上下文信息：**\n\n\n"
+                  f"热词列表：[{', '.join(hotwords)}]\n")
+    prompt += "语音转写" if language is None else f"语音转写成{language}"
+    if not itn:
+        prompt += "，不进行文本规整"
+    return prompt + "："
+
+
+@dataclass
+class Result:
+    ids: list[int]  # generated token ids, up to (not including) the stop token
+    text: str
+    audio_seconds: float
+
+
+class Recognizer:
+    """Audio files (or LFR features) -> token ids and text, with a SpeechLLM and its tokenizer."""
+
+    def __init__(self, model, tokenizer, frontend_cfg, *, device: torch.device | str = "cpu", sys_prompt: bool = True,
+                 do_think: bool = True, prompt: str | None = None, max_new_tokens: int = 512):
+        self.model, self.tok = model, tokenizer
+        self.device = torch.device(device)
+        self.frontend = Frontend(dataclasses.replace(frontend_cfg, dither=0.0))
+        self.fs = frontend_cfg.fs
+        self.sys_prompt, self.do_think = sys_prompt, do_think
+        self.prompt = prompt if prompt is not None else inference_prompt()
+        self.max_new_tokens = max_new_tokens
+        self.low_frame_rate = model.cfg.adaptor.use_low_frame_rate
+        llm_cfg = model.llm.config
+        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        eos = llm_cfg.eos_token_id
+        eos = list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
+        self.stop = sorted({*eos, *([im_end] if isinstance(im_end, int) and im_end >= 0 else [])})
+        self.pad = llm_cfg.pad_token_id if llm_cfg.pad_token_id is not None else (self.stop[0] if self.stop else 0)
+
+    # ------------------------------------------------------------------------------------- prompt
+    def prompt_ids(self, n_audio: int) -> tuple[list[int], int]:
+        """Token ids of the inference prompt with ``n_audio`` placeholder slots, and the first slot's index."""
+        user = f"{self.prompt}<|startofspeech|>!audio<|endofspeech|>"
+        source = f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+        if self.sys_prompt:
+            source = f"<|im_start|>system\n{SYSTEM}<|im_end|>\n" + source
+        if not self.do_think:
+            source += "<think>\n\n</think>\n\n"
+        ids: list[int] = []
+        start = -1
+        for piece in _SPLIT.split(source):
+            if piece.startswith("<|startofspeech|>"):
+                start = len(ids)
+                ids += [0] * n_audio
+            else:
+                ids += list(self.tok.encode(piece))
+        return ids, start
+
+    # ------------------------------------------------------------------------------------ decoding
+    def features(self, path: str) -> tuple[torch.Tensor, float]:
+        wave = read_audio(path, self.fs)
+        return self.frontend(wave), wave.numel() / self.fs
+
+    @torch.no_grad()
+    def decode_features(self, feats: list[torch.Tensor], max_new_tokens: int | None = None) -> list[list[int]]:
+        """LFR features [F, D] of each utterance -> generated ids of each, decoded together (left padding)."""
+        model = self.model
+        was_training = model.training
+        model.eval()  # no dropout while decoding; the caller's mode is restored below
+        try:
+            return self._decode(feats, max_new_tokens)
+        finally:
+            model.train(was_training)
+
+    def _decode(self, feats: list[torch.Tensor], max_new_tokens: int | None) -> list[list[int]]:
+        model = self.model
+        speech = pad_sequence(feats, batch_first=True).to(self.device)  # [N, F, D]
+        lengths = torch.tensor([f.shape[0] for f in feats], device=self.device)
+        adapted = model.encode_audio(speech, lengths)  # [N, F', llm_dim]
+        embed = model.llm.get_input_embeddings()
+        rows = []
+        for i, f in enumerate(feats):
+            n = audio_token_count(f.shape[0], self.low_frame_rate)
+            ids, start = self.prompt_ids(n)
+            e = embed(torch.tensor(ids, device=self.device))  # [T_i, D]
+            e = torch.cat([e[:start], adapted[i, :n].to(e.dtype), e[start + n:]])
+            rows.append(e)
+        t = max(r.shape[0] for r in rows)
+        embeds = rows[0].new_zeros(len(rows), t, rows[0].shape[1])  # [B, T, D], left padded with zeros
+        mask = torch.zeros(len(rows), t, dtype=torch.long, device=self.device)
+        for i, r in enumerate(rows):
+            embeds[i, t - r.shape[0]:] = r
+            mask[i, t - r.shape[0]:] = 1
+        dtype = model.llm_dtype
+        autocast = torch.autocast(self.device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+        with autocast:
+            out = model.llm.generate(inputs_embeds=embeds.to(dtype), attention_mask=mask, do_sample=False, num_beams=1,
+                                     max_new_tokens=max_new_tokens or self.max_new_tokens, eos_token_id=self.stop or None,
+                                     pad_token_id=self.pad)
+        results = []
+        for row in out.tolist():  # with inputs_embeds only, generate returns the new tokens alone
+            cut = next((j for j, x in enumerate(row) if x in self.stop), len(row))
+            results.append(row[:cut])
+        return results
+
+    def text(self, ids: list[int]) -> str:
+        """FunASR's post-processing: special tokens dropped, /sil and runs of whitespace to one space."""
+        t = self.tok.decode(ids, skip_special_tokens=True)
+        return re.sub(r"\s+", " ", t.replace("/sil", " ")).strip()
+
+    def transcribe(self, paths: list[str], batch_size: int = 8, max_new_tokens: int | None = None) -> list[Result]:
+        out: list[Result] = []
+        for b in range(0, len(paths), batch_size):
+            feats, secs = zip(*(self.features(p) for p in paths[b:b + batch_size]))
+            for ids, s in zip(self.decode_features(list(feats), max_new_tokens), secs):
+                out.append(Result(ids, self.text(ids), s))
+        return out
+
+
+def timed_transcribe(rec: Recognizer, paths: list[str], batch_size: int = 8,
+                     max_new_tokens: int | None = None) -> tuple[list[Result], float]:
+    """Transcripts and the wall time of the whole decode (audio reading and features included)."""
+    t0 = time.perf_counter()
+    results = rec.transcribe(paths, batch_size, max_new_tokens)
+    if rec.device.type == "cuda":
+        torch.cuda.synchronize(rec.device)
+    return results, time.perf_counter() - t0

@@ -1,0 +1,191 @@
+"""`brisk eval` and `brisk transcribe`: load a model, decode, score.
+
+``load_run`` reads a brisk run folder (its config.yaml and the weights it ended with, or a checkpoint) or a
+FunASR model folder (config.yaml with ``model: FunASRNano``, model.pt, the LLM folder with its tokenizer).
+Scoring: see brisk/eval/metrics.py for the normalisation; each line of the jsonl decodes its first audio
+reference against its first assistant answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+import torch
+import yaml
+
+from ..config import Config, ConfigError, build, load_config
+from .decode import Recognizer, timed_transcribe
+from .metrics import corpus_rates, errors
+
+log = logging.getLogger("brisk")
+
+
+def _weights_of_run(run: Path, which: str | None, metric: str = "loss") -> Path:
+    """The run's weights: ``which`` = a file, "best" or "last" (checkpoints), or None: the final export if
+    the run wrote one, else the best checkpoint (by train.keep_metric), else the latest."""
+    if which not in (None, "best", "last"):
+        return Path(which)
+    if which is None:
+        for name in ("model.safetensors", "model.pt"):
+            if (run / name).is_file():
+                return run / name
+    folder = run / "checkpoints"
+    index = json.loads((folder / "index.json").read_text()) if (folder / "index.json").is_file() else {}
+    present = sorted(n for n in index if (folder / n).is_file())
+    sign = -1 if metric == "acc" else 1  # lower is better after the sign
+    scored = sorted((sign * index[n][f"val_{metric}"], n) for n in present if f"val_{metric}" in index[n])
+    if which in (None, "best") and scored:
+        return folder / scored[0][1]
+    if present:
+        return folder / present[-1]
+    raise FileNotFoundError(f"{run}: no weights (model.safetensors, model.pt or checkpoints/) in this run folder")
+
+
+def load_run(path: str | Path, weights: str | None = None, device: str = "cpu"):
+    """A run folder or a FunASR model folder -> (config, model in eval mode on ``device``, tokenizer, weights)."""
+    from ..data.loader import load_tokenizer
+    from ..models.build import build_model, load_weights
+
+    path = Path(path)
+    cfg_file = path / "config.yaml"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{path}: no config.yaml (give a brisk run folder or a FunASR model folder)")
+    raw = yaml.safe_load(cfg_file.read_text(encoding="utf-8")) or {}
+    if isinstance(raw.get("model"), dict):  # a brisk run: the resolved config it saved
+        try:
+            cfg = build(Config, raw)
+        except ConfigError as e:
+            raise ConfigError(f"{cfg_file}: {e}") from None
+        w = _weights_of_run(path, weights, cfg.train.keep_metric)
+        # The run's own weights replace everything: skip the start-up loads (LLM folder, model.path, init).
+        m = cfg.model
+        model_cfg = dataclasses.replace(m, path=None, init=None, llm=dataclasses.replace(m.llm, load_weights=False))
+        model = build_model(model_cfg, device)
+        load_weights(model, w)
+    else:  # a FunASR model folder: its config.yaml names the architecture, model.pt holds the weights
+        cfg = load_config(None, [f"model.path={path}"], check_paths=False)
+        model = build_model(cfg.model, device)
+        w = Path(weights) if weights else path / "model.pt"
+        if weights:
+            load_weights(model, w)
+    tokenizer = load_tokenizer(cfg)
+    return cfg, model.eval(), tokenizer, w
+
+
+def recognizer(cfg: Config, model, tokenizer, device: str = "cpu", **kw) -> Recognizer:
+    return Recognizer(model, tokenizer, cfg.model.frontend, device=device, sys_prompt=cfg.data.sys_prompt,
+                      do_think=cfg.data.do_think, **kw)
+
+
+def score(keys: list[str], refs: list[str], hyps: list[str]) -> tuple[list[dict], dict]:
+    """Per-utterance rows (key, ref, hyp, errors) and the corpus summary; the summary's CER and WER are
+    jiwer's over the whole lists, and equal the per-utterance edits summed over the reference lengths."""
+    rows = []
+    for k, r, h in zip(keys, refs, hyps):
+        e = errors(r, h)
+        rows.append({"key": k, "ref": r, "hyp": h, "char_errors": e.char_errors, "chars": e.chars,
+                     "word_errors": e.word_errors, "words": e.words})
+    summary = {"utterances": len(rows), **corpus_rates(refs, hyps),
+               "char_errors": sum(r["char_errors"] for r in rows), "chars": sum(r["chars"] for r in rows),
+               "word_errors": sum(r["word_errors"] for r in rows), "words": sum(r["words"] for r in rows)}
+    return rows, summary
+
+
+def read_eval_set(path: str, cfg: Config) -> tuple[list[str], list[str], list[str]]:
+    """(keys, audio paths, references) of a FunASR jsonl: each line's first audio and first answer."""
+    from ..data.jsonl import read_jsonl
+
+    d = cfg.data
+    index = read_jsonl(path, max_speech_length=10**9, max_text_length=10**9, skip_bad=d.skip_bad)
+    utts = index.utterances
+    return [u.key for u in utts], [u.audio_paths()[0] for u in utts], [u.assistant[0] for u in utts]
+
+
+def evaluate(rec: Recognizer, keys: list[str], paths: list[str], refs: list[str], out: Path | None,
+             batch_size: int = 8, max_new_tokens: int | None = None) -> tuple[list[dict], dict]:
+    results, seconds = timed_transcribe(rec, paths, batch_size, max_new_tokens)
+    rows, summary = score(keys, refs, [r.text for r in results])
+    audio = sum(r.audio_seconds for r in results)
+    summary.update(seconds=seconds, audio_seconds=audio, utts_per_s=len(rows) / max(seconds, 1e-9),
+                   rtf=seconds / max(audio, 1e-9), device=str(rec.device), batch_size=batch_size)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return rows, summary
+
+
+def summary_table(s: dict) -> str:
+    return "\n".join([
+        "| utterances | CER | WER | char errors / chars | word errors / words | utts/s | RTF | device |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {s['utterances']} | {100 * s['cer']:.2f}% | {100 * s['wer']:.2f}% | {s['char_errors']} / {s['chars']} | "
+        f"{s['word_errors']} / {s['words']} | {s['utts_per_s']:.2f} | {s['rtf']:.4f} | {s['device']} |",
+    ])
+
+
+def pick_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+# ------------------------------------------------------------------------------------------ verbs
+def eval_main(args) -> int:
+    device = pick_device(args.device)
+    cfg, model, tok, w = load_run(args.model, args.weights, device)
+    keys, paths, refs = read_eval_set(args.data, cfg)
+    out = Path(args.out) if args.out else (Path(args.model) / "eval" / f"{Path(args.data).stem}.jsonl")
+    rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens)
+    rows, s = evaluate(rec, keys, paths, refs, out, args.batch_size)
+    print(f"model: {args.model} (weights {w}); data: {args.data}")
+    print(summary_table(s))
+    print(f"decoding: {s['utts_per_s']:.2f} utterances/s, real-time factor {s['rtf']:.4f} "
+          f"({s['seconds']:.1f} s for {s['audio_seconds']:.1f} s of audio, batch {s['batch_size']}, greedy)")
+    print(f"per utterance: {out}")
+    (out.with_suffix(".summary.json")).write_text(json.dumps(s, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+def transcribe_main(args) -> int:
+    device = pick_device(args.device)
+    cfg, model, tok, _ = load_run(args.model, args.weights, device)
+    rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens)
+    for path, r in zip(args.audio, rec.transcribe(args.audio, args.batch_size)):
+        print(f"{path}\t{r.text}")
+    return 0
+
+
+def add_verbs(sub) -> None:
+    """`brisk eval` and `brisk transcribe` on the CLI's subparsers."""
+    def common(p):
+        p.add_argument("--weights", help="a weights file, or best / last checkpoint (default: the run's final model)")
+        p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
+        p.add_argument("--batch-size", type=int, default=8, help="utterances decoded together (left padding)")
+        p.add_argument("--max-new-tokens", type=int, default=512, help="FunASR's max_length (default 512)")
+
+    e = sub.add_parser("eval", help="decode a jsonl, CER/WER with jiwer, one line per utterance")
+    e.add_argument("model", help="a brisk run folder or a FunASR model folder")
+    e.add_argument("data", help="a FunASR jsonl with references")
+    e.add_argument("--out", help="per-utterance jsonl (default: MODEL/eval/<data>.jsonl)")
+    common(e)
+    e.set_defaults(fn=eval_main)
+    t = sub.add_parser("transcribe", help="print the transcript of each audio file")
+    t.add_argument("model", help="a brisk run folder or a FunASR model folder")
+    t.add_argument("audio", nargs="+")
+    common(t)
+    t.set_defaults(fn=transcribe_main)
+
+
+def print_transcripts(first: dict, last: dict, rows: list[dict], n: int = 3) -> None:
+    """The end of `brisk train` with train.val_decode: CER/WER before and after, and a few transcripts."""
+    print(f"validation CER {100 * first['cer']:.1f}% (step {first['step']}) -> {100 * last['cer']:.1f}% "
+          f"(step {last['step']}), WER {100 * first['wer']:.1f}% -> {100 * last['wer']:.1f}% "
+          f"({last.get('decoded', len(rows))} utterances, greedy)")
+    for row in rows[:n]:
+        print(f"  {row['key']}  ref: {row['ref']}")
+        print(f"  {' ' * len(row['key'])}  hyp: {row['hyp']}")

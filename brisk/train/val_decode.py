@@ -1,0 +1,48 @@
+"""train.val_decode: greedy-decode the first N validation utterances at each validation (rank 0).
+
+Kept cheap: N utterances only, decoded in batches of 8, at most 2 x the longest reference (in tokens) + 8
+new tokens each, so an untrained model that never emits <|im_end|> cannot run to FunASR's 512. Each
+validation appends its transcripts (with the step) to valid_decode.jsonl in the run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ..eval.decode import Recognizer
+from ..eval.evaluate import score
+
+
+class ValDecoder:
+    def __init__(self, valid, run_dir: Path, n: int, device: torch.device):
+        self.valid, self.run_dir, self.n, self.device = valid, run_dir, n, device
+        self.rec: Recognizer | None = None
+        self.last_rows: list[dict] = []
+        if valid is not None:
+            utts = valid.dataset.utts[:n]
+            self.keys = [u.key for u in utts]
+            self.paths = [u.audio_paths()[0] for u in utts]
+            self.refs = [u.assistant[0] for u in utts]
+
+    def run(self, model, step: int) -> dict:
+        if self.valid is None:
+            return {}
+        ds = self.valid.dataset
+        if self.rec is None:
+            b = ds.builder
+            self.rec = Recognizer(model, b.tok, ds.frontend.cfg, device=self.device, sys_prompt=b.sys_prompt,
+                                  do_think=b.do_think)
+            self.max_new = 2 * max(len(b.tok.encode(r)) for r in self.refs) + 8
+        t0 = time.perf_counter()
+        results = self.rec.transcribe(self.paths, batch_size=8, max_new_tokens=self.max_new)
+        seconds = time.perf_counter() - t0
+        rows, summary = score(self.keys, self.refs, [r.text for r in results])
+        self.last_rows = rows
+        with (self.run_dir / "valid_decode.jsonl").open("a", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps({"step": step, **row}, ensure_ascii=False) + "\n")
+        return {"cer": summary["cer"], "wer": summary["wer"], "decoded": len(rows), "decode_seconds": seconds}

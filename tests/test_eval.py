@@ -1,0 +1,105 @@
+"""`brisk eval`, `brisk transcribe`, the CER/WER normalisation and train.val_decode, on a tiny run trained here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import jiwer
+import pytest
+
+from brisk.cli import main
+from brisk.eval.evaluate import load_run, score
+from brisk.eval.metrics import errors, normalize
+
+from .conftest import DEMO, REPO, run_train
+
+N_VAL = 6
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A few steps of the tiny demo model with validation decoding on (a subset of the validation set)."""
+    run = tmp_path_factory.mktemp("tiny_run")
+    lines = (DEMO / "valid.jsonl").read_text(encoding="utf-8").splitlines()[:N_VAL]
+    valid = run.parent / f"{run.name}_valid.jsonl"
+    valid.write_text("\n".join(x.replace("!audio/", f"!{DEMO}/audio/") for x in lines) + "\n", encoding="utf-8")
+    result = run_train(run, **{"train.max_steps": 6, "train.val_decode": 4, "data.valid": str(valid),
+                               "train.export_safetensors": True, "diagnose.report": True})
+    return run, valid, result
+
+
+def test_normalisation_is_the_documented_one():
+    assert normalize("  Ｈｅｌｌｏ，  World!  ４２ ") == "hello world 42"  # full-width -> half-width, lowercase
+    assert normalize("it's a cat-dog.") == "it s a cat dog"  # punctuation becomes a space
+    e = errors("the red fox", "the rad fox fox")
+    assert (e.words, e.word_errors) == (3, 2)  # one substitution, one insertion
+    assert (e.chars, e.char_errors) == (9, 4)  # "theredfox" vs "theradfoxfox": 1 substitution + 3 insertions
+    assert errors("语音转写", "语音转与").char_errors == 1
+
+
+def test_val_decode_writes_cer_into_history_and_report(tiny_run):
+    run, _, result = tiny_run
+    hist = [json.loads(x) for x in (run / "history.jsonl").read_text().splitlines()]
+    assert hist[0]["step"] == 0 and hist[-1]["step"] == 6  # decoded before the first step and at the end
+    assert all(0.0 <= h["cer"] and 0.0 <= h["wer"] and h["decoded"] == 4 for h in hist)
+    rows = [json.loads(x) for x in (run / "valid_decode.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 * len(hist) and {r["step"] for r in rows} == {h["step"] for h in hist}
+    last = [r for r in rows if r["step"] == 6]
+    assert hist[-1]["cer"] == pytest.approx(jiwer.cer([normalize(r["ref"]).replace(" ", "") for r in last],
+                                                      [normalize(r["hyp"]).replace(" ", "") for r in last]))
+    assert len(result["transcripts"]) == 4 and "CER" in (run / "report.md").read_text()
+
+
+def test_eval_writes_one_line_per_utterance_and_jiwer_summary(tiny_run, tmp_path, capsys):
+    run, valid, _ = tiny_run
+    out = tmp_path / "eval.jsonl"
+    assert main(["eval", str(run), str(valid), "--out", str(out), "--batch-size", "4", "--max-new-tokens", "16"]) == 0
+    printed = capsys.readouterr().out
+    rows = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    refs = [json.loads(x)["messages"][2]["content"] for x in valid.read_text(encoding="utf-8").splitlines()]
+    assert [r["ref"] for r in rows] == refs and len(rows) == N_VAL
+    assert all({"key", "ref", "hyp", "char_errors", "word_errors"} <= set(r) for r in rows)
+    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    hyps = [r["hyp"] for r in rows]
+    cer = jiwer.cer([normalize(r).replace(" ", "") for r in refs], [normalize(h).replace(" ", "") for h in hyps])
+    assert summary["cer"] == pytest.approx(cer) and summary["cer"] == pytest.approx(summary["char_errors"] / summary["chars"])
+    assert summary["wer"] == pytest.approx(jiwer.wer([normalize(r) for r in refs], [normalize(h) for h in hyps]))
+    assert f"{100 * summary['cer']:.2f}%" in printed and "utterances/s" in printed and "real-time factor" in printed
+    assert summary["rtf"] > 0 and summary["utts_per_s"] > 0
+
+
+def test_transcribe_prints_a_line_per_file(tiny_run):
+    run, _, _ = tiny_run
+    wavs = [str(p) for p in sorted((DEMO / "audio" / "valid").glob("*.flac"))[:3]]
+    cmd = [sys.executable, "-m", "brisk", "transcribe", str(run), *wavs, "--max-new-tokens", "12"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [x for x in out.stdout.splitlines() if x.strip()]
+    assert [x.split("\t")[0] for x in lines] == wavs and all("\t" in x for x in lines)
+    # The same texts as decoding in-process with the run's final weights.
+    cfg, model, tok, w = load_run(run)
+    from brisk.eval.evaluate import recognizer
+
+    texts = [r.text for r in recognizer(cfg, model, tok, max_new_tokens=12).transcribe(wavs)]
+    assert [x.split("\t", 1)[1] for x in lines] == texts and w.name == "model.safetensors"
+
+
+def test_transcribe_missing_file_is_one_line_exit_2(tiny_run, tmp_path, capsys):
+    run, _, _ = tiny_run
+    assert main(["transcribe", str(run), str(tmp_path / "nope.wav")]) == 2
+    err = capsys.readouterr().err
+    assert "nope.wav" in err and err.count("\n") == 1
+
+
+def test_load_run_picks_checkpoints_when_asked(tiny_run):
+    run, _, _ = tiny_run
+    _, _, _, best = load_run(run, weights="best")
+    _, _, _, last = load_run(run, weights="last")
+    assert best.parent.name == "checkpoints" and last.name == "ckpt-00000006.pt"
+
+
+def test_score_counts_empty_hypotheses_as_deletions():
+    rows, s = score(["a", "b"], ["one two", "three"], ["one", ""])
+    assert [r["word_errors"] for r in rows] == [1, 1] and s["wer"] == pytest.approx(2 / 3)
