@@ -1,14 +1,13 @@
 """`brisk eval` and `brisk transcribe`: load a model, decode, score.
 
-``load_run`` reads a brisk run folder (its config.yaml and the weights it ended with, or a checkpoint) or a
-FunASR model folder (config.yaml with ``model: FunASRNano``, model.pt, the LLM folder with its tokenizer).
+``load_run`` reads a brisk run folder (its config.yaml and its newest weights, or a chosen checkpoint), a
+FunASR model folder or a native HF folder, through brisk.models.export.load_for_inference.
 Scoring: see brisk/eval/metrics.py for the normalisation; each line of the jsonl decodes its first audio
 reference against its first assistant answer.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -16,63 +15,35 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..config import Config, ConfigError, build, load_config
+from ..config import Config
 from .decode import Recognizer, timed_transcribe
 from .metrics import corpus_rates, errors
 
 log = logging.getLogger("brisk")
 
 
-def _weights_of_run(run: Path, which: str | None, metric: str = "loss") -> Path:
-    """The run's weights: ``which`` = a file, "best" or "last" (checkpoints), or None: the final export if
-    the run wrote one, else the best checkpoint (by train.keep_metric), else the latest."""
-    if which not in (None, "best", "last"):
-        return Path(which)
-    if which is None:
-        for name in ("model.safetensors", "model.pt"):
-            if (run / name).is_file():
-                return run / name
-    folder = run / "checkpoints"
-    index = json.loads((folder / "index.json").read_text()) if (folder / "index.json").is_file() else {}
-    present = sorted(n for n in index if (folder / n).is_file())
-    sign = -1 if metric == "acc" else 1  # lower is better after the sign
-    scored = sorted((sign * index[n][f"val_{metric}"], n) for n in present if f"val_{metric}" in index[n])
-    if which in (None, "best") and scored:
-        return folder / scored[0][1]
-    if present:
-        return folder / present[-1]
-    raise FileNotFoundError(f"{run}: no weights (model.safetensors, model.pt or checkpoints/) in this run folder")
-
-
 def load_run(path: str | Path, weights: str | None = None, device: str = "cpu"):
-    """A run folder or a FunASR model folder -> (config, model in eval mode on ``device``, tokenizer, weights)."""
-    from ..data.loader import load_tokenizer
-    from ..models.build import build_model, load_weights
+    """A run folder, a FunASR model folder or a native HF folder -> (config, model in eval mode on ``device``,
+    tokenizer, the weights file of a run folder or None). ``weights``: a file, "best" or "last" (a run's
+    checkpoints); by default a run's newest weights."""
+    from ..models.export import folder_kind, load_for_inference, run_weights
 
     path = Path(path)
-    cfg_file = path / "config.yaml"
-    if not cfg_file.is_file():
-        raise FileNotFoundError(f"{path}: no config.yaml (give a brisk run folder or a FunASR model folder)")
-    raw = yaml.safe_load(cfg_file.read_text(encoding="utf-8")) or {}
-    if isinstance(raw.get("model"), dict):  # a brisk run: the resolved config it saved
-        try:
-            cfg = build(Config, raw)
-        except ConfigError as e:
-            raise ConfigError(f"{cfg_file}: {e}") from None
-        w = _weights_of_run(path, weights, cfg.train.keep_metric)
-        # The run's own weights replace everything: skip the start-up loads (LLM folder, model.path, init).
-        m = cfg.model
-        model_cfg = dataclasses.replace(m, path=None, init=None, llm=dataclasses.replace(m.llm, load_weights=False))
-        model = build_model(model_cfg, device)
-        load_weights(model, w)
-    else:  # a FunASR model folder: its config.yaml names the architecture, model.pt holds the weights
-        cfg = load_config(None, [f"model.path={path}"], check_paths=False)
-        model = build_model(cfg.model, device)
-        w = Path(weights) if weights else path / "model.pt"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist (give a brisk run folder or a model folder)")
+    w = None
+    if folder_kind(path) == "run":
+        raw = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8")) or {}
+        w = run_weights(path, weights, (raw.get("train") or {}).get("keep_metric", "loss"))
+        model, tokenizer, cfg = load_for_inference(path, device, weights=str(w))
+    else:
+        model, tokenizer, cfg = load_for_inference(path, device)
         if weights:
-            load_weights(model, w)
-    tokenizer = load_tokenizer(cfg)
-    return cfg, model.eval(), tokenizer, w
+            from ..models.build import load_weights
+
+            load_weights(model, Path(weights))
+            w = Path(weights)
+    return cfg, model, tokenizer, w
 
 
 def recognizer(cfg: Config, model, tokenizer, device: str = "cpu", **kw) -> Recognizer:

@@ -249,22 +249,34 @@ def folder_kind(path: str | Path) -> str:
                       "Fun-ASR-Nano folder (config.json with model_type fun_asr_nano)")
 
 
-def run_weights(run_dir: Path) -> Path | None:
-    """The newest weights of a run: its last checkpoint, else its exported FunASR model.pt."""
-    ckpts = sorted((run_dir / "checkpoints").glob("ckpt-*.pt"))
-    if ckpts:
-        return ckpts[-1]
-    for p in (run_dir / "model-funasr" / "model.pt", run_dir / "model.pt"):
-        if p.is_file():
-            return p
-    return None
+def run_weights(run_dir: Path, which: str | None = None, metric: str = "loss") -> Path | None:
+    """A run's weights. ``which``: a file; "best" (by ``metric``) or "last" (checkpoints); None: the newest
+    weights, its last checkpoint (full precision), else its exported FunASR model.pt."""
+    if which not in (None, "best", "last"):
+        return Path(which)
+    folder = run_dir / "checkpoints"
+    index = json.loads((folder / "index.json").read_text()) if (folder / "index.json").is_file() else {}
+    present = sorted(n for n in index if (folder / n).is_file()) or sorted(p.name for p in folder.glob("ckpt-*.pt"))
+    if which == "best":
+        sign = -1 if metric == "acc" else 1  # lower is better after the sign
+        scored = sorted((sign * index[n][f"val_{metric}"], n) for n in present if f"val_{metric}" in index.get(n, {}))
+        if scored:
+            return folder / scored[0][1]
+    if present:
+        return folder / present[-1]
+    if which is None:
+        for p in (run_dir / "model-funasr" / "model.pt", run_dir / "model.pt"):
+            if p.is_file():
+                return p
+    raise FileNotFoundError(f"{run_dir}: no weights ({'checkpoints/' if which else 'checkpoints/ or model-funasr/model.pt'})")
 
 
-def load_for_inference(path: str | Path, device: str | torch.device = "cpu", overrides: list[str] | None = None):
+def load_for_inference(path: str | Path, device: str | torch.device = "cpu", overrides: list[str] | None = None,
+                       weights: str | None = None):
     """(model in eval mode, tokenizer, Config) from a run folder, a FunASR model folder or a native HF folder.
 
     A run folder is rebuilt from its saved config (model.path / model.init give the starting weights) and then
-    takes its newest weights (last checkpoint, else model-funasr/model.pt); a checkpoint that holds only the
+    takes its weights (``weights``: see run_weights; by default the newest); a checkpoint that holds only the
     trained weights leaves the frozen ones as built.
     """
     from ..config import load_config
@@ -276,7 +288,7 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", ove
     if kind == "run":
         cfg = load_config(path / "config.yaml", overrides, check_paths=False)  # its data may have moved
         model = build_model(cfg.model)
-        weights = run_weights(path)
+        weights = run_weights(path, weights, cfg.train.keep_metric)
         if weights is not None:
             state = read_state_dict(weights)
             own = model.state_dict()
