@@ -134,10 +134,10 @@ class DataConfig:
     sys_prompt: bool = True  # FunASR dataset_conf.sys_prompt
     do_think: bool = True  # FunASR dataset_conf.do_think: False appends an empty <think></think>
     multiturn_max: int = 5  # FunASR dataset_conf.multiturn_num_max: turns kept of a multi-turn sample
-    # FunASR dataset_conf.prompt_classes / prompt_conf: a context header before the first user prompt
-    # (MultiContextPrompt, set by the real Fun-ASR-Nano-2512 config.yaml; read from model.path's folder).
-    prompt_class: str | None = None
-    prompt_conf: dict = field(default_factory=dict)
+    # FunASR dataset_conf.prompt_classes / prompt_conf, read from model.path's folder (the real Fun-ASR-Nano-2512
+    # config.yaml sets MultiContextPrompt): a context header before the first user prompt.
+    prompt_class: str | None = None  # MultiContextPrompt (FunASR's context header) or null (no header)
+    prompt_conf: dict = field(default_factory=dict)  # FunASR prompt_conf: use_hotwords, use_hist, ... (see docs/export.md)
 
     def __post_init__(self):
         if self.prompt_class not in (None, "MultiContextPrompt"):

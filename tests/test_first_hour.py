@@ -96,14 +96,14 @@ def _steps(run) -> list[int]:
 
 def test_run_folders_never_mix_and_resume_says_what_it_did(tmp_path):
     run = tmp_path / "run"
-    short = {"data.valid": None, "train.save_every": 3, "train.save_final": False}
+    short = {"data.valid": None, "train.save_every": 3, "train.save_final": False, "optim.lr": 0.002}
     run_train(run, **short, **{"train.max_steps": 5, "train.resume": True})  # steps 4-5 come after the last checkpoint
     assert "nothing to resume" in (run / "train.log").read_text() and _steps(run) == [1, 2, 3, 4, 5]
 
     with pytest.raises(ConfigError, match="already holds a run .*train.resume=true.*train.overwrite=true"):
         run_train(run, **short, **{"train.max_steps": 5})
 
-    run_train(run, **short, **{"train.max_steps": 7, "train.resume": True, "optim.lr": 0.001})
+    run_train(run, **{**short, "train.max_steps": 7, "train.resume": True, "optim.lr": 0.001})
     log = (run / "train.log").read_text()
     assert "differs from the checkpoint's in 1 key: optim.lr: 0.002 -> 0.001" in log
     assert _steps(run) == [1, 2, 3, 4, 5, 6, 7]  # resumed at 3: the old 4 and 5 are gone, not repeated

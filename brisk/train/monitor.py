@@ -88,16 +88,20 @@ class Monitor:
             info += f"  skipped {skipped}"
         if self.bar:
             self.bar.update(self.task, completed=last_step, info=info)
-        if not self.defined_acc:
-            self.defined_acc = True
-            log.info("acc = share of transcript tokens whose next token the model predicts right (argmax, "
-                     "teacher-forced); loss = their mean cross-entropy")
+        self.define_acc()
         where = f" (epoch {self.epoch[0]}/{self.epoch[1]})" if self.epoch else ""
         log.info("step %d%s: %s", last_step, where, info)
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         if self.writer:
             self.writer.add_scalar(tag, value, step)
+
+    def define_acc(self) -> None:
+        """Say once, before the first line that shows acc, what it means."""
+        if not self.defined_acc:
+            self.defined_acc = True
+            log.info("acc = share of transcript tokens whose next token the model predicts right (argmax, "
+                     "teacher-forced); loss = their mean cross-entropy")
 
     def close(self) -> None:
         self.flush()

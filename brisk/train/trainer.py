@@ -211,6 +211,7 @@ class Trainer:
         if self.rank == 0:
             with (self.run_dir / "history.jsonl").open("a", encoding="utf-8") as f:
                 f.write(json.dumps({"step": self.pos.step, **val}) + "\n")
+        self.monitor.define_acc()
         log.info("validation at step %d: loss %.4f  acc %.4f  (%d tokens)", self.pos.step, val["loss"], val["acc"], n)
         self.monitor.scalar("valid/loss", val["loss"], self.pos.step)
         self.monitor.scalar("valid/acc", val["acc"], self.pos.step)
