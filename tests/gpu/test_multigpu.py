@@ -55,7 +55,9 @@ def _probe(path: Path) -> dict:
 
 def _params(run: Path) -> dict:
     ckpt = sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1]
-    return torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    from brisk.models.build import read_checkpoint
+
+    return read_checkpoint(ckpt)["state_dict"]
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager_ddp", "cuda_graph"])
