@@ -107,7 +107,7 @@ def phases(run_dir: Path, launch: float, end: float, rc: int) -> dict:
     r["export"] = t_export - t_around if t_export and t_around else None
     r["report"] = t_report - (t_export or t_around) if t_report and (t_export or t_around) else None
     r["exit"] = end - lines[-1][0] if lines else None  # the last log line to the process's end
-    r["export_bytes"] = sum(p.stat().st_size for p in run_dir.glob("model.*") if p.is_file())
+    r["export_bytes"] = sum(p.stat().st_size for p in run_dir.glob("model-*/**/*") if p.is_file())
     return r
 
 

@@ -56,6 +56,13 @@ def funasr_config(cfg, llm_dir: str) -> dict:
         "llm": "Qwen3-0.6b",
         "llm_conf": {"hub": "hf", "freeze": cfg.llm.freeze, "llm_dtype": "bf16", "init_param_path": llm_dir,
                      "use_lora": False},
+        # The prompt part of the published Fun-ASR-Nano-2512 dataset_conf: FunASR's recipe trains with the
+        # MultiContextPrompt header, so the benchmark's LLM rows carry it too.
+        "dataset_conf": {"batch_size": 6000, "batch_type": "token", "sort_size": 1024, "max_token_length": 3500,
+                         "prompt_classes": "MultiContextPrompt",
+                         "prompt_conf": {"max_neg_hotwords_num": 0, "min_neg_hotwords_num": 0, "use_hist": False,
+                                         "use_one_pass_result": True, "use_hotwords": True, "use_asr_hotwords": True,
+                                         "chinese_hotwords_list": None, "english_hotwords_list": None}},
     }
 
 
