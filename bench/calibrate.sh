@@ -24,7 +24,7 @@ STEPS=${STEPS:-150}
 mkdir -p "$OUT" "$R"
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-.}
 P="train.max_steps=$STEPS probe.enabled=true train.progress=false train.log_every=50 train.tensorboard=false
-   train.export_safetensors=false train.save_final=false diagnose.report=false data.num_workers=4"
+   train.export=none train.save_final=false diagnose.report=false data.num_workers=4"
 FAST="speed.packing=true speed.cuda_graph=true speed.frozen_eval=true speed.encoder_dtype=bf16 speed.compile=true"
 run() {  # name, then overrides; background job, log in $R/name.log
   name=$1; shift
