@@ -295,8 +295,8 @@ def test_fsdp_equals_ddp_and_saves_the_full_state_dict(tmp_path):
     _torchrun(fsdp, **common, **{"train.parallel": "fsdp"})
     # speed.label_head runs the (tied) LM head outside the model's forward, on the root's gathered weight
     label = tmp_path / "fsdp_label_head"
-    _torchrun(label, **common, **{"train.parallel": "fsdp", "speed.label_head": True, "train.export": "none",
-                                 "train.save_final": False})
+    _torchrun(label, **{**common, "train.parallel": "fsdp", "speed.label_head": True, "train.export": "none",
+                        "train.save_final": False})
     assert "FSDP2 over 2 ranks: 2 decoder layers + the root" in (fsdp / "train.log").read_text()
     for r in (0, 1):
         a = _read_probe(ddp / f"probe.rank{r}.jsonl")
