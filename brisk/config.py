@@ -238,6 +238,9 @@ class SpeedConfig:
     cuda_graph: bool = False  # capture each bucket's whole step once, replay it after
     encoder_cache: bool = False  # reuse frozen encoder+adaptor outputs per utterance across epochs
     encoder_dtype: str = "fp32"  # fp32 | bf16: dtype of the frozen encoder and adaptor
+    label_head: bool = False  # LM head + loss on the labelled positions only (chunked; no full logits)
+    label_rows_frac: float = 0.5  # with cuda_graph: rows gathered per bucket, as a fraction of its length
+    fresh_grads: bool = False  # with cuda_graph: backward writes new gradients, no zeroing + adding into buffers
 
     def __post_init__(self):
         valid = {"flash", "efficient", "math", "cudnn"}
@@ -255,6 +258,10 @@ class SpeedConfig:
             raise ConfigError("speed.pack_buckets and speed.speech_buckets must be sorted ascending")
         if self.cuda_graph and not self.packing:
             raise ConfigError("speed.cuda_graph needs speed.packing=true: graphs are captured per packed bucket")
+        if not 0 < self.label_rows_frac <= 1:
+            raise ConfigError(f"speed.label_rows_frac={self.label_rows_frac}: use a fraction in (0, 1]")
+        if self.fresh_grads and not self.cuda_graph:
+            raise ConfigError("speed.fresh_grads needs speed.cuda_graph=true (eager steps already start from no gradients)")
         if self.encoder_cache and not self.frozen_eval:
             raise ConfigError("speed.encoder_cache needs speed.frozen_eval=true: cached outputs must not depend on dropout")
 

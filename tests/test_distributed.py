@@ -295,12 +295,18 @@ def test_fsdp_equals_ddp_and_saves_the_full_state_dict(tmp_path):
     ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
     _torchrun(ddp, **common)
     _torchrun(fsdp, **common, **{"train.parallel": "fsdp"})
+    # speed.label_head runs the (tied) LM head outside the model's forward, on the root's gathered weight
+    label = tmp_path / "fsdp_label_head"
+    _torchrun(label, **{**common, "train.parallel": "fsdp", "speed.label_head": True, "train.export": "none",
+                        "train.save_final": False})
     assert "FSDP2 over 2 ranks: 2 decoder layers + the root" in (fsdp / "train.log").read_text()
     for r in (0, 1):
-        a, b = _read_probe(ddp / f"probe.rank{r}.jsonl"), _read_probe(fsdp / f"probe.rank{r}.jsonl")
-        for s in (1, 2, 3):
-            assert abs(a[("loss", s)] - b[("loss", s)]) <= 1e-5 * a[("loss", s)], (r, s)
-            assert abs(a[("grad_norm", s)] - b[("grad_norm", s)]) <= 1e-5 * a[("grad_norm", s)], (r, s)
+        a = _read_probe(ddp / f"probe.rank{r}.jsonl")
+        for other in (fsdp, label):
+            b = _read_probe(other / f"probe.rank{r}.jsonl")
+            for s in (1, 2, 3):
+                assert abs(a[("loss", s)] - b[("loss", s)]) <= 1e-5 * a[("loss", s)], (other.name, r, s)
+                assert abs(a[("grad_norm", s)] - b[("grad_norm", s)]) <= 1e-5 * a[("grad_norm", s)], (other.name, r, s)
     pa = read_checkpoint(ddp / "checkpoints" / "ckpt-00000003.pt")
     pb = read_checkpoint(fsdp / "checkpoints" / "ckpt-00000003.pt")
     single = build_model(tiny_config(tmp_path / "x", **common).model).state_dict()

@@ -99,7 +99,8 @@ def acceleration_state(cfg: Config, device: torch.device) -> dict:
 
 def one_line(state: dict) -> str:
     s = state["speed"]
-    on = [k for k in ("compile", "fused_adamw", "tf32", "frozen_eval", "packing", "cuda_graph", "encoder_cache") if s[k]]
+    on = [k for k in ("compile", "fused_adamw", "tf32", "frozen_eval", "packing", "cuda_graph", "encoder_cache",
+                      "label_head", "fresh_grads") if s[k]]
     parts = [
         f"device={state.get('gpu', state['device'])}" + (f" ({state['capability']})" if "capability" in state else ""),
         f"torch={state['torch']}" + (f" cuda={state['cuda']} cudnn={state['cudnn']}" if "cuda" in state else ""),

@@ -83,8 +83,20 @@ class SpeechLLM(nn.Module):
         flat = flat.index_copy(0, batch.audio_pos, audio_rows.to(emb.dtype))
         return flat[:-1].view(b, t, d)
 
-    def forward(self, batch: Batch, audio_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [B, T, vocab]. ``audio_rows`` may be given precomputed (a frozen or cached encoder)."""
+    def forward(self, batch: Batch, audio_rows: torch.Tensor | None = None, hidden: bool = False) -> torch.Tensor:
+        """Logits [B, T, vocab], or with ``hidden`` the final hidden states [B, T, D] (after the LLM's last norm,
+        before lm_head). ``audio_rows`` may be given precomputed (a frozen or cached encoder). ``hidden`` is a
+        forward argument, not only a method, so that a DDP-wrapped model can be asked for it too."""
+        if hidden:
+            return self.hidden_states(batch, audio_rows)
+        return self._run_llm(self.llm, batch, audio_rows).logits
+
+    def hidden_states(self, batch: Batch, audio_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The decoder stack's last hidden states [B, T, D]: what lm_head would turn into logits."""
+        return self._run_llm(self.llm.base_model, batch, audio_rows).last_hidden_state
+
+    def _run_llm(self, module: nn.Module, batch: Batch, audio_rows: torch.Tensor | None):
+        """``module`` (the causal LM, or its decoder stack) on the batch's spliced embeddings."""
         if audio_rows is None and batch.speech is not None:
             audio_rows = self.audio_rows(batch)
         embeds = self.embed(batch, audio_rows)
@@ -94,9 +106,8 @@ class SpeechLLM(nn.Module):
         autocast = (torch.autocast(embeds.device.type, dtype=self.llm_dtype)
                     if self.llm_dtype != torch.float32 else nullcontext())
         with autocast:
-            out = self.llm(inputs_embeds=embeds.to(self.llm_dtype), attention_mask=batch.attention_mask,
-                           position_ids=batch.position_ids, use_cache=False, **attn_kwargs)
-        return out.logits
+            return module(inputs_embeds=embeds.to(self.llm_dtype), attention_mask=batch.attention_mask,
+                          position_ids=batch.position_ids, use_cache=False, **attn_kwargs)
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

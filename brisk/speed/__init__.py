@@ -1,7 +1,7 @@
 """Speed switches, each applied from outside the plain model by one function that says what it did.
 
 ``apply_speed`` runs the model-side switches in a fixed order and returns a ``SpeedPlan``: the notes to
-log, the pieces the training step takes (attention scope, frozen audio provider), how to build the
+log, the pieces the training step takes (attention scope, frozen audio provider, loss hook), how to build the
 optimizer, and how to collate batches. With every switch off it returns an empty plan: nothing touched.
 """
 
@@ -27,6 +27,7 @@ class SpeedPlan:
     capturable: bool = False
     on_device_skip: bool = False
     collator: Collator = field(default_factory=Collator)
+    loss: Callable | None = None  # StepHooks.loss (speed.label_head)
 
 
 def collator_for(cfg: Config) -> Collator:
@@ -80,6 +81,14 @@ def apply_speed(model, cfg: Config, device: torch.device) -> SpeedPlan:
         plan.notes.append("fused_adamw: fused AdamW; non-finite steps skipped on the device (found_inf), no sync")
     if s.cuda_graph:
         plan.capturable = True
+    if s.fresh_grads:
+        plan.notes.append("fresh_grads: each step graph's backward writes new gradients (no zeroing pass, no add "
+                          "into persistent buffers)")
+    if s.label_head:
+        from .label_head import apply_label_head
+
+        plan.loss, note = apply_label_head(cfg)
+        plan.notes.append(note)
     if s.tf32:
         plan.notes.append("tf32: TF32 matmuls/convolutions for fp32 work during training (process-wide, restored after)")
     return plan

@@ -9,7 +9,9 @@ math). Replaying a graph launches them all at once. What makes the step capturab
   step's own (``TrainStep.body``: found_inf for the non-finite skip, clipping folded into the kernel's
   grad_scale, probe norms as device tensors); only the schedule runs on the host, between replays;
 - gradients are persistent buffers, zeroed in place at the start of each replay and shared by every
-  bucket's graph; activations of all graphs come from one shared memory pool;
+  bucket's graph (``TrainStep.persistent_grads``); with speed.fresh_grads they are instead new tensors
+  that backward writes in each replay, from the graph's pool (see ``GraphedStep.__init__``); activations
+  of all graphs come from one shared memory pool;
 - the frozen encoder and adaptor run in their own graphs, one per speech bucket, without autograd.
 
 Graphs are captured up front for every bucket (``prepare``), warming each one with lr = 0 and then
@@ -17,6 +19,8 @@ restoring the optimizer state, so the run's numbers are those of the eager step.
 optimizer's lr tensor: after a resume it must be that same device tensor (``load_optimizer_state``). A batch
 longer than every bucket (or than 3,072 tokens, where CUDA's embedding backward needs a sort with a host
 sync) runs the same step eagerly and is logged. Gradient accumulation is not supported (config error).
+Under speed.label_head the graphs are keyed by (length, gathered rows): the rows are fixed in a graph, and a
+batch with more labelled positions than its bucket's rows gets a graph of its own (``_key``).
 """
 
 from __future__ import annotations
@@ -86,21 +90,25 @@ class GraphedEncoder:
 
 
 class GraphedStep:
-    def __init__(self, step: TrainStep, audio):
+    def __init__(self, step: TrainStep, audio, fresh_grads: bool = False):
         opt = step.optimizer
         group = opt.param_groups[0]
         if not (group.get("fused") and group.get("capturable") and isinstance(group["lr"], torch.Tensor)
                 and step.on_device_skip):
             raise ValueError("speed.cuda_graph needs the fused, capturable AdamW with a tensor lr (built by brisk)")
-        self.step, self.audio = step, audio
+        self.step, self.audio, self.fresh = step, audio, fresh_grads
         self.optimizer, self.params = opt, step.params
-        step.persistent_grads = True  # every graph accumulates into the same gradient buffers
+        # Persistent: every graph zeroes the same gradient buffers and backward adds into them (a zeroing
+        # pass plus one add kernel per parameter, ~310 a step for Qwen3-0.6B), only so that the buffers keep
+        # their addresses. fresh_grads: the body sets .grad to None, so backward hands each parameter its
+        # gradient as computed, in the graph's pool; the update inside the same replay reads it there.
+        step.persistent_grads = not fresh_grads
         for p in self.params:
-            p.grad = torch.zeros_like(p)
+            p.grad = None if fresh_grads else torch.zeros_like(p)
         self.pool = torch.cuda.graph_pool_handle()
         self.encoder = GraphedEncoder(audio.path, self.pool)
         audio.encode = self.encoder  # the frozen audio path now replays encoder graphs
-        self.graphs: dict[int, _Captured] = {}
+        self.graphs: dict[object, _Captured] = {}
         self.capture_seconds = 0.0
         self.eager_fallbacks = 0
 
@@ -114,7 +122,17 @@ class GraphedStep:
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             out = self._body(static, static_rows)
         self.capture_seconds += time.perf_counter() - t0
+        self._drop_fresh_grads()
         return _Captured(graph, static, static_rows, out)
+
+    def _drop_fresh_grads(self) -> None:
+        """fresh_grads: let go of the gradients a capture (or an eager step) left in ``.grad``. Each replay
+        writes and consumes its own, so nothing reads them afterwards (the probe's norms are taken inside the
+        body); held, a captured graph's gradients would keep their pool memory (1.2 GB for Qwen3-0.6B) from
+        the next capture."""
+        if self.fresh:
+            for p in self.params:
+                p.grad = None
 
     def _warm(self, batch: Batch, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         side = torch.cuda.Stream()
@@ -123,6 +141,13 @@ class GraphedStep:
             out = self._body(batch, rows)
         torch.cuda.current_stream().wait_stream(side)
         return out
+
+    def _key(self, batch: Batch):
+        """A graph per bucket length; under speed.label_head per (length, gathered rows), since the rows are
+        fixed in the graph (a batch with more labelled positions than its bucket's rows gathers all of them)."""
+        t = batch.input_ids.shape[1]
+        loss = self.step.hooks.loss
+        return (t, loss.rows(batch)) if loss is not None else t
 
     # ------------------------------------------------------------------------------------- up front
     def prepare(self, batches: list[Batch]) -> float:
@@ -136,14 +161,16 @@ class GraphedStep:
         lr = [g["lr"].clone() for g in self.optimizer.param_groups]
         for g in self.optimizer.param_groups:
             g["lr"].zero_()
+        loss = self.step.hooks.loss
         for b in batches:
+            b = loss.fit(b) if loss is not None else b  # speed.label_head: the bucket's common graph
             rows = self.audio(b)
-            t = b.input_ids.shape[1]
-            if t not in self.graphs and t <= MAX_GRAPH_TOKENS:
+            t, key = b.input_ids.shape[1], self._key(b)
+            if key not in self.graphs and t <= MAX_GRAPH_TOKENS:
                 self._warm(b, rows)
                 cap = self._capture(b, rows)
                 cap.graph.replay()  # the first replay of a graph pays its upload; do it here, at lr = 0
-                self.graphs[t] = cap
+                self.graphs[key] = cap
         for g, v in zip(self.optimizer.param_groups, lr):
             g["lr"].copy_(v)
         for p, st in self.optimizer.state.items():
@@ -159,17 +186,18 @@ class GraphedStep:
             raise ValueError("speed.cuda_graph does not support gradient accumulation (train.accum_grad must be 1)")
         batch = batches[0]
         rows = self.audio(batch)
-        t = batch.input_ids.shape[1]
-        cap = self.graphs.get(t)
+        t, key = batch.input_ids.shape[1], self._key(batch)
+        cap = self.graphs.get(key)
         if cap is None:
             if t > MAX_GRAPH_TOKENS or batch.layout != "packed":
                 self.eager_fallbacks += 1
                 log.info("cuda_graph: no graph for a %d-token row; this step runs eagerly", t)
                 metrics = self._body(batch, rows)
+                self._drop_fresh_grads()
             else:
-                log.info("cuda_graph: capturing a graph for a %d-token bucket (not prepared up front)", t)
+                log.info("cuda_graph: capturing a graph for bucket %s (not prepared up front)", key)
                 metrics = self._warm(batch, rows)
-                self.graphs[t] = self._capture(batch, rows)
+                self.graphs[key] = self._capture(batch, rows)
         else:
             _copy_into(cap.batch, batch)
             cap.rows.copy_(rows, non_blocking=True)

@@ -26,6 +26,11 @@ def apply_parallel(model: torch.nn.Module, cfg: Config, device: torch.device, wo
         if cfg.train.parallel != "ddp":
             raise ConfigError(f"train.parallel={cfg.train.parallel} with speed.cuda_graph: the graphed step averages "
                               "gradients DDP-style only; use train.parallel=ddp")
+        if cfg.speed.fresh_grads:
+            # GradSync all-reduces one flat buffer that every gradient is a view of; fresh gradients are new
+            # tensors each step, and copying them in would cost the adds fresh_grads removes.
+            raise ConfigError(f"speed.fresh_grads with {world} ranks: the in-graph all-reduce needs persistent "
+                              "gradient buffers; set speed.fresh_grads=false")
         broadcast_params(model)
         return model, ShapeSync(), [f"parallel: {world} ranks, graphed step with an in-graph gradient all-reduce "
                                     "(no DDP wrapper); batches padded to the ranks' common bucket"]
@@ -41,6 +46,9 @@ def apply_parallel(model: torch.nn.Module, cfg: Config, device: torch.device, wo
 
 def attach_grad_sync(graphed) -> str:
     """Give a GraphedStep its gradient all-reduce (before its graphs are captured)."""
+    if not graphed.step.persistent_grads:
+        raise ConfigError("speed.fresh_grads with several ranks: the in-graph all-reduce needs persistent gradient "
+                          "buffers; set speed.fresh_grads=false")
     sync = GradSync(graphed.params)
     sync.warm()
     graphed.step.hooks.sync_grads = sync  # the step body's slot between backward and the norms

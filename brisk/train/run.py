@@ -112,7 +112,7 @@ def optimizer_and_schedule(cfg: Config, model, plan):
 
 def train_step(cfg: Config, net, optimizer, schedule, plan, hooks: StepHooks | None = None) -> TrainStep:
     hooks = hooks or StepHooks()
-    hooks.context, hooks.audio = plan.context, plan.audio
+    hooks.context, hooks.audio, hooks.loss = plan.context, plan.audio, plan.loss
     return TrainStep(net, optimizer, schedule, grad_clip=cfg.optim.grad_clip, on_device_skip=plan.on_device_skip,
                      hooks=hooks)
 
@@ -127,7 +127,7 @@ def graph_step(cfg: Config, step: TrainStep, plan, device: torch.device):
     """speed.cuda_graph: wrap the step and capture every bucket's graph up front."""
     from ..speed.graph import GraphedStep
 
-    graphed = GraphedStep(step, plan.audio)
+    graphed = GraphedStep(step, plan.audio, fresh_grads=cfg.speed.fresh_grads)
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         log.info(attach_grad_sync(graphed))
     vocab = step.model.llm.get_input_embeddings().weight.shape[0]

@@ -4,8 +4,10 @@
 same call into a graph (so it never syncs with the host when the optimizer is fused, and it takes no
 host callbacks). Speed switches and diagnostics reach it only through ``StepHooks``: a context around
 forward and backward (the SDPA backend scope), a provider of precomputed audio rows (frozen or cached
-encoder), phase marks for the timer, a gradient-sync slot (data parallel), and the parameter groups whose
-gradient norms the probe wants (computed here, before clipping, as one device vector).
+encoder), a replacement for the logits and loss (speed.label_head), phase marks for the timer, a
+gradient-sync slot (data parallel), and the parameter groups whose gradient norms the probe wants
+(computed here, before clipping, as one device vector). How the body starts from no gradients is
+``persistent_grads``: zeroed fixed buffers under CUDA graphs, none otherwise (and under speed.fresh_grads).
 """
 
 from __future__ import annotations
@@ -39,15 +41,20 @@ class StepHooks:
     sync_grads: Callable[[list[torch.Tensor]], None] = _no_sync
     logit_stats: bool = False  # logits abs-mean and std (fp32) for the probe
     grad_groups: dict[int, int] | None = None  # id(parameter) -> group slot: per-group grad norms (probe)
+    # Replaces model + lm_loss: (model, batch, rows, stats) -> (stats pair or None, loss, correct, count);
+    # set by speed.label_head (LM head and loss on the labelled positions only). None: the model's own logits.
+    loss: Callable | None = None
 
 
 def model_loss(model, batch: Batch, hooks: StepHooks, rows: torch.Tensor | None = None):
     """Forward and loss as every path runs them (training, graphs, validation, FLOP counting): audio rows from
     the frozen provider unless given, model and loss inside the step's attention scope.
-    Returns (logits, loss, correct, count)."""
+    Returns (logits, loss, correct, count); under speed.label_head the first item is (absmean, std) or None."""
     if rows is None and hooks.audio is not None:
         rows = hooks.audio(batch)
     with hooks.context():
+        if hooks.loss is not None:  # speed.label_head: no full logits; the hook returns their statistics instead
+            return hooks.loss(model, batch, rows, hooks.logit_stats)
         logits = model(batch, audio_rows=rows)
         loss, correct, count = lm_loss(logits, batch.labels)
     return logits, loss, correct, count
@@ -55,6 +62,8 @@ def model_loss(model, batch: Batch, hooks: StepHooks, rows: torch.Tensor | None 
 
 def logit_stats(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """abs-mean and std (fp32) of the logits at labelled positions (what the loss sees)."""
+    if isinstance(logits, tuple):  # speed.label_head computed them from the gathered labelled rows
+        return logits
     with torch.no_grad():
         # Masked sums instead of boolean indexing: indexing would need the count on the host (a sync).
         lf = logits[:, :-1].float()
@@ -77,8 +86,11 @@ class TrainStep:
         self.on_device_skip = on_device_skip
         self.hooks = hooks or StepHooks()
         self.params = trainable_params(model)
-        self.persistent_grads = False  # CUDA graphs: gradients are fixed buffers, zeroed in place
+        # CUDA graphs (without speed.fresh_grads): gradients are fixed buffers, zeroed in place and added into.
+        # Otherwise each step starts from no gradients and backward hands every parameter a new tensor.
+        self.persistent_grads = False
         self._skipped = False
+        self._present: dict[tuple, torch.Tensor] = {}  # which parameters have a gradient -> that mask on the device
         self.group_index = None
         if self.hooks.grad_groups is not None:
             self.group_index = torch.tensor([self.hooks.grad_groups[id(p)] for p in self.params],
@@ -140,7 +152,10 @@ class TrainStep:
             per = torch.stack([t.float() for t in torch._foreach_norm(grads)])  # [tensors]
         if self.group_index is not None:
             if len(grads) != len(self.params):  # a parameter without a gradient (unused in this step)
-                have = torch.tensor([p.grad is not None for p in self.params], device=per.device)
+                present = tuple(p.grad is not None for p in self.params)
+                have = self._present.get(present)
+                if have is None:  # made by the eager warm-up before a capture: a graph cannot copy from the host
+                    have = self._present[present] = torch.tensor(present, device=per.device)
                 per_all = per.new_zeros(len(self.params)).masked_scatter(have, per)
             else:
                 per_all = per

@@ -190,7 +190,7 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         correct = torch.zeros((), device=self.device, dtype=torch.long)
         count = torch.zeros((), device=self.device, dtype=torch.long)
-        hooks = StepHooks(context=self.plan.context, audio=self.plan.audio)
+        hooks = StepHooks(context=self.plan.context, audio=self.plan.audio, loss=self.plan.loss)
         for batch in self.valid.loader:
             if batch.n_utts == 0:
                 continue
