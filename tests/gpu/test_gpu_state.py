@@ -139,7 +139,8 @@ def test_graphed_run_resumed_equals_uninterrupted(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     train(_cfg(*common, f"train.output_dir={one}"))
     (two / "checkpoints").mkdir(parents=True)
-    shutil.copy(one / "checkpoints" / "ckpt-00000003.pt", two / "checkpoints")
+    for f in [one / "checkpoints" / "ckpt-00000003.pt", *(one / "checkpoints").glob("frozen-*.pt")]:
+        shutil.copy(f, two / "checkpoints")  # the checkpoint and the frozen weights it references
     (two / "checkpoints" / "index.json").write_text(json.dumps({"ckpt-00000003.pt": {"step": 3}}))
     trainer = build_trainer(_cfg(*common, f"train.output_dir={two}", "train.resume=true"))
     lr = trainer.optimizer.param_groups[0]["lr"]

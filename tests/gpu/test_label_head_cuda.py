@@ -46,7 +46,7 @@ def test_graphs_are_keyed_by_gathered_rows_and_overflow_gets_its_own(checks):
 
     runner = build_runner(cfg)
     overflowed = 0
-    for samples in sample_stream(cfg, 3, 4096):
+    for samples in sample_stream(cfg, 24, 4096):  # enough batches that some carry more than 64 labels
         batch = runner.collate(samples)
         runner.run(batch)
         t, k = batch.input_ids.shape[1], static_rows(batch.input_ids.shape[1], 0.02)
