@@ -233,7 +233,7 @@ class SpeedConfig:
     tf32: bool = False  # TF32 matmuls/convolutions for the fp32 parts (process-wide, restored at the end)
     frozen_eval: bool = False  # frozen modules in eval mode (no dropout), run without autograd
     packing: bool = False  # one row of tokens per batch, per-utterance positions, varlen attention
-    pack_buckets: list[int] = field(default_factory=lambda: [256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 2048])  # packed row lengths (tokens)
+    pack_buckets: list[int] = field(default_factory=lambda: [256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 2048, 2560, 3072, 4096])  # packed row lengths (tokens)
     speech_buckets: list[int] = field(default_factory=lambda: [64, 96, 128, 160, 192, 256, 320, 384, 512])  # padded LFR frame counts of the audio
     cuda_graph: bool = False  # capture each bucket's whole step once, replay it after
     encoder_cache: bool = False  # reuse frozen encoder+adaptor outputs per utterance across epochs

@@ -17,8 +17,9 @@ math). Replaying a graph launches them all at once. What makes the step capturab
 Graphs are captured up front for every bucket (``prepare``), warming each one with lr = 0 and then
 restoring the optimizer state, so the run's numbers are those of the eager step. The graphs read the
 optimizer's lr tensor: after a resume it must be that same device tensor (``load_optimizer_state``). A batch
-longer than every bucket (or than 3,072 tokens, where CUDA's embedding backward needs a sort with a host
-sync) runs the same step eagerly and is logged. Gradient accumulation is not supported (config error).
+longer than every bucket (or than MAX_GRAPH_TOKENS) runs the same step eagerly and is logged. CUDA's embedding
+backward reads a count back to the host above 3,072 indices, so the embedding is looked up in chunks of
+3,072 (``chunk_embedding``) and longer rows stay capturable. Gradient accumulation is not supported (config error).
 Under speed.label_head the graphs are keyed by (length, gathered rows): the rows are fixed in a graph, and a
 batch with more labelled positions than its bucket's rows gets a graph of its own (``_key``).
 """
@@ -36,7 +37,23 @@ from ..train.step import TrainStep
 
 log = logging.getLogger("brisk")
 
-MAX_GRAPH_TOKENS = 3072
+MAX_GRAPH_TOKENS = 8192
+EMBED_CHUNK = 3072  # CUDA's embedding backward syncs with the host (a sort) above this many indices
+
+
+def chunk_embedding(emb: torch.nn.Module) -> None:
+    """Look the token ids up in chunks of at most EMBED_CHUNK, so that every chunk's backward takes CUDA's
+    direct kernel (the sort-based path for longer inputs reads a count back to the host, which no graph can
+    hold). The gradient is the same sum, taken in pieces. An instance attribute: the state_dict is unchanged."""
+    plain = emb.forward
+
+    def forward(ids: torch.Tensor) -> torch.Tensor:
+        if ids.numel() <= EMBED_CHUNK:
+            return plain(ids)
+        flat = torch.cat([plain(c) for c in ids.reshape(-1).split(EMBED_CHUNK)])
+        return flat.view(*ids.shape, flat.shape[-1])
+
+    emb.forward = forward
 
 
 def _clone(batch: Batch) -> Batch:
@@ -105,6 +122,7 @@ class GraphedStep:
         step.persistent_grads = not fresh_grads
         for p in self.params:
             p.grad = None if fresh_grads else torch.zeros_like(p)
+        chunk_embedding(step.model.llm.get_input_embeddings())  # lifts the 3,072-token limit on graphed rows
         self.pool = torch.cuda.graph_pool_handle()
         self.encoder = GraphedEncoder(audio.path, self.pool)
         audio.encode = self.encoder  # the frozen audio path now replays encoder graphs

@@ -91,10 +91,12 @@ def example_batches(cfg: Config, collator, vocab: int) -> list:
     """One synthetic batch per token bucket (for capturing CUDA graphs up front)."""
     from ..data.dataset import SyntheticDataset
 
+    from ..speed.graph import MAX_GRAPH_TOKENS
+
     fe = cfg.model.frontend
     out = []
     for t in cfg.speed.pack_buckets:
-        if t > 3072:
+        if t > MAX_GRAPH_TOKENS:
             break
         text = max(1, t // 2 - 40)
         ds = SyntheticDataset([(600, text)], fe.n_mels * fe.lfr_m, vocab, fe.lfr_n)
