@@ -112,7 +112,10 @@ def test_fresh_grads_give_the_probe_the_same_gradient_norms(checks, tmp_path):
         train(load_config(REPO / "configs/fun_asr_nano.yaml", checks.SMALL + BASE + run + [
             f"speed.fresh_grads={str(fresh).lower()}", f"train.output_dir={out}"]))
         norms[fresh] = _probe_grad_norms(out)
-    assert norms[True] == norms[False] and {s for s, _ in norms[True]} == {1, 2, 3, 4}
+    # Equal up to run-to-run noise: FlashAttention's backward accumulates dq with atomics, so even two runs of
+    # the same configuration differ in the last bits (seen: 1.5066576 vs 1.5066575 on one module, one run of three).
+    assert norms[True].keys() == norms[False].keys() and {s for s, _ in norms[True]} == {1, 2, 3, 4}
+    assert all(abs(norms[True][k] - norms[False][k]) <= 1e-5 * abs(norms[False][k]) for k in norms[False])
     assert sum(m != "grad_norm" for _, m in norms[True]) > 4  # per-module norms, not only the total
 
 
