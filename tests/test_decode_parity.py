@@ -15,7 +15,7 @@ from brisk.eval.decode import Recognizer, inference_prompt
 from brisk.models.build import build_model
 
 from .conftest import DEMO, TINY_QWEN3
-from .test_funasr_parity import AD, ENC
+from .test_funasr_parity import AD, ENC, funasr_nano
 
 MAX_NEW = 12
 N_UTTS = 6
@@ -33,20 +33,7 @@ def llm_folder(tmp_path_factory, tokenizer):
 
 @pytest.fixture(scope="module")
 def models(llm_folder):
-    import funasr.models.llm_asr.adaptor  # noqa: F401  (registers the adaptor class)
-    import funasr.models.sense_voice.model  # noqa: F401
-    from funasr.models.fun_asr_nano.model import FunASRNano
-
-    torch.manual_seed(0)
-    ref = FunASRNano(
-        audio_encoder="SenseVoiceEncoderSmall",
-        audio_encoder_conf=dict(**ENC, sanm_shfit=0, dropout_rate=0.1, attention_dropout_rate=0.0, freeze=True),
-        audio_adaptor="Transformer",
-        audio_adaptor_conf=dict(**AD, downsample_rate=1, use_low_frame_rate=True, encoder_dim=32, llm_dim=64, freeze=True),
-        llm="Qwen3-0.6b",
-        llm_conf=dict(init_param_path=str(llm_folder), freeze=False, llm_dtype="fp32"),
-        input_size=560,
-    ).eval()
+    ref = funasr_nano(llm_folder)
     # transformers' init (std 0.02) makes a tiny random LLM repeat one token whatever it hears; weights of
     # std 1/sqrt(fan_in) give transcripts that change with the audio and the prompt, so ids can disagree.
     with torch.no_grad():

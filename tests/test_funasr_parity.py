@@ -27,6 +27,24 @@ ENC = dict(output_size=32, attention_heads=4, linear_units=64, num_blocks=2, tp_
 AD = dict(ffn_dim=64, n_layer=1)
 
 
+def funasr_nano(llm_folder):
+    """FunASR's own FunASRNano at the tiny sizes above (seeded), in eval mode."""
+    import funasr.models.llm_asr.adaptor  # noqa: F401  (registers the adaptor class)
+    import funasr.models.sense_voice.model  # noqa: F401
+    from funasr.models.fun_asr_nano.model import FunASRNano
+
+    torch.manual_seed(0)
+    return FunASRNano(
+        audio_encoder="SenseVoiceEncoderSmall",
+        audio_encoder_conf=dict(**ENC, sanm_shfit=0, dropout_rate=0.1, attention_dropout_rate=0.0, freeze=True),
+        audio_adaptor="Transformer",
+        audio_adaptor_conf=dict(**AD, downsample_rate=1, use_low_frame_rate=True, encoder_dim=32, llm_dim=64, freeze=True),
+        llm="Qwen3-0.6b",
+        llm_conf=dict(init_param_path=str(llm_folder), freeze=False, llm_dtype="fp32"),
+        input_size=560,
+    ).eval()
+
+
 @pytest.fixture(scope="module")
 def jsonl(tmp_path_factory):
     """Five demo utterances with absolute audio paths (FunASR reads paths relative to the working dir)."""
@@ -44,22 +62,10 @@ def jsonl(tmp_path_factory):
 @pytest.fixture(scope="module")
 def funasr_side(jsonl, qwen3_folder, tokenizer):
     import funasr.datasets.fun_asr_datasets.datasets  # noqa: F401  (registers the dataset classes)
-    import funasr.models.llm_asr.adaptor  # noqa: F401
-    import funasr.models.sense_voice.model  # noqa: F401
     from funasr.frontends.wav_frontend import WavFrontend
-    from funasr.models.fun_asr_nano.model import FunASRNano
     from funasr.register import tables
 
-    torch.manual_seed(0)
-    model = FunASRNano(
-        audio_encoder="SenseVoiceEncoderSmall",
-        audio_encoder_conf=dict(**ENC, sanm_shfit=0, dropout_rate=0.1, attention_dropout_rate=0.0, freeze=True),
-        audio_adaptor="Transformer",
-        audio_adaptor_conf=dict(**AD, downsample_rate=1, use_low_frame_rate=True, encoder_dim=32, llm_dim=64, freeze=True),
-        llm="Qwen3-0.6b",
-        llm_conf=dict(init_param_path=str(qwen3_folder), freeze=False, llm_dtype="fp32"),
-        input_size=560,
-    ).eval()
+    model = funasr_nano(qwen3_folder)
     frontend = WavFrontend(fs=16000, window="hamming", n_mels=80, frame_length=25, frame_shift=10, lfr_m=7, lfr_n=6, dither=0.0)
     ds = tables.dataset_classes["FunASR"](str(jsonl), index_ds="FunASR", frontend=frontend, tokenizer=tokenizer)
     batch = ds.collator([ds[i] for i in range(len(ds))])
