@@ -6,6 +6,7 @@ Everything is read from local paths; nothing is downloaded.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import shutil
@@ -136,14 +137,20 @@ def _load_hf_llm_weights(model: SpeechLLM, folder: Path) -> None:
 FROZEN_REF_KEY = "frozen_ref"  # a checkpoint's reference to frozen weights stored once (train.frozen_ref)
 
 
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def read_checkpoint(path: Path) -> dict:
     """torch.load a checkpoint; frozen weights it references are verified (sha256) and merged back.
 
     The reference names a file beside the checkpoint; a missing file or a different hash is an error,
     never a silent partial load.
     """
-    import hashlib
-
     obj = torch.load(path, map_location="cpu", weights_only=False)
     ref = obj.pop(FROZEN_REF_KEY, None) if isinstance(obj, dict) else None
     if ref is None:
@@ -151,11 +158,7 @@ def read_checkpoint(path: Path) -> dict:
     frozen = Path(path).parent / ref["file"]
     if not frozen.is_file():
         raise ConfigError(f"{path}: references frozen weights {frozen}, which do not exist (copy them beside it)")
-    h = hashlib.sha256()
-    with open(frozen, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-    if h.hexdigest() != ref["sha256"]:
+    if file_sha256(frozen) != ref["sha256"]:
         raise ConfigError(f"{path}: frozen weights {frozen} do not match the checkpoint's hash (changed or damaged)")
     weights = torch.load(frozen, map_location="cpu", weights_only=True)
     if sorted(weights) != sorted(ref["keys"]):

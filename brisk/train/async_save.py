@@ -19,7 +19,6 @@ logged; the stall is the "checkpoint" event of the step in steps.jsonl and the w
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ..models.build import FROZEN_REF_KEY, atomic_save
+from ..models.build import FROZEN_REF_KEY, atomic_save, file_sha256, gb
 
 log = logging.getLogger("brisk")
 
@@ -37,14 +36,6 @@ log = logging.getLogger("brisk")
 def frozen_keys(model: torch.nn.Module) -> set[str]:
     """state_dict keys of parameters that training never changes (tied aliases included)."""
     return {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class HostSnapshot:
@@ -131,7 +122,7 @@ class AsyncCheckpointer:
             self._write(snap, step, val, job, frozen)
             self._raise()
         log.info("checkpoint step %d: step waited %.3f s (previous write %.3f s, snapshot %.3f s, %s in host buffers)%s",
-                 step, t2 - t0, t1 - t0, t2 - t1, _gb(self.snapshot.nbytes()),
+                 step, t2 - t0, t1 - t0, t2 - t1, gb(self.snapshot.nbytes()),
                  ", writing in the background" if self.asynchronous else "")
         return job
 
@@ -147,7 +138,7 @@ class AsyncCheckpointer:
             try:
                 self.snapshot.take(state, copy=False)
                 log.info("checkpoint host buffers (%s, pinned) allocated in the background in %.1f s",
-                         _gb(self.snapshot.nbytes()), time.perf_counter() - t0)
+                         gb(self.snapshot.nbytes()), time.perf_counter() - t0)
             except BaseException as e:  # noqa: BLE001 - handed to the main thread
                 self.error = e
 
@@ -177,8 +168,8 @@ class AsyncCheckpointer:
             job["exit_wait"] = waited  # the last write, waited for at the end of the run
         self.drain()
         if self.sizes:
-            log.info("checkpoints: %d files, %s on disk (%s)", len(self.sizes), _gb(sum(self.sizes.values())),
-                     ", ".join(f"{n} {_gb(s)}" for n, s in sorted(self.sizes.items())))
+            log.info("checkpoints: %d files, %s on disk (%s)", len(self.sizes), gb(sum(self.sizes.values())),
+                     ", ".join(f"{n} {gb(s)}" for n, s in sorted(self.sizes.items())))
         return waited
 
     def _raise(self) -> None:
@@ -206,7 +197,7 @@ class AsyncCheckpointer:
         self.frozen_ref = {"file": path.name, "sha256": sha, "keys": sorted(frozen)}
         self.sizes[path.name] = path.stat().st_size
         log.info("frozen weights (%d tensors, %s) written once to %s in %.1f s; checkpoints reference them",
-                 len(frozen), _gb(self.sizes[path.name]), path, time.perf_counter() - t0)
+                 len(frozen), gb(self.sizes[path.name]), path, time.perf_counter() - t0)
         return self.frozen_ref
 
     # -------------------------------------------------------------------------------- writer thread
@@ -223,12 +214,8 @@ class AsyncCheckpointer:
             self.sizes = {n: s for n, s in self.sizes.items() if (self.ckpts.dir / n).exists()}
             self.sizes[path.name] = job["bytes"]
             job["footprint"] = sum(self.sizes.values())
-            log.info("saved %s (%s, written in %.1f s; checkpoints on disk %s)", path, _gb(job["bytes"]),
-                     job["write"], _gb(job["footprint"]))
+            log.info("saved %s (%s, written in %.1f s; checkpoints on disk %s)", path, gb(job["bytes"]),
+                     job["write"], gb(job["footprint"]))
             self.done.append(job)
         except BaseException as e:  # noqa: BLE001 - handed to the main thread
             self.error = e
-
-
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
