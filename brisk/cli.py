@@ -137,8 +137,10 @@ def cmd_export(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench.bench import run_bench
+    from .train.run import setup_logging
 
     cfg = _load(args.items)
+    setup_logging(None)  # a line as each run of each arm finishes: a long bench is not silent until its table
     run_bench(cfg, Path(args.out) if args.out else None)
     return 0
 

@@ -44,6 +44,7 @@ def test_bench_prints_the_interleaved_table(tmp_path, capsys):
     table = (tmp_path / "bench" / "bench.md").read_text()
     out = capsys.readouterr().out
     assert table in out and f"wrote {tmp_path / 'bench' / 'bench.md'}" in out
+    assert "bench: eager defaults run 1: mean" in out  # progress before the table
     assert "peak GiB" not in table and "launches" not in table  # GPU-only columns: not on the CPU
     rows = [line for line in table.splitlines() if line.startswith("| ") and "arm" not in line and "---" not in line]
     assert [r.split("|")[1].strip() for r in rows] == ["eager defaults", "packing", "frozen_eval + fused_adamw"]
