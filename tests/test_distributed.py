@@ -68,6 +68,13 @@ def _init(rank: int, world: int, init_file: str) -> None:
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
 
 
+def _close() -> None:
+    """Both ranks meet before tearing the group down: a rank that closes while the other's gloo threads still
+    talk to it aborts that process ("terminate called without an active exception"; seen under CPU load)."""
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
 def _static_setup(run_dir):
     from brisk.data.dataset import SyntheticDataset
     from brisk.models.build import build_model
@@ -108,7 +115,7 @@ def _shape_sync_worker(rank, world, init_file, run_dir, out_file):
             json.dump({"keys": keys, "own": list(batch.shape_key()), "loss": [float(before[1]), float(after[1])],
                        "count": [int(before[3]), int(after[3])], "correct": [int(before[2]), int(after[2])]}, f)
     finally:
-        torch.distributed.destroy_process_group()
+        _close()
 
 
 def test_ranks_with_different_batches_get_identical_shapes(tmp_path):
@@ -170,7 +177,7 @@ def _grad_sync_worker(rank, world, init_file, out_file):
         diff = max(float((p.grad - r).abs().max()) for p, r in zip(model.parameters(), reference))
         torch.save({"views": views, "diff": diff, "buffers": len(sync.buffers)}, f"{out_file}.{rank}")
     finally:
-        torch.distributed.destroy_process_group()
+        _close()
 
 
 def test_grad_sync_averages_like_ddp(tmp_path):

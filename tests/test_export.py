@@ -4,6 +4,8 @@ training write one format."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import pytest
@@ -146,6 +148,12 @@ def test_model_path_accepts_a_native_folder(source, tokenizer):
     assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
     loaded, tok, _ = load_for_inference(out)
     assert not loaded.training and tok.encode("<|im_start|>") == tokenizer.encode("<|im_start|>")
+    assert cfg2.model.adaptor.use_low_frame_rate is True
+    # How many adaptor outputs are spliced is not in the native config: brisk keeps its own key there.
+    every = dataclasses.replace(cfg, model=dataclasses.replace(
+        cfg.model, adaptor=dataclasses.replace(cfg.model.adaptor, use_low_frame_rate=False)))
+    export_folder(model, every, tmp / "hf-every", "hf", "fp32", tokenizer)
+    assert load_config(None, [f"model.path={tmp / 'hf-every'}"]).model.adaptor.use_low_frame_rate is False
 
 
 def test_training_ends_with_one_export_and_cli_converts(tmp_path, capsys):

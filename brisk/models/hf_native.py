@@ -54,7 +54,8 @@ def hf_config(cfg: ModelConfig, text_config: dict, audio_token_id: int):
     adaptor = dict(hidden_size=llm_dim, num_attention_heads=ad.attention_heads, intermediate_size=llm_dim // 4,
                    num_hidden_layers=ad.n_layer, hidden_dropout=ad.dropout_rate, attention_dropout=ad.dropout_rate,
                    layer_norm_eps=1e-12,  # FunASR's adaptor blocks use eps 1e-12
-                   projector_hidden_size=ad.ffn_dim)
+                   projector_hidden_size=ad.ffn_dim,
+                   use_low_frame_rate=ad.use_low_frame_rate)  # brisk's own key: how many adaptor outputs are spliced
     return FunAsrNanoConfig(audio_config=audio, adaptor_config=adaptor, text_config=dict(text_config),
                             audio_token_id=audio_token_id,
                             tie_word_embeddings=bool(text_config.get("tie_word_embeddings", True)))
@@ -167,7 +168,8 @@ def hf_folder_model_config(folder) -> dict:
                     "linear_units": a.get("intermediate_size", 2048), "num_blocks": a.get("num_hidden_layers", 70) - tp,
                     "tp_blocks": tp, "kernel_size": a.get("fsmn_kernel_size", 11), "sanm_shift": 0},
         "adaptor": {"downsample_rate": 1, "ffn_dim": ad.get("projector_hidden_size", 2048),
-                    "n_layer": ad.get("num_hidden_layers", 2), "attention_heads": ad.get("num_attention_heads", 8)},
+                    "n_layer": ad.get("num_hidden_layers", 2), "attention_heads": ad.get("num_attention_heads", 8),
+                    "use_low_frame_rate": ad.get("use_low_frame_rate", True)},
         "ctc": {"enabled": False},
         "frontend": {"n_mels": a.get("num_mel_bins", 80), "lfr_m": a.get("num_stacked_frames", 7),
                      **{ours: fx[theirs] for theirs, ours in (("sampling_rate", "fs"), ("stride_lfr", "lfr_n"),
