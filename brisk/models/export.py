@@ -258,10 +258,11 @@ def run_weights(run_dir: Path, which: str | None = None, metric: str = "loss") -
     index = json.loads((folder / "index.json").read_text()) if (folder / "index.json").is_file() else {}
     present = sorted(n for n in index if (folder / n).is_file()) or sorted(p.name for p in folder.glob("ckpt-*.pt"))
     if which == "best":
-        sign = -1 if metric == "acc" else 1  # lower is better after the sign
-        scored = sorted((sign * index[n][f"val_{metric}"], n) for n in present if f"val_{metric}" in index.get(n, {}))
+        from ..train.checkpoint import ranked
+
+        scored = ranked({n: index[n] for n in present if n in index}, metric)
         if scored:
-            return folder / scored[0][1]
+            return folder / scored[0]
     if present:
         return folder / present[-1]
     if which is None:

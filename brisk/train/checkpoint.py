@@ -95,6 +95,12 @@ def disk_footprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, che
     return need, what
 
 
+def ranked(index: dict[str, dict], metric: str) -> list[str]:
+    """Names of the checkpoints in ``index`` that carry validation ``metric``, best first (loss: lowest)."""
+    sign = -1 if metric == "acc" else 1
+    return [n for _, n in sorted((sign * e[f"val_{metric}"], n) for n, e in index.items() if f"val_{metric}" in e)]
+
+
 class Checkpoints:
     def __init__(self, run_dir: Path, keep_n: int, metric: str):
         self.dir = run_dir / "checkpoints"
@@ -113,15 +119,9 @@ class Checkpoints:
         _write_json_atomic(self.index, self.index_path)
         return path
 
-    def _score(self, entry: dict) -> float | None:
-        v = entry.get(f"val_{self.metric}")
-        if v is None:
-            return None
-        return -v if self.metric == "acc" else v  # lower is better
-
     def _prune(self, latest: str) -> None:
-        scored = sorted((s, n) for n, e in self.index.items() if (s := self._score(e)) is not None)
-        keep = {n for _, n in scored[: self.keep_n]} | {latest}
+        scored = ranked(self.index, self.metric)
+        keep = set(scored[: self.keep_n]) | {latest}
         if not scored:  # no validation metric yet: keep the most recent keep_n
             keep |= set(sorted(self.index)[-self.keep_n:])
         for name in list(self.index):
@@ -130,8 +130,8 @@ class Checkpoints:
                 del self.index[name]
 
     def best(self) -> Path | None:
-        scored = sorted((s, n) for n, e in self.index.items() if (s := self._score(e)) is not None)
-        return self.dir / scored[0][1] if scored else None
+        scored = ranked(self.index, self.metric)
+        return self.dir / scored[0] if scored else None
 
     def latest(self) -> Path | None:
         names = sorted(n for n in self.index if (self.dir / n).exists())
