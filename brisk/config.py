@@ -226,7 +226,7 @@ class SpeedConfig:
     sdpa_backends: list[str] | None = None  # e.g. [flash, efficient, math]; None: torch's own choice
     compile: bool = False  # torch.compile the LLM decoder (CUDA inputs only)
     compile_scope: str = "layer"  # layer: each decoder layer; stack: the whole decoder stack
-    compile_dynamic: bool | None = None  # passed to torch.compile; None: automatic dynamic shapes
+    compile_dynamic: bool | None = True  # passed to torch.compile; True: one graph for all lengths; None: a static graph first, a dynamic one at the second length
     compile_on_error: str = "warn"  # warn: fall back to eager; raise
     inductor_cache_dir: str | None = None  # persistent Inductor/Triton cache; None: $TORCHINDUCTOR_CACHE_DIR or ~/.cache/brisk/inductor
     fused_adamw: bool = False  # torch's fused AdamW kernel (CUDA)

@@ -63,9 +63,9 @@ def test_slow_steps_are_explained_from_real_triggers(tmp_path, monkeypatch):
     # not be the main cause; a heavy checkpoint file alone was not enough and made the test flaky.
     save = Checkpoints.save
 
-    def slow_save(self, state, step, val):
+    def slow_save(self, state, step, val, sync=True):
         time.sleep(STALL)
-        return save(self, state, step, val)
+        return save(self, state, step, val, sync)
 
     monkeypatch.setattr(Checkpoints, "save", slow_save)
     trainer = build_trainer(cfg)

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from brisk.config import ConfigError
-from brisk.models.build import DiskSpaceError, atomic_save, build_model, read_checkpoint, read_state_dict
+from brisk.files import DiskSpaceError, atomic_save
+from brisk.models.build import build_model, read_checkpoint, read_state_dict
 from brisk.models.export import export_folder
 from brisk.speed import apply_speed
 from brisk.speed.flags import backend_flags

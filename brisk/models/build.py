@@ -6,11 +6,8 @@ Everything is read from local paths; nothing is downloaded.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
-import os
-import shutil
-import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -18,6 +15,7 @@ import yaml
 from torch import nn
 
 from ..config import ConfigError, ModelConfig
+from ..files import file_sha256
 from .hf_native import from_hf, is_hf_folder, load_hf_weights
 from .speech_llm import SpeechLLM
 
@@ -90,9 +88,12 @@ def _params_on_meta():
 def build_from_file(cfg: ModelConfig, path: Path, device=None) -> SpeechLLM | None:
     """The model built without random values and loaded from ``path``; None when the file lacks a weight
     (then the seeded random initialisation is needed and build_model takes its usual path)."""
+    t0 = time.perf_counter()
     state = read_state_dict(path)
+    t1 = time.perf_counter()
     with _params_on_meta(), torch.device(device or "cpu"):
         model = SpeechLLM(cfg, build_llm(cfg))
+    t2 = time.perf_counter()
     params = dict(model.named_parameters(remove_duplicate=False))
     first = {}  # a tied weight (lm_head = embed_tokens) is one Parameter under two names
     for name, p in params.items():
@@ -112,7 +113,8 @@ def build_from_file(cfg: ModelConfig, path: Path, device=None) -> SpeechLLM | No
         own = model.state_dict()
         for k, v in state.items():
             own[k].copy_(v)  # into the parameter's own dtype and device
-    log.info("loaded %d tensors from %s (built without random init: the file holds every weight)", len(state), path)
+    log.info("loaded %d tensors from %s (built without random init: the file holds every weight; read %.1f s, "
+             "modules %.1f s, filled %.1f s)", len(state), path, t1 - t0, t2 - t1, time.perf_counter() - t2)
     return model
 
 
@@ -137,21 +139,18 @@ def _load_hf_llm_weights(model: SpeechLLM, folder: Path) -> None:
 FROZEN_REF_KEY = "frozen_ref"  # a checkpoint's reference to frozen weights stored once (train.frozen_ref)
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def read_checkpoint(path: Path) -> dict:
     """torch.load a checkpoint; frozen weights it references are verified (sha256) and merged back.
 
     The reference names a file beside the checkpoint; a missing file or a different hash is an error,
     never a silent partial load.
     """
-    obj = torch.load(path, map_location="cpu", weights_only=False)
+    try:  # mmap: tensors are read from the page cache when they are copied, not all up front
+        obj = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except RuntimeError as e:
+        if "mmap" not in str(e):  # only the legacy (pre-zip) format cannot be mapped
+            raise
+        obj = torch.load(path, map_location="cpu", weights_only=False)
     ref = obj.pop(FROZEN_REF_KEY, None) if isinstance(obj, dict) else None
     if ref is None:
         return obj
@@ -160,7 +159,7 @@ def read_checkpoint(path: Path) -> dict:
         raise ConfigError(f"{path}: references frozen weights {frozen}, which do not exist (copy them beside it)")
     if file_sha256(frozen) != ref["sha256"]:
         raise ConfigError(f"{path}: frozen weights {frozen} do not match the checkpoint's hash (changed or damaged)")
-    weights = torch.load(frozen, map_location="cpu", weights_only=True)
+    weights = torch.load(frozen, map_location="cpu", weights_only=True, mmap=True)
     if sorted(weights) != sorted(ref["keys"]):
         raise ConfigError(f"{path}: frozen weights {frozen} hold other keys than the checkpoint references")
     merged = {**obj["state_dict"], **weights}
@@ -207,76 +206,6 @@ def load_weights(model: nn.Module, path: Path, state: dict[str, torch.Tensor] | 
     _check_shapes(model, state, path)
     model.load_state_dict(state, strict=False)
     log.info("loaded %d tensors from %s", len(state), path)
-
-
-class DiskSpaceError(OSError):
-    """Not enough free disk for a write; the message names the folder, the bytes needed and free."""
-
-
-def tensor_bytes(obj) -> int:
-    """Bytes of the tensors in a (nested) state, each storage counted once (tied weights are stored once)."""
-    seen: set = set()
-    total = 0
-
-    def walk(o):
-        nonlocal total
-        if hasattr(o, "full_tensor"):  # an FSDP2 shard (DTensor): the full tensor's bytes, as it will be saved
-            total += o.numel() * o.element_size()
-        elif isinstance(o, torch.Tensor):
-            key = (o.untyped_storage().data_ptr(), o.device) if o.numel() else id(o)
-            if key not in seen:
-                seen.add(key)
-                total += o.untyped_storage().nbytes() if o.numel() else 0
-        elif isinstance(o, dict):
-            for v in o.values():
-                walk(v)
-        elif isinstance(o, (list, tuple)):
-            for v in o:
-                walk(v)
-
-    walk(obj)
-    return total
-
-
-def gb(n: float) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e7 else f"{n / 1e6:.3f} MB"
-
-
-def ensure_free(folder: Path, needed: int, what: str) -> None:
-    """Refuse a write that cannot fit, before a byte is written (a full disk would leave a broken run)."""
-    free = shutil.disk_usage(folder).free
-    if needed > free:
-        raise DiskSpaceError(f"{folder}: writing {what} needs about {gb(needed)} but only {gb(free)} are free; "
-                             "free some space or point train.output_dir at a larger disk")
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make a rename in ``folder`` durable (the new directory entry reaches the disk)."""
-    if os.name != "posix":  # pragma: no cover - Windows cannot open a directory for fsync
-        return
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_save(obj, path: Path) -> None:
-    """torch.save to a temp file in the same folder, fsync, rename, fsync the folder: never a half-written file.
-    Refuses (DiskSpaceError) when the tensors alone would not fit in the free space."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ensure_free(path.parent, tensor_bytes(obj), path.name)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
 
 
 STALE_TEMPS = (".model-funasr.*", ".model-hf.*")  # export temp folders a crash can leave in a run folder

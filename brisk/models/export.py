@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from ..config import Config, ConfigError
-from .build import ensure_free, fsync_dir, tensor_bytes
+from ..files import SYNCER, ensure_free, fsync_dir, fsync_file, no_crc32, tensor_bytes
 
 log = logging.getLogger("brisk")
 
@@ -29,8 +29,10 @@ LLM_DIR = "Qwen3-0.6B"  # the LLM folder's name inside a FunASR model folder (Fu
 
 
 def export_folder(model, cfg: Config, out: str | Path, fmt: str = "funasr", dtype: str = "bf16",
-                  tokenizer=None, state: dict | None = None) -> Path:
-    """Write a model folder of ``fmt``; ``state``: the full state dict when the model holds only shards (FSDP)."""
+                  tokenizer=None, state: dict | None = None, sync: bool = True) -> Path:
+    """Write a model folder of ``fmt``; ``state``: the full state dict when the model holds only shards (FSDP).
+    ``sync``: on the disk (fsync) before the folder is renamed into place; else renamed at once and fsynced
+    in the background (brisk.files.SYNCER), as the end of a training run does."""
     if fmt not in FORMATS:
         raise ConfigError(f"export format {fmt!r}: use funasr or hf")
     if dtype not in DTYPES:
@@ -45,14 +47,18 @@ def export_folder(model, cfg: Config, out: str | Path, fmt: str = "funasr", dtyp
             tokenizer = load_tokenizer(cfg)
         state = _converted_state(model, DTYPES[dtype], state)
         ensure_free(out.parent, tensor_bytes(state), f"the {fmt} export")
-        (_write_funasr if fmt == "funasr" else _write_hf)(model, cfg, state, tmp, dtype, tokenizer)
+        with no_crc32():
+            (_write_funasr if fmt == "funasr" else _write_hf)(model, cfg, state, tmp, dtype, tokenizer)
         _write_readme(tmp, fmt, dtype, cfg)
-        for f in tmp.rglob("*"):  # torch.save and save_file do not fsync: the data is on disk before the rename
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
+        if sync:  # torch.save and save_file do not fsync: the data is on disk before the rename
+            for f in tmp.rglob("*"):
+                if f.is_file():
+                    fsync_file(f)
         _replace(tmp, out)
-        fsync_dir(out.parent)
+        if sync:
+            fsync_dir(out.parent)
+        else:
+            SYNCER.submit([f for f in sorted(out.rglob("*")) if f.is_file()])
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -7,6 +7,10 @@ scope=stack compiles the whole decoder stack (what FunASR's PR did). Either way:
 
 - the compiled code is used only when the hidden states are on a CUDA device, decided per call;
 - a padded batch of one sequence stays eager (Dynamo would specialise the size-1 batch into its own graph);
+- the decoder runs eagerly without autograd (validation, decoding): no-grad mode is a graph of its own, and
+  its compile (~2 s warm, more cold, on the H200) costs more than it saves on a validation set;
+- ``speed.compile_dynamic=true`` (the default) compiles one graph for every length from the start; with
+  None, Dynamo first compiles a static graph and then, at the second length, a dynamic one: two compiles;
 - a compile error falls back to eager with a warning (speed.compile_on_error=raise to fail instead);
 - the module tree and state_dict keys are unchanged: only the instance's ``forward`` is replaced.
 
@@ -49,16 +53,16 @@ def _first_tensor(args, kwargs) -> torch.Tensor | None:
 class CudaOnlyCompiled:
     """forward replacement: compiled for CUDA inputs, eager otherwise (and after a failure under warn)."""
 
-    def __init__(self, eager, name: str, dynamic: bool | None, on_error: str):
+    def __init__(self, eager, name: str, dynamic: bool | None, on_error: str, train_only: bool = False):
         self.eager = eager
         self.compiled = torch.compile(eager, dynamic=dynamic)
-        self.name, self.on_error = name, on_error
+        self.name, self.on_error, self.train_only = name, on_error, train_only
         self.failed = False
         self.compile_seconds = 0.0
 
     def __call__(self, *args, **kwargs):
         x = _first_tensor(args, kwargs)
-        if self.failed or x is None or not x.is_cuda:
+        if self.failed or x is None or not x.is_cuda or (self.train_only and not torch.is_grad_enabled()):
             return self.eager(*args, **kwargs)
         if x.dim() >= 2 and x.shape[0] == 1 and kwargs.get("cu_seq_lens_q") is None:
             return self.eager(*args, **kwargs)  # a single padded sequence: keep Dynamo off size 1
@@ -109,7 +113,7 @@ def apply_compile(model: nn.Module, cfg: SpeedConfig, audio_encoder: nn.Module |
     targets = list(enumerate(stack.layers)) if cfg.compile_scope == "layer" else [(None, stack)]
     for i, module in targets:
         name = "decoder stack" if i is None else "decoder layer"
-        module.forward = CudaOnlyCompiled(module.forward, name, cfg.compile_dynamic, cfg.compile_on_error)
+        module.forward = CudaOnlyCompiled(module.forward, name, cfg.compile_dynamic, cfg.compile_on_error, train_only=True)
     what = f"{len(targets)} x {'decoder layer' if cfg.compile_scope == 'layer' else 'decoder stack'}"
     if cfg.frozen_eval and model.cfg.encoder.freeze:
         # A frozen encoder in eval mode has no dropout and no autograd: its blocks compile cleanly, and

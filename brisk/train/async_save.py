@@ -3,9 +3,12 @@
 A save takes a snapshot of what the checkpoint needs (trainable weights and buffers, optimizer state,
 schedule, trainer position, RNG) into reused host buffers (pinned when CUDA is in use, so the copies
 from the GPU are DMA and a single stream sync covers them), then hands the snapshot to one background
-thread that writes it with the same atomic write as the synchronous path (temp file, fsync, rename, then
-index.json). At most one write is in flight: the next save first waits for the previous write, since it
-reuses its buffers. close() joins the writer; a write that failed raises on the next save or at close.
+thread that writes it with the same atomic write as the synchronous path (temp file, rename, then index.json)
+but does not wait for the disk: the files go to brisk.files.SYNCER, which fsyncs them in the background, in
+order (a killed process leaves the previous checkpoint or the new one; after a power loss, resume skips a
+newest checkpoint that did not reach the disk whole: ``Checkpoints.latest_intact``). At most one write is in
+flight: the next save first waits for the previous write, since it reuses its buffers. close() joins the
+writer; a write that failed raises on the next save or at close.
 
 train.frozen_ref: weights that never change (parameters with requires_grad=False) are written once per
 run to ``checkpoints/frozen-<sha256[:16]>.pt``; each checkpoint stores a reference (file name, content
@@ -28,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from ..models.build import FROZEN_REF_KEY, atomic_save, file_sha256, gb
+from ..files import SYNCER, atomic_save, file_sha256, gb
+from ..models.build import FROZEN_REF_KEY
 
 log = logging.getLogger("brisk")
 
@@ -190,10 +194,12 @@ class AsyncCheckpointer:
         """Once per run, on the writer (frozen tensors never change, so the live ones are read there)."""
         t0 = time.perf_counter()
         tmp = self.ckpts.dir / "frozen.pending.pt"  # renamed to its hash once written
-        atomic_save({k: v.detach().cpu() for k, v in frozen.items()}, tmp)
+        atomic_save({k: v.detach().cpu() for k, v in frozen.items()}, tmp, sync=not self.asynchronous)
         sha = file_sha256(tmp)
         path = self.ckpts.dir / f"frozen-{sha[:16]}.pt"
         os.replace(tmp, path)
+        if self.asynchronous:
+            SYNCER.submit([path])  # under its final name (the syncer skips the temp name, renamed away)
         self.frozen_ref = {"file": path.name, "sha256": sha, "keys": sorted(frozen)}
         self.sizes[path.name] = path.stat().st_size
         log.info("frozen weights (%d tensors, %s) written once to %s in %.1f s; checkpoints reference them",
@@ -208,7 +214,7 @@ class AsyncCheckpointer:
                 snap[FROZEN_REF_KEY] = self._write_frozen(frozen)
                 job["frozen_write"] = time.perf_counter() - t0
                 t0 = time.perf_counter()
-            path = self.ckpts.save(snap, step, val)
+            path = self.ckpts.save(snap, step, val, sync=not self.asynchronous)  # async: fsynced in the background
             job["write"] = time.perf_counter() - t0
             job["bytes"] = path.stat().st_size
             self.sizes = {n: s for n, s in self.sizes.items() if (self.ckpts.dir / n).exists()}

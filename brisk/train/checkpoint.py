@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..models.build import STALE_TEMPS, atomic_save, fsync_dir, gb, tensor_bytes
+from ..files import atomic_save, gb, tensor_bytes, write_json_atomic
+from ..models.build import STALE_TEMPS
 
 log = logging.getLogger("brisk")
 
@@ -60,16 +59,6 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _write_json_atomic(obj, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def remove_stale_temps(run_dir: Path) -> list[Path]:
@@ -110,13 +99,14 @@ class Checkpoints:
         self.index_path = self.dir / "index.json"
         self.index: dict[str, dict] = json.loads(self.index_path.read_text()) if self.index_path.exists() else {}
 
-    def save(self, state: dict, step: int, val: dict | None) -> Path:
+    def save(self, state: dict, step: int, val: dict | None, sync: bool = True) -> Path:
+        """``sync``: durable before returning; else atomic now and fsynced in the background (brisk.files)."""
         name = f"ckpt-{step:08d}.pt"
         path = self.dir / name
-        atomic_save(state, path)
+        atomic_save(state, path, sync)
         self.index[name] = {"step": step, **({f"val_{k}": v for k, v in val.items()} if val else {})}
         self._prune(latest=name)
-        _write_json_atomic(self.index, self.index_path)
+        write_json_atomic(self.index, self.index_path, sync)
         return path
 
     def _prune(self, latest: str) -> None:
@@ -136,3 +126,16 @@ class Checkpoints:
     def latest(self) -> Path | None:
         names = sorted(n for n in self.index if (self.dir / n).exists())
         return self.dir / names[-1] if names else None
+
+    def latest_intact(self) -> Path | None:
+        """The newest checkpoint whose file opens whole. Only a power loss or OS crash can leave a torn one
+        (writes are atomic for the process; the background fsync may not have finished): it is skipped,
+        with a warning, for the one before it."""
+        for name in sorted((n for n in self.index if (self.dir / n).exists()), reverse=True):
+            try:
+                torch.load(self.dir / name, map_location="cpu", weights_only=False, mmap=True)
+                return self.dir / name
+            except Exception as e:  # noqa: BLE001 - any reader error means the file is not whole
+                log.warning("%s is incomplete (%s: %s); trying the checkpoint before it", self.dir / name,
+                            type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return None

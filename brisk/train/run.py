@@ -6,6 +6,7 @@ import logging
 import os
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -14,7 +15,8 @@ import torch
 from ..config import Config, ConfigError, save_config
 from ..data.loader import build_split, load_tokenizer
 from ..diagnose.accel import acceleration_state, one_line, write_state
-from ..models.build import build_model, gb
+from ..files import SYNCER, gb
+from ..models.build import build_model
 from ..models.speech_llm import human, param_count
 from ..speed import apply_speed
 from ..speed.flags import tf32_scope
@@ -94,15 +96,18 @@ def example_batches(cfg: Config, collator, vocab: int) -> list:
     from ..speed.graph import MAX_GRAPH_TOKENS
 
     fe = cfg.model.frontend
+    dim, low = fe.n_mels * fe.lfr_m, cfg.model.adaptor.use_low_frame_rate
     out = []
+    # One sample of exactly t tokens lands in bucket t (a shorter one would fall into a smaller bucket and
+    # leave bucket t to be captured, and compiled, in the middle of training).
+    fixed = len(SyntheticDataset([(600, 0)], dim, vocab, fe.lfr_n, use_low_frame_rate=low)[0].tokens.input_ids)
     for t in cfg.speed.pack_buckets:
         if t > MAX_GRAPH_TOKENS:
             break
-        text = max(1, t // 2 - 40)
-        ds = SyntheticDataset([(600, text)], fe.n_mels * fe.lfr_m, vocab, fe.lfr_n)
+        ds = SyntheticDataset([(600, max(0, t - fixed))], dim, vocab, fe.lfr_n, use_low_frame_rate=low)
         out.append(collator([ds[0]]))
     for f in cfg.speed.speech_buckets:  # also every speech bucket, so encoder graphs exist up front
-        ds = SyntheticDataset([(max(1, f * fe.lfr_n - 1), 4)], fe.n_mels * fe.lfr_m, vocab, fe.lfr_n)
+        ds = SyntheticDataset([(max(1, f * fe.lfr_n - 1), 4)], dim, vocab, fe.lfr_n, use_low_frame_rate=low)
         out.append(collator([ds[0]]))
     return out
 
@@ -145,7 +150,7 @@ def resume_path(cfg: Config, trainer: Trainer) -> Path | None:
     if cfg.train.resume_from:
         path = Path(cfg.train.resume_from)
     elif cfg.train.resume and trainer.ckpts is not None:
-        path = trainer.ckpts.latest()
+        path = trainer.ckpts.latest_intact()
     path = broadcast_from_rank0(str(path) if path else None)
     return Path(path) if path else None
 
@@ -230,6 +235,28 @@ def held_checkpoints(trainer: Trainer) -> int:
     return max(0, min(t.keep_n + 2, existing + saves) - existing)
 
 
+class Background:
+    """fn(*args) on a thread; result() joins it and returns its value or raises its error."""
+
+    def __init__(self, fn, *args):
+        self.value, self.error = None, None
+
+        def run():
+            try:
+                self.value = fn(*args)
+            except BaseException as e:  # noqa: BLE001 - re-raised by result()
+                self.error = e
+
+        self.thread = threading.Thread(target=run, name=f"brisk-{fn.__name__}")
+        self.thread.start()
+
+    def result(self):
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
 def train(cfg: Config) -> dict:
     export = cfg.train.export
     if export == "hf":  # fail now, not after the run, if the native class cannot hold this model
@@ -249,20 +276,29 @@ def train(cfg: Config) -> dict:
         torch.distributed.barrier()  # every rank's steps file is complete before rank 0 writes the report
     full = trainer.weights()[0] if trainer.sharded and export != "none" else None  # FSDP: a collective
     if trainer.rank == 0:
+        report = None
+        if cfg.diagnose.report:  # plotting is CPU work; the export mostly waits on copies and writes: overlap them
+            from ..diagnose.report import write_report
+
+            report = Background(write_report, run_dir)
         if export != "none":
             from ..models.export import export_folder
 
             try:
-                export_folder(trainer.model, cfg, run_dir / f"model-{export}", export, cfg.train.export_dtype, state=full)
+                export_folder(trainer.model, cfg, run_dir / f"model-{export}", export, cfg.train.export_dtype, state=full,
+                              sync=False)
             except OSError:
                 latest = trainer.ckpts.latest() if trainer.ckpts else None
                 log.error("the export failed; the trained weights are in %s", latest or "no checkpoint (train.save_final=false)")
                 raise
-        if cfg.diagnose.report:
-            from ..diagnose.report import write_report
-
-            out = write_report(run_dir)
-            log.info("report: %s", out)
+        if report is not None:
+            log.info("report: %s", report.result())
+        files, nbytes = SYNCER.pending()
+        for err in SYNCER.errors:
+            log.warning("fsync failed (the file is in place, but may not be on the disk): %s", err)
+        if files:
+            log.info("%s in %d file(s) handed to the OS and still being written to the disk in the background "
+                     "(it finishes on its own; `sync` waits for it)", gb(nbytes), files)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return result

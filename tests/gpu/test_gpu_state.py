@@ -126,6 +126,23 @@ def test_graph_step_equals_eager_step_over_8_steps():
     assert len(set(la)) > 1  # the steps did train
 
 
+def test_compiled_decoder_layer_one_graph_for_all_lengths_and_none_without_grad():
+    """compile_dynamic=true: a second length reuses the first graph; validation (no grad) runs eagerly."""
+    from brisk.speed.compile import CudaOnlyCompiled, compile_counters
+
+    torch._dynamo.reset()
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64)).cuda()
+    f = CudaOnlyCompiled(layer.forward, "test layer", True, "raise", train_only=True)
+    g0 = compile_counters()["graphs"]
+    for t in (100, 300):
+        f(torch.randn(2, t, 64, device="cuda", requires_grad=True)).sum().backward()
+    g1 = compile_counters()["graphs"]
+    with torch.no_grad():
+        out = f(torch.randn(2, 200, 64, device="cuda"))
+    assert g1 - g0 == 1 and compile_counters()["graphs"] == g1
+    assert f.compile_seconds > 0 and out.shape == (2, 200, 64)
+
+
 def test_switches_leave_torch_flags_as_they_were():
     _run_steps([], 2)
     _run_steps(["speed.sdpa_backends=[flash,efficient,math]", "speed.tf32=true"], 2)
