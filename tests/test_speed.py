@@ -96,6 +96,7 @@ def test_compile_failure_falls_back_to_eager_with_a_warning(caplog, monkeypatch)
     class FakeCuda:
         is_cuda = True
         shape = (2, 5)
+        _base = None  # not a view
 
         def dim(self):
             return 2

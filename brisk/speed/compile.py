@@ -66,6 +66,10 @@ class CudaOnlyCompiled:
             return self.eager(*args, **kwargs)
         if x.dim() >= 2 and x.shape[0] == 1 and kwargs.get("cu_seq_lens_q") is None:
             return self.eager(*args, **kwargs)  # a single padded sequence: keep Dynamo off size 1
+        if args and args[0] is x and x._base is not None:
+            # Dynamo guards on a view's base: the first decoder layer gets the embeddings as a view, the others
+            # a fresh tensor, which made two graphs of one layer. A copy (one small kernel) makes them one.
+            args = (x.clone(),) + args[1:]
         before = compile_counters().get("graphs", 0)
         t0 = time.perf_counter()
         try:

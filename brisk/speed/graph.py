@@ -180,7 +180,10 @@ class GraphedStep:
         for g in self.optimizer.param_groups:
             g["lr"].zero_()
         loss = self.step.hooks.loss
-        for b in batches:
+        # Longest first: the shared memory pool is sized by the first capture and the rest fit in it, and the
+        # first compile sees the largest length (a dynamic graph compiled at a short length was bounded below
+        # 2,560 tokens on the H200 and compiled again there).
+        for b in sorted(batches, key=lambda b: -b.input_ids.shape[1]):
             b = loss.fit(b) if loss is not None else b  # speed.label_head: the bucket's common graph
             rows = self.audio(b)
             t, key = b.input_ids.shape[1], self._key(b)

@@ -127,15 +127,16 @@ def test_graph_step_equals_eager_step_over_8_steps():
 
 
 def test_compiled_decoder_layer_one_graph_for_all_lengths_and_none_without_grad():
-    """compile_dynamic=true: a second length reuses the first graph; validation (no grad) runs eagerly."""
+    """compile_dynamic=true: a second length (and a view input) reuses the first graph; no grad runs eagerly."""
     from brisk.speed.compile import CudaOnlyCompiled, compile_counters
 
     torch._dynamo.reset()
     layer = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64)).cuda()
     f = CudaOnlyCompiled(layer.forward, "test layer", True, "raise", train_only=True)
     g0 = compile_counters()["graphs"]
-    for t in (100, 300):
-        f(torch.randn(2, t, 64, device="cuda", requires_grad=True)).sum().backward()
+    for t in (100, 300):  # the first input a view (as the embeddings reach the first layer), the second not
+        x = torch.randn(2 * t * 64, device="cuda", requires_grad=True)
+        f(x.view(2, t, 64) if t == 100 else x.detach().view(2, t, 64).clone().requires_grad_()).sum().backward()
     g1 = compile_counters()["graphs"]
     with torch.no_grad():
         out = f(torch.randn(2, 200, 64, device="cuda"))
