@@ -228,6 +228,7 @@ class SpeedConfig:
     compile_scope: str = "layer"  # layer: each decoder layer; stack: the whole decoder stack
     compile_dynamic: bool | None = True  # passed to torch.compile; True: one graph for all lengths; None: a static graph first, a dynamic one at the second length
     compile_on_error: str = "warn"  # warn: fall back to eager; raise
+    compile_encoder: bool = True  # with frozen_eval: compile the frozen encoder's blocks too (fewer kernels a step; one more compile at start-up)
     inductor_cache_dir: str | None = None  # persistent Inductor/Triton cache; None: $TORCHINDUCTOR_CACHE_DIR or ~/.cache/brisk/inductor
     fused_adamw: bool = False  # torch's fused AdamW kernel (CUDA)
     tf32: bool = False  # TF32 matmuls/convolutions for the fp32 parts (process-wide, restored at the end)

@@ -97,22 +97,5 @@ def acceleration_state(cfg: Config, device: torch.device) -> dict:
     return state
 
 
-def one_line(state: dict) -> str:
-    s = state["speed"]
-    on = [k for k in ("compile", "fused_adamw", "tf32", "frozen_eval", "packing", "cuda_graph", "encoder_cache",
-                      "label_head", "fresh_grads") if s[k]]
-    parts = [
-        f"device={state.get('gpu', state['device'])}" + (f" ({state['capability']})" if "capability" in state else ""),
-        f"torch={state['torch']}" + (f" cuda={state['cuda']} cudnn={state['cudnn']}" if "cuda" in state else ""),
-        f"llm={state['llm_dtype']} encoder={state['encoder_dtype']}",
-        f"switches={','.join(on) or 'none (eager defaults)'}",
-        f"sdpa_backends={s['sdpa_backends'] or 'torch default'} order={'>'.join(state['sdpa_order'])}",
-        f"tf32={state['flags']['matmul.allow_tf32']}",
-    ]
-    if s["compile"]:
-        parts.append(f"compile=scope:{s['compile_scope']},dynamic:{s['compile_dynamic']}")
-    return "acceleration: " + " | ".join(parts)
-
-
 def write_state(state: dict, run_dir: Path) -> None:
     (run_dir / "accel.json").write_text(json.dumps(state, indent=2, default=str), encoding="utf-8")

@@ -22,6 +22,23 @@ CAUSE_COLORS = {"plan_build": "#d62728", "new_shape": "#ff7f0e", "recompile": "#
                 "checkpoint": "#2ca02c", "validation": "#17becf", "gc": "#8c564b", "unknown": "#7f7f7f"}
 
 
+def one_line(state: dict) -> str:
+    s = state["speed"]
+    on = [k for k in ("compile", "fused_adamw", "tf32", "frozen_eval", "packing", "cuda_graph", "encoder_cache",
+                      "label_head", "fresh_grads") if s[k]]
+    parts = [
+        f"device={state.get('gpu', state['device'])}" + (f" ({state['capability']})" if "capability" in state else ""),
+        f"torch={state['torch']}" + (f" cuda={state['cuda']} cudnn={state['cudnn']}" if "cuda" in state else ""),
+        f"llm={state['llm_dtype']} encoder={state['encoder_dtype']}",
+        f"switches={','.join(on) or 'none (eager defaults)'}",
+        f"sdpa_backends={s['sdpa_backends'] or 'torch default'} order={'>'.join(state['sdpa_order'])}",
+        f"tf32={state['flags']['matmul.allow_tf32']}",
+    ]
+    if s["compile"]:
+        parts.append(f"compile=scope:{s['compile_scope']},dynamic:{s['compile_dynamic']}")
+    return "acceleration: " + " | ".join(parts)
+
+
 def _read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -205,8 +222,6 @@ def write_report(run_dir: str | Path) -> Path:
     gpu = any("mem_peak_gb" in x for x in steps)
     lines = [f"# Step-time report: {run_dir.name}", ""]
     if accel:
-        from .accel import one_line
-
         lines += ["`" + one_line(accel) + "`", ""]
         if accel.get("plan_build_trap"):
             lines += [f"**Trap on this machine:** {accel['plan_build_trap']}", ""]
@@ -257,3 +272,9 @@ def console_summary(md: str, rows: int = 10) -> str:
                 continue
         out.append(line)
     return "\n".join(out).strip() + "\n"
+
+
+if __name__ == "__main__":  # `python -m brisk.diagnose.report RUN`: what a training run starts at its end (no torch import)
+    import sys
+
+    print(write_report(sys.argv[1]))

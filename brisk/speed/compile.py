@@ -119,11 +119,12 @@ def apply_compile(model: nn.Module, cfg: SpeedConfig, audio_encoder: nn.Module |
         name = "decoder stack" if i is None else "decoder layer"
         module.forward = CudaOnlyCompiled(module.forward, name, cfg.compile_dynamic, cfg.compile_on_error, train_only=True)
     what = f"{len(targets)} x {'decoder layer' if cfg.compile_scope == 'layer' else 'decoder stack'}"
-    if cfg.frozen_eval and model.cfg.encoder.freeze:
+    if cfg.frozen_eval and cfg.compile_encoder and model.cfg.encoder.freeze:
         # A frozen encoder in eval mode has no dropout and no autograd: its blocks compile cleanly, and
-        # fusing their elementwise work removes ~2,000 small kernels a step.
+        # fusing their elementwise work removes ~2,000 small kernels a step. The first block (encoders0) takes
+        # the 560-wide LFR features, a graph of its own for one block of 70: it stays eager.
         enc = audio_encoder if audio_encoder is not None else model.audio_encoder
-        blocks = [*enc.encoders0, *enc.encoders, *enc.tp_encoders]
+        blocks = [*enc.encoders, *enc.tp_encoders]
         for block in blocks:
             block.forward = CudaOnlyCompiled(block.forward, "encoder block", cfg.compile_dynamic, cfg.compile_on_error)
         what += f" + {len(blocks)} x frozen encoder block"

@@ -101,7 +101,7 @@ class AsyncCheckpointer:
         self.frozen = frozen_keys(model) if frozen_ref else set()
         self.frozen_ref: dict | None = None
         self.snapshot = HostSnapshot(pin=device.type == "cuda")
-        self.thread: threading.Thread | None = None
+        self.threads: list[threading.Thread] = []  # the write in flight, the buffer allocation, the frozen file
         self.error: BaseException | None = None
         self.done: list[dict] = []  # finished writes, drained by the main thread (events, log lines)
         self.sizes: dict[str, int] = {}
@@ -119,9 +119,7 @@ class AsyncCheckpointer:
         t2 = time.perf_counter()
         job = {"step": step, "stall": t2 - t0, "waited": t1 - t0, "snapshot": t2 - t1, "asynchronous": self.asynchronous}
         if self.asynchronous:
-            self.thread = threading.Thread(target=self._write, args=(snap, step, val, job, frozen), name="brisk-ckpt",
-                                           daemon=False)
-            self.thread.start()
+            self._spawn(self._write, snap, step, val, job, frozen)
         else:
             self._write(snap, step, val, job, frozen)
             self._raise()
@@ -133,27 +131,44 @@ class AsyncCheckpointer:
     def warm(self, state_fn) -> None:
         """Allocate the pinned buffers on the writer thread (pinning GBs takes seconds), so that the first
         checkpoint's step waits only for the copies. Called once the optimizer state exists."""
-        if not (self.asynchronous and self.snapshot.pin) or self.thread is not None or self.snapshot.buffers:
+        if not (self.asynchronous and self.snapshot.pin) or self.threads or self.snapshot.buffers:
             return
         state, _ = self._split_frozen(state_fn())
         t0 = time.perf_counter()
 
         def allocate():
+            self.snapshot.take(state, copy=False)
+            log.info("checkpoint host buffers (%s, pinned) allocated in the background in %.1f s",
+                     gb(self.snapshot.nbytes()), time.perf_counter() - t0)
+
+        self._spawn(allocate)
+
+    def start_frozen(self) -> None:
+        """Write the frozen-weights file now, in the background (they never change), so that no checkpoint waits
+        for it: called before the CUDA graphs are captured, whose compiles take longer than this write. The
+        host copy is taken here, on the calling thread; the writer touches no device memory."""
+        if not (self.asynchronous and self.frozen) or self.frozen_ref is not None:
+            return
+        sd = self.model.state_dict()
+        frozen = {k: sd[k].detach().cpu() for k in sorted(self.frozen) if k in sd}
+        self._spawn(self._write_frozen, frozen)
+
+    def _spawn(self, fn, *args) -> None:
+        def run():
             try:
-                self.snapshot.take(state, copy=False)
-                log.info("checkpoint host buffers (%s, pinned) allocated in the background in %.1f s",
-                         gb(self.snapshot.nbytes()), time.perf_counter() - t0)
+                fn(*args)
             except BaseException as e:  # noqa: BLE001 - handed to the main thread
                 self.error = e
 
-        self.thread = threading.Thread(target=allocate, name="brisk-ckpt-alloc", daemon=False)
-        self.thread.start()
+        t = threading.Thread(target=run, name=f"brisk-ckpt-{fn.__name__.strip('_')}", daemon=False)
+        t.start()
+        self.threads.append(t)
 
     def wait(self) -> float:
         t0 = time.perf_counter()
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
+        for t in self.threads:
+            t.join()
+        self.threads = []
         self._raise()
         return time.perf_counter() - t0
 

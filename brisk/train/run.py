@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -14,7 +14,8 @@ import torch
 
 from ..config import Config, ConfigError, save_config
 from ..data.loader import build_split, load_tokenizer
-from ..diagnose.accel import acceleration_state, one_line, write_state
+from ..diagnose.accel import acceleration_state, write_state
+from ..diagnose.report import one_line
 from ..files import SYNCER, gb
 from ..models.build import build_model
 from ..models.speech_llm import human, param_count
@@ -201,6 +202,8 @@ def build_trainer(cfg: Config) -> Trainer:
     run_dirs.after_resume(cfg, run_dir, resume, trainer.pos.step, rank)
     if rank == 0:
         check_disk(cfg, trainer)
+    if trainer.saver is not None and not trainer.sharded:
+        trainer.saver.start_frozen()  # written in the background while the graphs below compile
 
     hooks = StepHooks(logit_stats=probe is not None, grad_groups=probe.grad_groups if probe is not None else None,
                       mark=trainer.timer.mark)
@@ -235,26 +238,21 @@ def held_checkpoints(trainer: Trainer) -> int:
     return max(0, min(t.keep_n + 2, existing + saves) - existing)
 
 
-class Background:
-    """fn(*args) on a thread; result() joins it and returns its value or raises its error."""
+def start_report(run_dir: Path) -> subprocess.Popen:
+    """The report (plots) in a process of its own: CPU work that would otherwise hold the GIL the export's
+    Python loop needs; this module imports no torch, so it starts in about a second."""
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding the brisk package
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-m", "brisk.diagnose.report", str(run_dir)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def __init__(self, fn, *args):
-        self.value, self.error = None, None
 
-        def run():
-            try:
-                self.value = fn(*args)
-            except BaseException as e:  # noqa: BLE001 - re-raised by result()
-                self.error = e
-
-        self.thread = threading.Thread(target=run, name=f"brisk-{fn.__name__}")
-        self.thread.start()
-
-    def result(self):
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.value
+def finish_report(proc: subprocess.Popen) -> None:
+    out, err = proc.communicate()
+    if proc.returncode:
+        log.warning("the report failed (brisk report %s retries it): %s", proc.args[-1], (err.strip().splitlines() or ["?"])[-1])
+    else:
+        log.info("report: %s", out.strip())
 
 
 def train(cfg: Config) -> dict:
@@ -276,11 +274,7 @@ def train(cfg: Config) -> dict:
         torch.distributed.barrier()  # every rank's steps file is complete before rank 0 writes the report
     full = trainer.weights()[0] if trainer.sharded and export != "none" else None  # FSDP: a collective
     if trainer.rank == 0:
-        report = None
-        if cfg.diagnose.report:  # plotting is CPU work; the export mostly waits on copies and writes: overlap them
-            from ..diagnose.report import write_report
-
-            report = Background(write_report, run_dir)
+        report = start_report(run_dir) if cfg.diagnose.report else None  # plots while the export writes
         if export != "none":
             from ..models.export import export_folder
 
@@ -292,7 +286,7 @@ def train(cfg: Config) -> dict:
                 log.error("the export failed; the trained weights are in %s", latest or "no checkpoint (train.save_final=false)")
                 raise
         if report is not None:
-            log.info("report: %s", report.result())
+            finish_report(report)
         files, nbytes = SYNCER.pending()
         for err in SYNCER.errors:
             log.warning("fsync failed (the file is in place, but may not be on the disk): %s", err)
