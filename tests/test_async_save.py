@@ -147,3 +147,22 @@ def test_kill_during_background_write_leaves_previous_checkpoint(tmp_path):
     assert state["trainer"]["step"] == 2 and any(k.startswith("audio_encoder.") for k in state["state_dict"])
     AsyncCheckpointer(ck, nn.Linear(1, 1), torch.device("cpu"))  # a resumed run removes the stale temp file
     assert not any(p.name.startswith(".ckpt-") for p in folder.iterdir())
+
+
+def test_frozen_file_is_written_before_the_first_checkpoint(tmp_path):
+    """start_frozen (called before the graphs compile) writes the frozen weights once; checkpoints only refer to them."""
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
+    model[0].requires_grad_(False)
+    saver = AsyncCheckpointer(Checkpoints(tmp_path, 2, "loss"), model, torch.device("cpu"))
+    saver.start_frozen()
+    saver.wait()
+    frozen = list((tmp_path / "checkpoints").glob("frozen-*.pt"))
+    assert len(frozen) == 1 and not list((tmp_path / "checkpoints").glob("ckpt-*.pt"))
+    mtime = frozen[0].stat().st_mtime_ns
+    saver.save({"state_dict": model.state_dict()}, 1, None)
+    saver.close()
+    assert frozen[0].stat().st_mtime_ns == mtime  # not written again
+    raw = torch.load(tmp_path / "checkpoints" / "ckpt-00000001.pt", weights_only=False)
+    assert set(raw["frozen_ref"]["keys"]) == {"0.weight", "0.bias"} and "0.weight" not in raw["state_dict"]
+    got = read_checkpoint(tmp_path / "checkpoints" / "ckpt-00000001.pt")["state_dict"]
+    assert all(torch.equal(got[k], v) for k, v in model.state_dict().items())

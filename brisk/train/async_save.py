@@ -131,8 +131,8 @@ class AsyncCheckpointer:
     def warm(self, state_fn) -> None:
         """Allocate the pinned buffers on the writer thread (pinning GBs takes seconds), so that the first
         checkpoint's step waits only for the copies. Called once the optimizer state exists."""
-        if not (self.asynchronous and self.snapshot.pin) or self.threads or self.snapshot.buffers:
-            return
+        if not (self.asynchronous and self.snapshot.pin) or self.snapshot.buffers:
+            return  # (the frozen-weights write may still be running: allocation goes on beside it)
         state, _ = self._split_frozen(state_fn())
         t0 = time.perf_counter()
 

@@ -43,10 +43,13 @@ def test_async_checkpoint_of_a_cuda_model_resumes_exactly(tmp_path):
 
 
 def test_warm_allocates_pinned_buffers_that_the_first_save_reuses(tmp_path):
-    model = nn.Linear(256, 256).cuda()
+    model = nn.Sequential(nn.Linear(256, 256), nn.Linear(256, 256)).cuda()
+    model[0].requires_grad_(False)  # frozen: its file is written by start_frozen, before warm (as a run does)
     saver = AsyncCheckpointer(Checkpoints(tmp_path, 3, "loss"), model, torch.device("cuda"))
+    saver.start_frozen()
     saver.warm(lambda: {"state_dict": model.state_dict()})
     saver.wait()
+    assert saver.frozen_ref is not None and sorted(saver.frozen_ref["keys"]) == ["0.bias", "0.weight"]
     ptrs = {k: b.data_ptr() for k, b in saver.snapshot.buffers.items()}
     assert ptrs and all(b.is_pinned() for b in saver.snapshot.buffers.values())
     saver.save({"state_dict": model.state_dict()}, 1, None)
