@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -65,7 +67,11 @@ def _spawn(fn, tmp_path, *args, world: int = 2) -> None:
 
 def _init(rank: int, world: int, init_file: str) -> None:
     torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    from datetime import timedelta
+
+    # A rank left waiting (a regression in who-waits-for-whom) fails the test in minutes instead of hanging it.
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                                         timeout=timedelta(seconds=90))
 
 
 def _close() -> None:
@@ -348,3 +354,30 @@ def test_parallel_key_is_checked(tmp_path):
 
         tiny_config(tmp_path, **{"train.parallel": "zero"})
     assert main(["train", str(DEMO_CONFIG), "train.parallel=fsdp", "train.max_stepz=1"]) == 2
+
+
+# ----------------------------------------------------------------------------- the run folder, two ranks
+def _folder_worker(rank, world, init_file, run_dir):
+    import time
+
+    import brisk.train.run_dir as run_dirs
+    from brisk.train.run import build_trainer
+
+    from .conftest import tiny_config
+
+    _init(rank, world, init_file)
+    try:
+        if rank == 0:  # rank 0 is slow to look at the folder: rank 1 must not have written to it by then
+            prepare = run_dirs.prepare
+            run_dirs.prepare = lambda cfg, *a: (time.sleep(2), prepare(cfg, *a))[1]
+        trainer = build_trainer(tiny_config(run_dir, **{"train.max_steps": 1}))
+        trainer.close_data()
+        assert trainer.run_dir == Path(run_dir)
+    finally:
+        _close()
+
+
+def test_other_ranks_wait_for_rank0_to_check_a_fresh_run_folder(tmp_path):
+    """Seen on 2 H200s: rank 1 opened train.log first and rank 0 refused its own fresh folder."""
+    _spawn(_folder_worker, tmp_path, str(tmp_path / "run"))
+    assert (tmp_path / "run" / "train.log").exists()

@@ -159,7 +159,10 @@ def resume_path(cfg: Config, trainer: Trainer) -> Path | None:
 def build_trainer(cfg: Config) -> Trainer:
     device = pick_device(cfg.train.device)
     rank, world = init_distributed(device)
-    run_dir = run_dirs.prepare(cfg) if rank == 0 else Path(cfg.train.output_dir)
+    # Rank 0 checks the folder before any rank writes to it: another rank's train.log, opened first, made rank 0
+    # refuse a fresh folder as "already holds a run" (seen on 2 H200s). The others wait for its verdict.
+    run_dir = run_dirs.prepare(cfg) if rank == 0 else None
+    run_dir = Path(broadcast_from_rank0(str(run_dir) if run_dir is not None else None))
     run_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(run_dir, rank)
     if rank == 0:
