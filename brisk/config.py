@@ -73,6 +73,15 @@ class AdaptorConfig:
     use_low_frame_rate: bool = True  # only the first ~L/8 adaptor outputs reach the LLM
     freeze: bool = True  # keep the adaptor's weights fixed (no gradients)
 
+    def __post_init__(self):
+        if self.downsample_rate < 1:
+            raise ConfigError(f"model.adaptor.downsample_rate={self.downsample_rate}: use 1 or more")
+        if self.downsample_rate > 1 and not self.use_low_frame_rate:
+            # The prompt holds one audio slot per LFR frame, the adaptor gives one output per downsample_rate frames.
+            raise ConfigError(f"model.adaptor.downsample_rate={self.downsample_rate} needs model.adaptor.use_low_frame_rate=true: "
+                              "without it the prompt has one audio slot per frame, more than the adaptor's "
+                              f"1/{self.downsample_rate} outputs; use downsample_rate=1 or use_low_frame_rate=true")
+
 
 @dataclass
 class CTCConfig:
