@@ -291,7 +291,8 @@ def train(cfg: Config) -> dict:
         if report is not None:
             finish_report(report)
         files, nbytes = SYNCER.pending()
-        for err in SYNCER.errors:
+        errors, SYNCER.errors = SYNCER.errors, []
+        for err in errors:
             log.warning("fsync failed (the file is in place, but may not be on the disk): %s", err)
         if files:
             log.info("%s in %d file(s) handed to the OS and still being written to the disk in the background "
