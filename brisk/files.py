@@ -149,8 +149,10 @@ class Syncer:
             t0 = time.perf_counter()
             for p in paths:
                 try:
-                    fsync_file(p) if p.is_file() else None  # a file pruned meanwhile needs no sync
+                    fsync_file(p)
                     fsync_dir(p.parent)
+                except FileNotFoundError:
+                    pass  # pruned or renamed meanwhile (a renamed file is submitted under its new name too)
                 except OSError as e:  # reported at the end of the run; the file itself is in place
                     self.errors.append(f"{p}: {e}")
                 with self._lock:

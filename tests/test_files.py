@@ -77,3 +77,17 @@ def test_every_bucket_gets_an_example_batch_of_its_own_length():
     wanted = [t for t in cfg.speed.pack_buckets if t <= MAX_GRAPH_TOKENS]
     assert lengths[: len(wanted)] == wanted
     assert sorted({b.speech.shape[1] for b in batches}) == sorted(cfg.speed.speech_buckets)
+
+
+def test_a_file_removed_before_its_fsync_is_no_error(tmp_path):
+    """Keep-n pruning can delete a checkpoint the syncer has not reached yet: nothing to make durable."""
+    files.SYNCER.wait(timeout=30)
+    before = list(files.SYNCER.errors)
+    p = tmp_path / "gone.pt"
+    p.write_bytes(b"x")
+    files.SYNCER._pending[p] = 1  # as submit() records it, without starting the work before the removal
+    p.unlink()
+    files.SYNCER.submit([])  # wakes the thread
+    files.SYNCER._queue.put([p])
+    assert files.SYNCER.wait(timeout=30)
+    assert files.SYNCER.errors == before
