@@ -166,3 +166,31 @@ def test_frozen_file_is_written_before_the_first_checkpoint(tmp_path):
     assert set(raw["frozen_ref"]["keys"]) == {"0.weight", "0.bias"} and "0.weight" not in raw["state_dict"]
     got = read_checkpoint(tmp_path / "checkpoints" / "ckpt-00000001.pt")["state_dict"]
     assert all(torch.equal(got[k], v) for k, v in model.state_dict().items())
+
+
+def test_export_takes_the_trained_weights_from_the_final_snapshot(tmp_path):
+    """The export reads trainable weights from the final checkpoint's host buffers (no second device copy),
+    frozen ones from the model; the folder holds the model's weights either way."""
+    from brisk.models.build import read_state_dict
+    from brisk.models.export import export_folder
+    from brisk.train.run import build_trainer
+
+    from .conftest import tiny_config
+
+    cfg = tiny_config(tmp_path / "run", **{"train.max_steps": 3, "model.encoder.freeze": True})
+    trainer = build_trainer(cfg)
+    trainer.fit()
+    trainer.close_data()
+    own = trainer.model.state_dict()
+    state = trainer.export_state()
+    assert state is not None and list(state) == list(own)
+    buffers = {b.data_ptr() for b in trainer.saver.snapshot.buffers.values()}
+    trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trainable and all(state[k].data_ptr() in buffers for k in trainable)  # host copies, not the model's
+    assert all(state[k].data_ptr() == own[k].data_ptr() for k in own if k.startswith("audio_encoder."))  # frozen: the model's
+    assert all(torch.equal(state[k], own[k]) for k in own)
+    export_folder(trainer.model, cfg, tmp_path / "model-funasr", "funasr", "fp32", state=state)
+    saved = read_state_dict(tmp_path / "model-funasr" / "model.pt")
+    assert all(torch.equal(saved[k], own[k]) for k in own)
+    trainer.saver.last = (trainer.pos.step - 1, trainer.saver.last[1])  # a snapshot of an earlier step
+    assert trainer.export_state() is None  # then the export reads the model

@@ -105,6 +105,7 @@ class AsyncCheckpointer:
         self.error: BaseException | None = None
         self.done: list[dict] = []  # finished writes, drained by the main thread (events, log lines)
         self.sizes: dict[str, int] = {}
+        self.last: tuple[int, dict] | None = None  # (step, host state_dict) of the newest asynchronous snapshot
 
     # ---------------------------------------------------------------------------------- main thread
     def save(self, state: dict, step: int, val: dict | None) -> dict:
@@ -116,6 +117,7 @@ class AsyncCheckpointer:
         state, frozen = self._split_frozen(state)
         # Synchronous: written as is (today's path). Asynchronous: the step may change the tensors next.
         snap = self.snapshot.take(state) if self.asynchronous else state
+        self.last = (step, snap["state_dict"]) if self.asynchronous else None
         t2 = time.perf_counter()
         job = {"step": step, "stall": t2 - t0, "waited": t1 - t0, "snapshot": t2 - t1, "asynchronous": self.asynchronous}
         if self.asynchronous:
@@ -127,6 +129,12 @@ class AsyncCheckpointer:
                  step, t2 - t0, t1 - t0, t2 - t1, gb(self.snapshot.nbytes()),
                  ", writing in the background" if self.asynchronous else "")
         return job
+
+    def host_weights(self, step: int) -> dict[str, torch.Tensor] | None:
+        """The weights of the snapshot taken at ``step``, already in host memory (pinned on a GPU; the frozen
+        ones are not in it). None when the newest snapshot is of another step. Read them only after close():
+        the next save overwrites these buffers."""
+        return dict(self.last[1]) if self.last is not None and self.last[0] == step else None
 
     def warm(self, state_fn) -> None:
         """Allocate the pinned buffers on the writer thread (pinning GBs takes seconds), so that the first

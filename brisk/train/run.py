@@ -276,6 +276,8 @@ def train(cfg: Config) -> dict:
     if torch.distributed.is_initialized():
         torch.distributed.barrier()  # every rank's steps file is complete before rank 0 writes the report
     full = trainer.weights()[0] if trainer.sharded and export != "none" else None  # FSDP: a collective
+    if full is None and export != "none" and trainer.rank == 0:
+        full = trainer.export_state()  # the trained weights from the final checkpoint's host buffers, if they are there
     if trainer.rank == 0:
         report = start_report(run_dir) if cfg.diagnose.report else None  # plots while the export writes
         if export != "none":
