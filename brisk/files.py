@@ -117,7 +117,6 @@ class Syncer:
         self._lock = threading.Lock()
         self._pending: dict[Path, int] = {}
         self._thread: threading.Thread | None = None
-        self.synced_bytes, self.sync_seconds = 0, 0.0
         self.errors: list[str] = []
 
     def submit(self, paths: list[Path]) -> None:
@@ -145,9 +144,7 @@ class Syncer:
 
     def _run(self) -> None:
         while True:
-            paths = self._queue.get()
-            t0 = time.perf_counter()
-            for p in paths:
+            for p in self._queue.get():
                 try:
                     fsync_file(p)
                     fsync_dir(p.parent)
@@ -156,24 +153,20 @@ class Syncer:
                 except OSError as e:  # reported at the end of the run; the file itself is in place
                     self.errors.append(f"{p}: {e}")
                 with self._lock:
-                    size = self._pending.pop(p, 0)
-                self.synced_bytes += size
-            self.sync_seconds += time.perf_counter() - t0
+                    self._pending.pop(p, None)
 
 
 SYNCER = Syncer()
 
 
-def atomic_save(obj, path: Path, sync: bool = True) -> None:
-    """torch.save to a temp file in the same folder, then rename: never a half-written file. ``sync``: fsync the
-    file before the rename and the folder after (durable on return); else the file goes to ``SYNCER``.
-    Refuses (DiskSpaceError) when the tensors alone would not fit in the free space."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ensure_free(path.parent, tensor_bytes(obj), path.name)
+@contextlib.contextmanager
+def _atomic_file(path: Path, sync: bool, mode: str = "wb"):
+    """A file object on a temp name in ``path``'s folder, renamed to ``path`` when the block ends (removed if it
+    raises). ``sync``: fsync the file before the rename and the folder after; else hand ``path`` to SYNCER."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f, no_crc32():
-            torch.save(obj, f)
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
             f.flush()
             if sync:
                 os.fsync(f.fileno())
@@ -187,15 +180,15 @@ def atomic_save(obj, path: Path, sync: bool = True) -> None:
         SYNCER.submit([path])
 
 
+def atomic_save(obj, path: Path, sync: bool = True) -> None:
+    """torch.save to a temp file in the same folder, then rename: never a half-written file. ``sync``: durable on
+    return; else the file goes to ``SYNCER``. Refuses (DiskSpaceError) when the tensors alone would not fit."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_free(path.parent, tensor_bytes(obj), path.name)
+    with _atomic_file(path, sync) as f, no_crc32():
+        torch.save(obj, f)
+
+
 def write_json_atomic(obj, path: Path, sync: bool = True) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
+    with _atomic_file(path, sync, "w") as f:
         json.dump(obj, f, indent=1)
-        f.flush()
-        if sync:
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if sync:
-        fsync_dir(path.parent)
-    else:
-        SYNCER.submit([path])

@@ -77,6 +77,7 @@ def main_table() -> None:
     case("a key without a value", ["train", "train.max_epochs"])
     case("a misspelt key", ["train", c, "train.max_stepz=3"])
     case("a word where a number goes", ["train", c, "train.max_steps=lots"])
+    case("adaptor downsampling without the low frame rate", ["train", c, "model.adaptor.downsample_rate=2"])
     case("a word where true/false goes", ["train", c, "speed.compile=maybe"])
     case("a switch that needs another", ["train", c, "speed.cuda_graph=true"])
     case("a data file that does not exist", ["train", c, "data.train=nope.jsonl"])
