@@ -2,6 +2,7 @@
 
     python bench/scaling.py                      # GPU counts 1 and all visible; outputs in $OUT or bench/tmp/scaling
     python bench/scaling.py --gpus 1,2,4 --steps 60 --out DIR [key=value ...]
+    python bench/scaling.py --gpus 1 --out DIR; python bench/scaling.py --gpus 2 --out DIR --append   # two jobs
 
 Each (arm, GPU count) is one `brisk train` run of configs/bench_nano.yaml (Fun-ASR-Nano at real sizes,
 random weights, the AISHELL-1-like length profile) for warm-up + timed steps, without checkpoints or
@@ -113,6 +114,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=int, default=130, help="seconds a run at most (4 runs fit a 10-minute job)")
     ap.add_argument("--config", default=str(REPO / "configs/bench_nano.yaml"))
     ap.add_argument("--out", default=os.environ.get("OUT", str(REPO / "bench/tmp/scaling")))
+    ap.add_argument("--append", action="store_true", help="add to the results already in --out/scaling.json (same "
+                    "config): take the 1-GPU runs in one job and the N-GPU runs in a later one")
     ap.add_argument("overrides", nargs="*", help="key=value overrides for every run")
     args = ap.parse_args()
     n = torch.cuda.device_count()
@@ -121,7 +124,7 @@ def main() -> None:
         raise SystemExit(f"error: --gpus {args.gpus}: only {n} GPU(s) visible")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = []
+    results = json.loads((out / "scaling.json").read_text())["results"] if args.append and (out / "scaling.json").exists() else []
     for arm in [a.strip() for a in args.arms.split(",")]:
         if arm not in ARMS:
             raise SystemExit(f"error: --arms: unknown arm {arm!r}; choose from {', '.join(ARMS)}")

@@ -62,6 +62,31 @@ def test_profile_writes_op_tables_and_a_verdict(tmp_path):
     assert (tmp_path / "prof" / "trace.json").stat().st_size > 1000
 
 
+def test_kernel_classes_sort_a_graphed_steps_kernels_by_name():
+    from types import SimpleNamespace
+
+    from brisk.bench.profile import kernel_class, kernel_classes
+
+    names = {  # kernel names from the H200 fast-path profile (bench/results/2026-11-29-h200/profile_fastpath.md)
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(a": "optimizer and norms (multi-tensor)",
+        "nvjet_sm90_tst_64x64_64x13_4x2_h_bz_NNT": "matmul (nvjet / cuBLAS / CUTLASS)",
+        "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kerne": "attention (flash / cuDNN / efficient)",
+        "void at::native::(anonymous namespace)::conv_depthwise2d_forward_kernel_generic<": "depthwise conv (encoder FSMN)",
+        "triton_red_fused__to_copy__unsafe_view_add_mul_sum_view_9": "compiled (Triton, fused by Inductor)",
+        "void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c1": "elementwise add (gradient accumulation)",
+        "void at::native::(anonymous namespace)::cunn_SoftMaxBackward<4, float, float, fl": "softmax / cross-entropy",
+        "some_kernel_nobody_named": "other",
+    }
+    assert {n: kernel_class(n) for n in names} == names
+    ev = lambda name, us, dev="DeviceType.CUDA": SimpleNamespace(  # noqa: E731
+        name=name, device_type=dev, time_range=SimpleNamespace(start=0, end=us))
+    events = [ev("nvjet_a", 10), ev("nvjet_b", 30), ev("triton_poi_x", 4), ev("cudaGraphLaunch", 99, "DeviceType.CPU"),
+              ev("Memcpy HtoD", 50)]
+    rows = kernel_classes(events, steps=2)  # per step: matmul 2 kernels 0.02 ms, triton 1 kernel 0.002 ms
+    assert [(c, k) for c, k, _ in rows] == [("matmul (nvjet / cuBLAS / CUTLASS)", 1.0), ("compiled (Triton, fused by Inductor)", 0.5)]
+    assert abs(rows[0][2] - 0.02) < 1e-12 and abs(rows[1][2] - 0.002) < 1e-12
+
+
 def test_probe_compare_exit_status(tmp_path, capsys):
     from .conftest import run_train
 

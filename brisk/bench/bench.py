@@ -89,6 +89,10 @@ def one_run(cfg: Config, stream: list, warmup: int, steps: int) -> tuple[dict, o
         "optimizer": statistics.median(r["optimizer"] for r in tr), "first_step": first, "setup": runner.setup_seconds,
         "phase_wall": phase, "peak_gb": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else 0.0,
         "steps": per_step, "host_walls": walls,
+        # what a timed step carried: real LLM tokens, labelled ones, and positions computed (rows x length)
+        "tokens": statistics.fmean(r["shape"]["tokens"] for r in tr),
+        "label_tokens": statistics.fmean(r["shape"]["label_tokens"] for r in tr),
+        "positions": statistics.fmean(r["shape"]["rows"] * r["shape"]["len"] for r in tr),
     }
     return out, (runner, batches)
 
@@ -200,6 +204,11 @@ def render(results: dict, extra: dict, flops: float, rate: float, rate_what: str
             f"| {_join(rs, 'first_step', 2)} | {_join(rs, 'phase_wall', 1)} "
             f"| {roof * 100:.1f}% | {base / mean:.2f}x |")
     spread = [f"{n}: {(_spread(results[n])):.1f}%" for n in names]
+    first = results[names[0]][0]
+    if "tokens" in first:
+        lines += ["", f"A timed step carries {first['tokens']:.0f} real LLM tokens, {first['label_tokens']:.0f} of them "
+                  "labelled (mean); positions computed a step (rows x length, padding included): "
+                  + ", ".join(f"{n}: {results[n][0]['positions']:.0f}" for n in names)]
     lines += ["", "Run-to-run spread of the mean (max-min over mean): " + ", ".join(spread)]
     return "\n".join(lines) + "\n"
 

@@ -1,14 +1,16 @@
 """`brisk profile CONFIG --steps N`: where a steady step's time goes.
 
 torch.profiler over N steps after a warm-up: the top operations by CPU time and by GPU time (calls, average,
-total), kernel launches a step, the fraction of the profiled wall time the GPU was busy (union of kernel
-intervals), the roofline fraction, and a one-line verdict: host-bound (the GPU waits on launches) or
+total), device time a step by kernel class (matmul, attention, optimizer, Inductor fusions, ...), kernel
+launches a step, the fraction of the profiled wall time the GPU was busy (union of kernel intervals), the
+roofline fraction, and a one-line verdict: host-bound (the GPU waits on launches) or
 device-bound. Writes profile.md and a Chrome/Perfetto trace (trace.json; open it in ui.perfetto.dev).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -32,6 +34,49 @@ def launch_counts(events, steps: int) -> dict:
     n = max(steps, 1)
     return {"launches": sum(1 for e in events if e.name in LAUNCH_NAMES) / n,
             "kernels": sum(1 for e in events if is_kernel(e)) / n}
+
+
+# Kernel classes by name, first match wins: what a step's device time is made of. Inside a CUDA graph the
+# profiler sees kernels but not the operations that launched them, so names are what is left to go by.
+KERNEL_CLASSES = [
+    ("optimizer and norms (multi-tensor)", r"multi_tensor_apply|foreach|fused_adam"),
+    ("attention (flash / cuDNN / efficient)", r"flash|fmha|cudnn|attention|sdpa"),
+    ("matmul (nvjet / cuBLAS / CUTLASS)", r"nvjet|gemm|cutlass|sm90_xmma|ampere_|cublas"),
+    ("depthwise conv (encoder FSMN)", r"conv_depthwise|depthwise"),
+    ("softmax / cross-entropy", r"softmax|cross_entropy|nll_loss|log_softmax"),
+    ("compiled (Triton, fused by Inductor)", r"^triton_"),
+    ("elementwise add (gradient accumulation)", r"CUDAFunctor_add|AddFunctor"),
+    ("copies and casts", r"copy|_to_copy|bfloat16_copy|cast"),
+    ("reductions and norms", r"reduce|norm|sum_|mean"),
+    ("indexing (embedding, gather, scatter)", r"index|gather|scatter|embedding"),
+]
+
+
+def kernel_class(name: str) -> str:
+    for label, pattern in KERNEL_CLASSES:
+        if re.search(pattern, name, flags=re.IGNORECASE):
+            return label
+    return "other"
+
+
+def kernel_classes(events, steps: int) -> list[tuple[str, float, float]]:
+    """(class, kernels a step, device ms a step), largest first."""
+    n, count, ms = max(steps, 1), {}, {}
+    for e in events:
+        if is_kernel(e):
+            c = kernel_class(e.name)
+            count[c] = count.get(c, 0) + 1
+            ms[c] = ms.get(c, 0.0) + (e.time_range.end - e.time_range.start) / 1000.0
+    return sorted(((c, count[c] / n, ms[c] / n) for c in count), key=lambda r: -r[2])
+
+
+def _class_table(rows: list[tuple[str, float, float]]) -> list[str]:
+    total = sum(r[2] for r in rows) or 1.0
+    out = ["### Device time a step by kernel class", "", "| class | kernels a step | ms a step | share | us a kernel |",
+           "|---|---|---|---|---|"]
+    for c, k, ms in rows:
+        out.append(f"| {c} | {k:.0f} | {ms:.2f} | {ms / total:.0%} | {1000 * ms / max(k, 1e-9):.1f} |")
+    return out + [f"| all | {sum(r[1] for r in rows):.0f} | {total:.2f} | | |", ""]
 
 
 def _table(rows: list, title: str, key: str) -> list[str]:
@@ -111,6 +156,7 @@ def run_profile(cfg: Config, steps: int = 3, warmup: int = 5, out: Path | None =
              f"- verdict: {verdict}", "", f"Trace: {out / 'trace.json'} (open in https://ui.perfetto.dev)", ""]
     lines += _table(sorted(ka, key=lambda e: e.self_cpu_time_total, reverse=True)[:20], "Top operations by CPU time (self)", "self_cpu_time_total")
     if cuda:
+        lines += _class_table(kernel_classes(events, steps))
         lines += _table(sorted(ka, key=lambda e: e.self_device_time_total, reverse=True)[:20], "Top operations by GPU time (self)", "self_device_time_total")
     text = "\n".join(lines) + "\n"
     (out / "profile.md").write_text(text, encoding="utf-8")
