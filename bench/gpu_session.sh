@@ -41,7 +41,7 @@ wholerun)
     timeout 400 python bench/whole_run.py --out /tmp/wr --work /tmp/wr_work --pycache /tmp/pycache --timeout 150
     cp /tmp/wr/whole_run.md /tmp/wr/whole_run.json /tmp/wr/whole_run_logs.tgz "$OUT/"
     timeout "$(left 585)" python -m brisk bench configs/bench_prompt.yaml model.path=/tmp/wr_work/nano_folder \
-        data.train=bench/tmp/wholerun_data/train.jsonl --out /tmp/prompt 2>&1 | tail -n 14
+        data.train=bench/tmp/wholerun_data/train.jsonl speed.inductor_cache_dir=/tmp/wr_work/inductor_cache --out /tmp/prompt 2>&1 | tail -n 14
     cp /tmp/prompt/bench.md "$OUT/prompt_bench.md"; cp /tmp/prompt/bench.json "$OUT/prompt_bench.json"
     ;;
 fastpath)

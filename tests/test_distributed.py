@@ -381,3 +381,25 @@ def test_other_ranks_wait_for_rank0_to_check_a_fresh_run_folder(tmp_path):
     """Seen on 2 H200s: rank 1 opened train.log first and rank 0 refused its own fresh folder."""
     _spawn(_folder_worker, tmp_path, str(tmp_path / "run"))
     assert (tmp_path / "run" / "train.log").exists()
+
+
+def test_graphs_are_released_before_the_process_group_is_destroyed(tmp_path):
+    """A CUDA graph holding a captured NCCL all-reduce makes destroy_process_group hang (pytorch#115388):
+    close_process_group frees the step's graphs while the group still exists, then destroys it."""
+    import torch.distributed as dist
+
+    from brisk.train.dist import close_process_group
+
+    seen = []
+
+    class Step:
+        def release(self):
+            seen.append(dist.is_initialized())
+            return 3
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    close_process_group(Step())
+    assert seen == [True] and not dist.is_initialized()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg2'}", rank=0, world_size=1)
+    close_process_group(object())  # the eager step has nothing to release
+    assert not dist.is_initialized()

@@ -227,3 +227,15 @@ class GraphedStep:
         self.step.hooks.mark("optimizer")
         self.step.advance(metrics)
         return metrics
+
+    def release(self) -> int:
+        """Free every captured graph (step and encoder); returns how many. Call it before
+        ``destroy_process_group``: a live graph holding a captured NCCL all-reduce keeps its communicator
+        busy, and destroying the group then hangs (pytorch/pytorch#115388)."""
+        torch.cuda.synchronize()
+        graphs = [c.graph for c in self.graphs.values()] + [g[0] for g in self.encoder.graphs.values()]
+        for g in graphs:
+            g.reset()
+        self.graphs.clear()
+        self.encoder.graphs.clear()
+        return len(graphs)

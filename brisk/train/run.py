@@ -23,6 +23,7 @@ from ..speed import apply_speed
 from ..speed.flags import tf32_scope
 from . import run_dir as run_dirs
 from .checkpoint import broadcast_from_rank0, disk_footprint
+from .dist import close_process_group
 from .optim import WarmupLR, build_optimizer
 from .parallel import apply_parallel, attach_grad_sync
 from .step import StepHooks, TrainStep
@@ -138,6 +139,8 @@ def graph_step(cfg: Config, step: TrainStep, plan, device: torch.device):
     graphed = GraphedStep(step, plan.audio, fresh_grads=cfg.speed.fresh_grads)
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         log.info(attach_grad_sync(graphed))
+        log.warning("speed.cuda_graph with several ranks has not yet passed its 2-GPU test (docs/multigpu.md); "
+                    "the eager path (packing, frozen_eval, fused_adamw) is the tested one")
     vocab = step.model.llm.get_input_embeddings().weight.shape[0]
     seconds = graphed.prepare([b.to(device) for b in example_batches(cfg, plan.collator, vocab)])
     log.info("cuda_graph: %d step graphs and %d encoder graphs captured up front in %.1f s",
@@ -300,5 +303,5 @@ def train(cfg: Config) -> dict:
             log.info("%s in %d file(s) handed to the OS and still being written to the disk in the background "
                      "(it finishes on its own; `sync` waits for it)", gb(nbytes), files)
     if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+        close_process_group(trainer.step_fn)
     return result

@@ -126,6 +126,24 @@ def test_graph_step_equals_eager_step_over_8_steps():
     assert len(set(la)) > 1  # the steps did train
 
 
+def test_release_frees_every_graph_and_a_later_step_captures_again():
+    """GraphedStep.release (called before destroy_process_group under torchrun) resets every step and encoder
+    graph and frees their pool; the object stays usable (a later step captures its graph again)."""
+    from brisk.bench.harness import build_runner, sample_stream, sync
+
+    cfg = _cfg("speed.packing=true", "speed.frozen_eval=true", "speed.fused_adamw=true", "speed.cuda_graph=true")
+    runner = build_runner(cfg)
+    stream = [runner.collate(s) for s in sample_stream(cfg, 3, 4096)]
+    runner.run(stream[0])
+    sync(runner.device)
+    step = runner.step
+    n = len(step.graphs) + len(step.encoder.graphs)
+    assert n > 1 and step.release() == n
+    assert not step.graphs and not step.encoder.graphs
+    loss = float(runner.run(stream[1])["loss"])  # captured afresh
+    assert loss == loss and len(step.graphs) == 1
+
+
 def test_compiled_decoder_layer_one_graph_for_all_lengths_and_none_without_grad():
     """compile_dynamic=true: a second length (and a view input) reuses the first graph; no grad runs eagerly."""
     from brisk.speed.compile import CudaOnlyCompiled, compile_counters
