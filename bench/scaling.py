@@ -124,14 +124,21 @@ def main() -> None:
         raise SystemExit(f"error: --gpus {args.gpus}: only {n} GPU(s) visible")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = json.loads((out / "scaling.json").read_text())["results"] if args.append and (out / "scaling.json").exists() else []
+    setup = {"config": args.config, "steps": args.steps, "warmup": args.warmup, "workers": args.workers,
+             "overrides": args.overrides}
+    results = []
+    if args.append and (out / "scaling.json").exists():
+        old = json.loads((out / "scaling.json").read_text())
+        if old.get("setup") != setup:
+            raise SystemExit(f"error: --append: {out / 'scaling.json'} was measured with {old.get('setup')}, not {setup}")
+        results = old["results"]
     for arm in [a.strip() for a in args.arms.split(",")]:
         if arm not in ARMS:
             raise SystemExit(f"error: --arms: unknown arm {arm!r}; choose from {', '.join(ARMS)}")
         for g in counts:
-            results.append(run(arm, g, args, out))
+            results = [r for r in results if (r["arm"], r["gpus"]) != (arm, g)] + [run(arm, g, args, out)]
             (out / "scaling.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                                          "results": results}, indent=1))
+                                                          "setup": setup, "results": results}, indent=1))
     text = (f"Scaling on {n} x {torch.cuda.get_device_name()} (torch {torch.__version__}), {os.path.basename(args.config)}, "
             f"{args.steps} timed steps after {args.warmup}; efficiency = tokens/s / (GPUs x 1-GPU tokens/s)\n\n" + table(results))
     (out / "scaling.md").write_text(text)

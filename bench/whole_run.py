@@ -232,7 +232,7 @@ def main() -> int:
         # arm's ~17 GB (a user's next run rarely starts the moment the last one ends).
         t2 = time.time()
         os.sync()
-        results[arm]["writeback_after_exit"] = time.time() - t2
+        results[arm]["writeback_after_exit"] = round(time.time() - t2, 2)
         print(f"whole_run: {arm}: rc {rc}, {t1 - t0:.1f} s; its writes reached the disk {results[arm]['writeback_after_exit']:.1f} s "
               "after it exited", flush=True)
         # Keep the logs, free the disk (each run writes ~20 GB of checkpoints and exports at real size).
@@ -243,6 +243,7 @@ def main() -> int:
                 shutil.copy(run_dir / name, logs / name)
         if not a.keep_runs:
             shutil.rmtree(run_dir, ignore_errors=True)
+            os.sync()  # the delete's own journal writes, before the next arm starts
         if rc:
             print((work / f"{arm}.out").read_text(errors="replace")[-3000:])
 

@@ -73,7 +73,10 @@ def test_kernel_classes_sort_a_graphed_steps_kernels_by_name():
         "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kerne": "attention (flash / cuDNN / efficient)",
         "void at::native::(anonymous namespace)::conv_depthwise2d_forward_kernel_generic<": "depthwise conv (encoder FSMN)",
         "triton_red_fused__to_copy__unsafe_view_add_mul_sum_view_9": "compiled (Triton, fused by Inductor)",
-        "void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c1": "elementwise add (gradient accumulation)",
+        "void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c1": "elementwise add (residuals, gradient accumulation)",
+        "triton_red_fused__softmax_bitwise_not_exp_masked_fill_prepare_softmax_online_sub": "compiled (Triton, fused by Inductor)",
+        "ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "communication (NCCL)",
+        "void cudnn::ops::nchwToNhwcKernel<__nv_bfloat16>": "other",
         "void at::native::(anonymous namespace)::cunn_SoftMaxBackward<4, float, float, fl": "softmax / cross-entropy",
         "some_kernel_nobody_named": "other",
     }

@@ -39,14 +39,15 @@ def launch_counts(events, steps: int) -> dict:
 # Kernel classes by name, first match wins: what a step's device time is made of. Inside a CUDA graph the
 # profiler sees kernels but not the operations that launched them, so names are what is left to go by.
 KERNEL_CLASSES = [
+    ("compiled (Triton, fused by Inductor)", r"^triton_"),  # named after the ops inside: before the op classes
+    ("communication (NCCL)", r"nccl"),
     ("optimizer and norms (multi-tensor)", r"multi_tensor_apply|foreach|fused_adam"),
-    ("attention (flash / cuDNN / efficient)", r"flash|fmha|cudnn|attention|sdpa"),
+    ("attention (flash / cuDNN / efficient)", r"flash|fmha|cudnn.*(sdpa|fmha|flash|attn)|attention|sdpa"),
     ("matmul (nvjet / cuBLAS / CUTLASS)", r"nvjet|gemm|cutlass|sm90_xmma|ampere_|cublas"),
     ("depthwise conv (encoder FSMN)", r"conv_depthwise|depthwise"),
     ("softmax / cross-entropy", r"softmax|cross_entropy|nll_loss|log_softmax"),
-    ("compiled (Triton, fused by Inductor)", r"^triton_"),
-    ("elementwise add (gradient accumulation)", r"CUDAFunctor_add|AddFunctor"),
-    ("copies and casts", r"copy|_to_copy|bfloat16_copy|cast"),
+    ("elementwise add (residuals, gradient accumulation)", r"CUDAFunctor_add|AddFunctor"),
+    ("copies and casts", r"copy|_cast|cast_"),
     ("reductions and norms", r"reduce|norm|sum_|mean"),
     ("indexing (embedding, gather, scatter)", r"index|gather|scatter|embedding"),
 ]
@@ -75,8 +76,8 @@ def _class_table(rows: list[tuple[str, float, float]]) -> list[str]:
     out = ["### Device time a step by kernel class", "", "| class | kernels a step | ms a step | share | us a kernel |",
            "|---|---|---|---|---|"]
     for c, k, ms in rows:
-        out.append(f"| {c} | {k:.0f} | {ms:.2f} | {ms / total:.0%} | {1000 * ms / max(k, 1e-9):.1f} |")
-    return out + [f"| all | {sum(r[1] for r in rows):.0f} | {total:.2f} | | |", ""]
+        out.append(f"| {c} | {k:.1f} | {ms:.2f} | {ms / total:.0%} | {1000 * ms / max(k, 1e-9):.1f} |")
+    return out + [f"| all | {sum(r[1] for r in rows):.1f} | {total:.2f} | | |", ""]
 
 
 def _table(rows: list, title: str, key: str) -> list[str]:

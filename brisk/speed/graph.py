@@ -238,4 +238,8 @@ class GraphedStep:
             g.reset()
         self.graphs.clear()
         self.encoder.graphs.clear()
+        # A reset graph's pool is not reused: the allocator asserts on a capture into a pool whose graphs
+        # are gone. Any capture after this gets a new one.
+        self.pool = torch.cuda.graph_pool_handle()
+        self.encoder.pool = self.pool
         return len(graphs)

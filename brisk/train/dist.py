@@ -57,9 +57,11 @@ def close_process_group(step_fn) -> None:
     A live graph that captured an NCCL all-reduce keeps its communicator in use, and destroying the group then
     hangs every rank (pytorch/pytorch#115388; the graphed 2-GPU test did not finish on 2 H200s)."""
     release = getattr(step_fn, "release", None)
-    if release is not None:
-        log.info("cuda_graph: released %d graphs before closing the process group", release())
-    dist.destroy_process_group()
+    try:
+        if release is not None:
+            log.info("cuda_graph: released %d graphs before closing the process group", release())
+    finally:
+        dist.destroy_process_group()
 
 
 def broadcast_params(model: torch.nn.Module, src: int = 0) -> None:

@@ -140,8 +140,8 @@ def test_release_frees_every_graph_and_a_later_step_captures_again():
     n = len(step.graphs) + len(step.encoder.graphs)
     assert n > 1 and step.release() == n
     assert not step.graphs and not step.encoder.graphs
-    loss = float(runner.run(stream[1])["loss"])  # captured afresh
-    assert loss == loss and len(step.graphs) == 1
+    loss = float(runner.run(stream[1])["loss"])  # captured afresh, into a new pool
+    assert loss == loss and len(step.graphs) == 1 and len(step.encoder.graphs) == 1
 
 
 def test_compiled_decoder_layer_one_graph_for_all_lengths_and_none_without_grad():
