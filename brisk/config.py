@@ -251,6 +251,7 @@ class SpeedConfig:
     label_head: bool = False  # LM head + loss on the labelled positions only (chunked; no full logits)
     label_rows_frac: float = 0.5  # with cuda_graph: rows gathered per bucket, as a fraction of its length
     fresh_grads: bool = False  # with cuda_graph: backward writes new gradients, no zeroing + adding into buffers
+    fuse_projections: bool = False  # one GEMM for q/k/v and one for gate/up in each decoder layer (same parameters)
 
     def __post_init__(self):
         valid = {"flash", "efficient", "math", "cudnn"}

@@ -66,6 +66,12 @@ def apply_speed(model, cfg: Config, device: torch.device) -> SpeedPlan:
             plan.notes.append(apply_varlen_attention(model.llm))
         else:
             plan.notes.append("packing: one row per batch; CPU attention gets transformers' block-diagonal mask")
+    if s.fuse_projections:  # before compile: the compiled layers trace the fused forwards
+        if cfg.train.parallel == "fsdp":
+            raise ConfigError("speed.fuse_projections with train.parallel=fsdp is not tested; use one of them")
+        from .fuse import apply_fuse_projections
+
+        plan.notes.append(apply_fuse_projections(model.llm))
     if s.compile:
         from .compile import apply_compile
 

@@ -126,6 +126,15 @@ def test_graph_step_equals_eager_step_over_8_steps():
     assert len(set(la)) > 1  # the steps did train
 
 
+def test_fused_projections_train_like_the_plain_ones_on_the_fast_path():
+    """speed.fuse_projections under the graphed, compiled step: the same losses (bf16 LLM: GEMM order only)."""
+    base = ["speed.packing=true", "speed.frozen_eval=true", "speed.cuda_graph=true", "speed.compile=true"]
+    la, pa = _run_steps(base, 8)
+    lb, pb = _run_steps(base + ["speed.fuse_projections=true"], 8)
+    assert max(abs(x - y) / abs(x) for x, y in zip(la, lb)) < 1e-2
+    assert max(_rel(pa[k], pb[k]) for k in pa) < 1e-2 and pa.keys() == pb.keys()
+
+
 def test_release_frees_every_graph_and_a_later_step_captures_again():
     """GraphedStep.release (called before destroy_process_group under torchrun) resets every step and encoder
     graph and frees their pool; the object stays usable (a later step captures its graph again)."""

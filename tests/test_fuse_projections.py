@@ -1,0 +1,114 @@
+"""speed.fuse_projections: the same loss and gradients with fewer GEMMs, the same parameters and state dict."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from brisk.config import ConfigError
+from brisk.data.loader import build_split
+from brisk.models.build import build_model
+from brisk.speed import apply_speed, collator_for
+from brisk.speed.fuse import apply_fuse_projections
+from brisk.train.step import StepHooks, model_loss
+
+from .conftest import tiny_config
+
+CPU = torch.device("cpu")
+
+
+def _model_and_batch(tmp_path, **extra):
+    cfg = tiny_config(tmp_path, **extra)
+    torch.manual_seed(0)
+    model = build_model(cfg.model).eval()  # eval: no dropout, so two forwards are comparable
+    split = build_split(cfg, "train", collator_for(cfg), model.llm.get_input_embeddings().weight.shape[0])
+    batch = collator_for(cfg)([split.dataset[(i, 0)] for i in split.sampler.batches(0)[0]])
+    return cfg, model, batch
+
+
+def _loss_and_grads(model, batch):
+    model.zero_grad(set_to_none=True)
+    _, loss, _, _ = model_loss(model, batch, StepHooks())
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+def test_fused_projections_give_the_same_loss_and_gradients(tmp_path, packing):
+    cfg, model, batch = _model_and_batch(tmp_path, **{"speed.packing": packing})
+    state = {k: (v.data_ptr(), v.shape) for k, v in model.state_dict().items()}
+    loss0, grads0 = _loss_and_grads(model, batch)
+    note = apply_fuse_projections(model.llm)
+    assert "decoder layers" in note
+    assert {k: (v.data_ptr(), v.shape) for k, v in model.state_dict().items()} == state  # the very same tensors
+    loss1, grads1 = _loss_and_grads(model, batch)
+    assert abs(loss1 - loss0) <= 1e-6 * abs(loss0)
+    assert grads1.keys() == grads0.keys() and any("q_proj" in k for k in grads0)
+    for k in grads0:
+        assert torch.allclose(grads1[k], grads0[k], rtol=1e-5, atol=1e-7), k
+
+
+def test_fused_projections_trace_fewer_linears_and_no_graph_break(tmp_path):
+    cfg, model, batch = _model_and_batch(tmp_path)
+    llm = model.llm
+    ids = batch.input_ids[:, :16].clone()
+
+    def count(module):
+        graphs, linears = [], []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            linears.append(sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is torch._C._nn.linear))
+            return gm.forward
+
+        torch._dynamo.reset()
+        out = torch.compile(module, backend=backend)(input_ids=ids).logits
+        return len(graphs), sum(linears), out
+
+    graphs0, linears0, out0 = count(llm)
+    apply_fuse_projections(llm)
+    graphs1, linears1, out1 = count(llm)
+    torch._dynamo.reset()
+    n_layers = llm.config.num_hidden_layers
+    assert graphs1 == graphs0  # the fused forwards add no graph break
+    assert linears0 - linears1 == 3 * n_layers  # q/k/v: 3 -> 1, gate/up: 2 -> 1 in every layer
+    assert torch.allclose(out1, out0, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_qkv_falls_back_to_the_plain_linear_for_another_input(tmp_path):
+    _, model, _ = _model_and_batch(tmp_path)
+    attn = model.llm.model.layers[0].self_attn
+    x, y = torch.randn(2, 5, attn.q_proj.in_features), torch.randn(2, 5, attn.q_proj.in_features)
+    want = [torch.nn.functional.linear(t, m.weight, m.bias) for t, m in ((x, attn.q_proj), (y, attn.k_proj), (x, attn.v_proj))]
+    apply_fuse_projections(model.llm)
+    got = [attn.q_proj(x), attn.k_proj(y), attn.v_proj(x)]  # k on another tensor: its own linear
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_fuse_projections_is_a_config_switch_and_refuses_fsdp(tmp_path):
+    cfg = tiny_config(tmp_path, **{"speed.fuse_projections": True})
+    model = build_model(cfg.model)
+    plan = apply_speed(model, cfg, CPU)
+    assert any(n.startswith("fuse_projections:") for n in plan.notes)
+    assert "forward" in model.llm.model.layers[0].mlp.__dict__
+    cfg = tiny_config(tmp_path, **{"speed.fuse_projections": True, "train.parallel": "fsdp"})
+    with pytest.raises(ConfigError, match="fuse_projections"):
+        apply_speed(build_model(cfg.model), cfg, CPU)
+
+
+def test_fused_projections_under_aot_autograd_give_the_eager_gradients(tmp_path):
+    """What speed.compile runs on the GPU, with the CPU's aot_eager backend: forward and backward graphs."""
+    _, model, batch = _model_and_batch(tmp_path)
+    llm = model.llm
+    ids = batch.input_ids[:, :16].clone()
+    apply_fuse_projections(llm)
+    grads = []
+    for run in (llm, torch.compile(llm, backend="aot_eager")):
+        llm.zero_grad(set_to_none=True)
+        run(input_ids=ids).logits.float().square().mean().backward()
+        grads.append({n: p.grad.clone() for n, p in llm.named_parameters() if p.grad is not None})
+    torch._dynamo.reset()
+    assert grads[0].keys() == grads[1].keys()
+    for k in grads[0]:
+        assert torch.allclose(grads[0][k], grads[1][k], rtol=1e-5, atol=1e-7), k
