@@ -40,6 +40,10 @@ stack)  # 1 GPU: per-layer against whole-stack compile, cold cache (the stack's 
 wholerun)
     timeout 400 python bench/whole_run.py --out /tmp/wr --work /tmp/wr_work --pycache /tmp/pycache --timeout 150
     cp /tmp/wr/whole_run.md /tmp/wr/whole_run.json /tmp/wr/whole_run_logs.tgz "$OUT/"
+    # the same warm run with the two opt-in step switches of issue 15 (the bench's default arms leave them off)
+    timeout 120 python bench/whole_run.py --out /tmp/wr_lh --work /tmp/wr_work --pycache /tmp/pycache --timeout 110 \
+        --arms warm speed.label_head=true speed.fresh_grads=true | tail -n 20
+    cp /tmp/wr_lh/whole_run.md "$OUT/whole_run_label_head_fresh_grads.md"
     timeout "$(left 570)" python -m brisk bench configs/bench_prompt.yaml model.path=/tmp/wr_work/nano_folder \
         data.train=bench/tmp/wholerun_data/train.jsonl speed.inductor_cache_dir=/tmp/wr_work/inductor_cache --out /tmp/prompt 2>&1 | tail -n 14
     cp /tmp/prompt/bench.md "$OUT/prompt_bench.md"; cp /tmp/prompt/bench.json "$OUT/prompt_bench.json"
