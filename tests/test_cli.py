@@ -62,6 +62,14 @@ def test_profile_writes_op_tables_and_a_verdict(tmp_path):
     assert (tmp_path / "prof" / "trace.json").stat().st_size > 1000
 
 
+def test_bench_phases_column_names_a_graphed_step_whole():
+    from brisk.bench.bench import _phases
+
+    assert _phases({"forward": 0.010, "backward": 0.020, "optimizer": 0.003}) == "10.0 / 20.0 / 3.0"
+    # a graphed step is one replay: the timer's marks inside it never fire, the whole span lands in the last phase
+    assert _phases({"forward": 0.0, "backward": 0.0, "optimizer": 0.0179}) == "whole graphed step 17.9"
+
+
 def test_kernel_classes_sort_a_graphed_steps_kernels_by_name():
     from types import SimpleNamespace
 

@@ -198,7 +198,7 @@ def render(results: dict, extra: dict, flops: float, rate: float, rate_what: str
             f"| {name} | {_ms(mean)} ({', '.join(_ms(r['mean']) for r in rs)}) "
             f"| {_ms(statistics.fmean(r['median'] for r in rs))} ({', '.join(_ms(r['median']) for r in rs)}) "
             f"| {', '.join(str(r['slow']) for r in rs)} "
-            f"| {_ms(rs[0]['forward'])} / {_ms(rs[0]['backward'])} / {_ms(rs[0]['optimizer'])} "
+            f"| {_phases(rs[0])} "
             + (f"| {e.get('launches', 0):.0f} / {e.get('kernels', 0):.0f} | {max(r['peak_gb'] for r in rs):.2f} " if gpu else "")
             + f"| {_join(rs, 'setup', 1)} "
             f"| {_join(rs, 'first_step', 2)} | {_join(rs, 'phase_wall', 1)} "
@@ -211,6 +211,13 @@ def render(results: dict, extra: dict, flops: float, rate: float, rate_what: str
                   + ", ".join(f"{n}: {results[n][0]['positions']:.0f}" for n in names)]
     lines += ["", "Run-to-run spread of the mean (max-min over mean): " + ", ".join(spread)]
     return "\n".join(lines) + "\n"
+
+
+def _phases(r: dict) -> str:
+    """Median forward / backward / optimizer; a graphed step is one replay with no marks inside: its whole span."""
+    if r["forward"] == 0.0 and r["backward"] == 0.0:
+        return f"whole graphed step {_ms(r['optimizer'])}"
+    return f"{_ms(r['forward'])} / {_ms(r['backward'])} / {_ms(r['optimizer'])}"
 
 
 def _join(rs: list[dict], key: str, digits: int) -> str:
