@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     pr = sub.add_parser("probe", help="compare or calibrate probe records")
     pr.add_argument("action", choices=["compare", "calibrate"])
     pr.add_argument("records", nargs="+")
-    pr.add_argument("--tolerances", help="tolerance YAML (default: the shipped brisk/probe/tolerances.yaml)")
+    pr.add_argument("--tolerances", help="tolerance YAML, or a shipped name: default (brisk/probe/tolerances.yaml, the "
+                    "declared gates) or kernel_noise (calibrated from two H200 runs differing in the attention kernel)")
     pr.add_argument("--out", help="compare: write the markdown table here; calibrate: write the proposed tolerances here")
     pr.add_argument("--margin", type=float, default=2.0, help="calibrate: tolerance = margin x the largest observed spread")
     pr.add_argument("--allow-config-diff", action="store_true",

@@ -106,6 +106,12 @@ def test_probe_compare_exit_status(tmp_path, capsys):
     assert main(["probe", "compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     assert main(["probe", "compare", str(tmp_path / "a"), str(tmp_path / "c"), "--out", str(tmp_path / "t.md")]) == 1
     assert "unmet" in (tmp_path / "t.md").read_text()
+    # the shipped kernel-noise gates (issue 15): identical runs meet them, another lr does not; a wrong name is one line
+    assert main(["probe", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--tolerances", "kernel_noise"]) == 0
+    assert main(["probe", "compare", str(tmp_path / "a"), str(tmp_path / "c"), "--tolerances", "kernel_noise"]) == 1
+    capsys.readouterr()
+    assert main(["probe", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--tolerances", "nope"]) == 2
+    assert "not a shipped name (default, kernel_noise)" in capsys.readouterr().err
     capsys.readouterr()
     assert main(["probe", "calibrate", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "tol.yaml")]) == 0
     assert "warning: zero spread in every metric" in capsys.readouterr().err  # identical CPU runs

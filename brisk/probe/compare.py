@@ -46,8 +46,22 @@ def load_record(p: str | Path) -> dict[tuple[str, int], float]:
     return out
 
 
+def shipped_tolerances() -> dict[str, Path]:
+    """The tolerance files in the package by name: default (the declared gates) and tolerances_<name>.yaml."""
+    out = {"default": DEFAULT_TOLERANCES}
+    for p in sorted(DEFAULT_TOLERANCES.parent.glob("tolerances_*.yaml")):
+        out[p.stem.removeprefix("tolerances_")] = p
+    return out
+
+
 def load_tolerances(path: str | Path | None) -> dict[str, dict]:
-    path = Path(path) if path else DEFAULT_TOLERANCES
+    """``path``: a YAML file, or the name of a shipped one (default, kernel_noise), or None for the default."""
+    shipped = shipped_tolerances()
+    if path is None or str(path) in shipped:
+        path = shipped[str(path) if path else "default"]
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"--tolerances {path}: no such file, and not a shipped name ({', '.join(shipped)})")
     rules = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     for k, rule in rules.items():
         if not isinstance(rule, dict) or not ({"abs", "rel", "exact", "frac"} & set(rule)):
