@@ -112,3 +112,46 @@ def test_fused_projections_under_aot_autograd_give_the_eager_gradients(tmp_path)
     assert grads[0].keys() == grads[1].keys()
     for k in grads[0]:
         assert torch.allclose(grads[0][k], grads[1][k], rtol=1e-5, atol=1e-7), k
+
+
+def _per_layer_graphs(llm, ids) -> int:
+    """Graphs Dynamo builds when every decoder layer's forward is compiled on its own, as speed.compile's
+    default scope does (one code object for all layers: one graph serves them all)."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    saved = [layer.__dict__.get("forward") for layer in llm.model.layers]
+    for layer in llm.model.layers:
+        layer.forward = torch.compile(layer.forward, backend=backend, dynamic=True)
+    llm(input_ids=ids, use_cache=False).logits.sum().backward()  # as in training: no KV cache
+    for layer, f in zip(llm.model.layers, saved):
+        del layer.forward
+        if f is not None:
+            layer.forward = f
+    torch._dynamo.reset()
+    return len(graphs)
+
+
+def test_per_layer_compile_keeps_one_graph_for_all_layers(tmp_path):
+    """A forward installed per instance must not make Dynamo compile a graph per layer (past 8 layers the rest
+    would silently run uncompiled): the guard holds for every layer, as without the switch."""
+    _, model, batch = _model_and_batch(tmp_path, **{"model.llm.config.num_hidden_layers": 10})
+    llm, ids = model.llm, batch.input_ids[:, :16].clone()
+    assert _per_layer_graphs(llm, ids) == 1
+    apply_fuse_projections(llm)
+    assert _per_layer_graphs(llm, ids) == 1
+
+
+def test_without_autograd_the_plain_projections_run(tmp_path):
+    _, model, batch = _model_and_batch(tmp_path)
+    llm, ids = model.llm, batch.input_ids[:, :16].clone()
+    with torch.no_grad():
+        want = llm(input_ids=ids).logits
+        apply_fuse_projections(llm)
+        got = llm(input_ids=ids).logits
+    assert torch.equal(got, want)  # the very same GEMMs
+    assert llm.model.layers[0].self_attn.q_proj.forward.__self__.x is None  # nothing kept
