@@ -107,7 +107,11 @@ def test_probe_compare_exit_status(tmp_path, capsys):
     assert main(["probe", "compare", str(tmp_path / "a"), str(tmp_path / "c"), "--out", str(tmp_path / "t.md")]) == 1
     assert "unmet" in (tmp_path / "t.md").read_text()
     # the shipped kernel-noise gates (issue 15): identical runs meet them, another lr does not; a wrong name is one line
-    assert main(["probe", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--tolerances", "kernel_noise"]) == 0
+    assert main(["probe", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--tolerances", "kernel_noise",
+                 "--out", str(tmp_path / "kn.md")]) == 0
+    # kernel_noise was calibrated without validation: its missing val_* rules are said, not silently skipped
+    line = (tmp_path / "kn.md").read_text().splitlines()[-1]
+    assert line.startswith("Recorded but not gated") and all(m in line for m in ("batch.rows", "val_loss", "val_acc"))
     assert main(["probe", "compare", str(tmp_path / "a"), str(tmp_path / "c"), "--tolerances", "kernel_noise"]) == 1
     capsys.readouterr()
     assert main(["probe", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--tolerances", "nope"]) == 2

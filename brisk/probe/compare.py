@@ -57,10 +57,12 @@ def shipped_tolerances() -> dict[str, Path]:
 def load_tolerances(path: str | Path | None) -> dict[str, dict]:
     """``path``: a YAML file, or the name of a shipped one (default, kernel_noise), or None for the default."""
     shipped = shipped_tolerances()
-    if path is None or str(path) in shipped:
-        path = shipped[str(path) if path else "default"]
+    if path is None:
+        path = shipped["default"]
+    elif not Path(path).is_file() and str(path) in shipped:  # a file of that name, if there is one, comes first
+        path = shipped[str(path)]
     path = Path(path)
-    if not path.exists():
+    if not path.is_file():
         raise ValueError(f"--tolerances {path}: no such file, and not a shipped name ({', '.join(shipped)})")
     rules = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     for k, rule in rules.items():
@@ -95,7 +97,7 @@ def describe(rule: dict) -> str:
     if rule.get("exact"):
         return "exact"
     if "frac" in rule:
-        return f"{rule['frac']:.2%} of {rule['frac_of']}"
+        return f"{rule['frac']:.3g} x {rule['frac_of']}"
     parts = []
     if "abs" in rule:
         parts.append(f"{rule['abs']:.3g} abs")
@@ -145,7 +147,13 @@ def compare(a: dict, b: dict, rules: dict) -> list[Check]:
     return checks
 
 
-def render(checks: list[Check], rules: dict, name_a: str, name_b: str, worst: int = 10) -> str:
+def ungated(a: dict, b: dict, rules: dict) -> list[str]:
+    """Metrics the records hold that no rule gates (said under the table, so a missing rule is not silent)."""
+    return sorted({m for m, _ in set(a) | set(b) if rule_for(m, rules) is None})
+
+
+def render(checks: list[Check], rules: dict, name_a: str, name_b: str, worst: int = 10,
+           not_gated: list[str] = ()) -> str:
     fams: dict[str, list[Check]] = {}
     for c in checks:
         fams.setdefault(family(c.metric), []).append(c)
@@ -166,15 +174,18 @@ def render(checks: list[Check], rules: dict, name_a: str, name_b: str, worst: in
         for c in bad:
             fmt = lambda v: "missing" if v is None else f"{v:.6g}"  # noqa: E731
             lines.append(f"| {c.metric} | {c.step} | {fmt(c.a)} | {fmt(c.b)} | {c.diff:.4g} | {c.bound:.4g} |")
+    if not_gated:
+        lines += ["", "Recorded but not gated (no rule for them in these tolerances): " + ", ".join(not_gated)]
     return "\n".join(lines) + "\n"
 
 
 def compare_main(a: str, b: str, tolerances: str | None, out: str | None) -> int:
     rules = load_tolerances(tolerances)
-    checks = compare(load_record(a), load_record(b), rules)
+    ra, rb = load_record(a), load_record(b)
+    checks = compare(ra, rb, rules)
     if not checks:
         raise ValueError("no gated checkpoints in common: are these probe records of the same kind of run?")
-    text = render(checks, rules, str(a), str(b))
+    text = render(checks, rules, str(a), str(b), not_gated=ungated(ra, rb, rules))
     print(text)
     if out:
         Path(out).write_text(text, encoding="utf-8")

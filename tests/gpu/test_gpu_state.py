@@ -127,12 +127,28 @@ def test_graph_step_equals_eager_step_over_8_steps():
 
 
 def test_fused_projections_train_like_the_plain_ones_on_the_fast_path():
-    """speed.fuse_projections under the graphed, compiled step: the same losses (bf16 LLM: GEMM order only)."""
+    """speed.fuse_projections under the graphed, compiled step: the fused forwards are the ones compiled (as
+    many graphs as without the switch: one decoder-layer graph still serves every layer), and the same losses
+    and parameters (bf16 LLM: GEMM order only)."""
+    from brisk.bench.harness import build_runner, sample_stream, sync
+    from brisk.speed.compile import compile_counters
+
     base = ["speed.packing=true", "speed.frozen_eval=true", "speed.cuda_graph=true", "speed.compile=true"]
-    la, pa = _run_steps(base, 8)
-    lb, pb = _run_steps(base + ["speed.fuse_projections=true"], 8)
+    out = []
+    for extra in ([], ["speed.fuse_projections=true"]):
+        torch._dynamo.reset()
+        cfg = _cfg(*base, *extra)
+        before = compile_counters().get("graphs", 0)
+        runner = build_runner(cfg)
+        losses = [float(runner.run(runner.collate(s))["loss"]) for s in sample_stream(cfg, 8, 4096)]
+        sync(runner.device)
+        params = {k: v.detach().float().cpu() for k, v in runner.model.named_parameters() if v.requires_grad}
+        fused = "forward" in runner.model.llm.model.layers[0].self_attn.q_proj.__dict__
+        out.append((losses, params, compile_counters().get("graphs", 0) - before, fused))
+    (la, pa, ga, fa), (lb, pb, gb, fb) = out
+    assert not fa and fb and ga == gb
     assert max(abs(x - y) / abs(x) for x, y in zip(la, lb)) < 1e-2
-    assert max(_rel(pa[k], pb[k]) for k in pa) < 1e-2 and pa.keys() == pb.keys()
+    assert pa.keys() == pb.keys() and max(_rel(pa[k], pb[k]) for k in pa) < 1e-2
 
 
 def test_release_frees_every_graph_and_a_later_step_captures_again():
