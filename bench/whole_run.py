@@ -40,6 +40,7 @@ FAST = ["speed.packing=true", "speed.cuda_graph=true", "speed.frozen_eval=true",
 # FunASR 1.4.16's own trainer on this workload, one H200 (issue 13).
 FUNASR = {"start-up to first step": 40.0, "steps": 65.0, "validation": 7.4, "checkpoint stalls": 83.0,
           "export": None, "whole run": 196.0}
+LOG_FILES = ("train.log", "steps.jsonl", "checkpoints.jsonl", "accel.json", "slow_steps.jsonl", "config.yaml")  # what is kept of each run (no weights)
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ (.*)$")
 
 
@@ -238,7 +239,7 @@ def main() -> int:
         # Keep the logs, free the disk (each run writes ~20 GB of checkpoints and exports at real size).
         logs = work / f"logs_{arm}"
         logs.mkdir(exist_ok=True)
-        for name in ("train.log", "steps.jsonl", "checkpoints.jsonl", "accel.json", "slow_steps.jsonl", "config.yaml"):
+        for name in LOG_FILES:
             if (run_dir / name).exists():
                 shutil.copy(run_dir / name, logs / name)
         if not a.keep_runs:
@@ -253,7 +254,7 @@ def main() -> int:
     (out / "whole_run.md").write_text(f"# Whole run, launch to exported model\n\n{json.dumps(meta)}\n\n{md}\n")
     with tarfile.open(out / "whole_run_logs.tgz", "w:gz") as tar:
         for arm in results:
-            for name in ("train.log", "steps.jsonl", "checkpoints.jsonl", "accel.json", "slow_steps.jsonl", "config.yaml"):
+            for name in LOG_FILES:
                 p = work / f"logs_{arm}" / name
                 if p.exists():
                     tar.add(p, arcname=f"{arm}/{name}")

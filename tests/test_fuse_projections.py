@@ -92,6 +92,10 @@ def test_fuse_projections_is_a_config_switch_and_refuses_fsdp(tmp_path):
     plan = apply_speed(model, cfg, CPU)
     assert any(n.startswith("fuse_projections:") for n in plan.notes)
     assert "forward" in model.llm.model.layers[0].mlp.__dict__
+    from brisk.diagnose.accel import acceleration_state
+    from brisk.diagnose.report import one_line
+
+    assert "fuse_projections" in one_line(acceleration_state(cfg, CPU)).split("switches=")[1].split(" |")[0]
     cfg = tiny_config(tmp_path, **{"speed.fuse_projections": True, "train.parallel": "fsdp"})
     with pytest.raises(ConfigError, match="fuse_projections"):
         apply_speed(build_model(cfg.model), cfg, CPU)

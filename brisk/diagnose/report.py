@@ -25,7 +25,7 @@ CAUSE_COLORS = {"plan_build": "#d62728", "new_shape": "#ff7f0e", "recompile": "#
 def one_line(state: dict) -> str:
     s = state["speed"]
     on = [k for k in ("compile", "fused_adamw", "tf32", "frozen_eval", "packing", "cuda_graph", "encoder_cache",
-                      "label_head", "fresh_grads") if s[k]]
+                      "label_head", "fresh_grads", "fuse_projections") if s.get(k)]
     parts = [
         f"device={state.get('gpu', state['device'])}" + (f" ({state['capability']})" if "capability" in state else ""),
         f"torch={state['torch']}" + (f" cuda={state['cuda']} cudnn={state['cudnn']}" if "cuda" in state else ""),

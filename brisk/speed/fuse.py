@@ -70,9 +70,9 @@ def _gate_up_forward(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Installed as a bound method (types.MethodType): every layer's forward then has the same code object and
     Dynamo's guard on it holds for all layers, so one compiled graph still serves all 28 (a functools.partial
     is guarded by identity: a graph per layer, and layers past the recompile limit of 8 run uncompiled)."""
-    g, u = mlp.gate_proj, mlp.up_proj
     if not torch.is_grad_enabled():
-        return mlp.down_proj(mlp.act_fn(g(x)) * u(x))
+        return type(mlp).forward(mlp, x)  # the model's own MLP
+    g, u = mlp.gate_proj, mlp.up_proj
     bias = None if g.bias is None else torch.cat([g.bias, u.bias])
     gate, up = F.linear(x, torch.cat([g.weight, u.weight]), bias).split([g.out_features, u.out_features], -1)
     return mlp.down_proj(mlp.act_fn(gate) * up)
