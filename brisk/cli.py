@@ -122,7 +122,9 @@ def _probe(args, compare_main, calibrate_main) -> int:
 
 
 def cmd_export(args) -> int:
-    from .models.export import export_folder, folder_kind, load_for_inference
+    from .eval.load import load_for_inference
+    from .formats.run_folder import folder_kind
+    from .models.export import export_folder
 
     src = Path(args.run)
     if not src.is_dir():

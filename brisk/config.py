@@ -10,6 +10,7 @@ the run folder and in every checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import types
 import typing
@@ -19,9 +20,9 @@ from typing import Any
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A config key, type or path is wrong; the message names it."""
+from .errors import ConfigError  # noqa: F401 - re-exported: config errors are raised everywhere
+from .formats.funasr import funasr_folder_config, funasr_folder_data_config
+from .formats.hf import hf_folder_model_config, is_hf_folder
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -440,6 +441,21 @@ def _known_path(key: str) -> bool:
     return True
 
 
+def leaf_keys(cls: Any = None, prefix: str = "") -> list[str]:
+    """Every dotted leaf key of the config tree (a free-form mapping is one leaf)."""
+    out = []
+    for name, tp in typing.get_type_hints(cls or Config).items():
+        key = f"{prefix}.{name}" if prefix else name
+        out += leaf_keys(tp, key) if dataclasses.is_dataclass(tp) else [key]
+    return out
+
+
+def did_you_mean(key: str) -> str:
+    """' (did you mean x.y?)' for a misspelt dotted key, or ''."""
+    close = difflib.get_close_matches(key, leaf_keys(), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def _set_dotted(tree: dict, key: str, value: Any) -> None:
     node = tree
     parts = key.split(".")
@@ -459,8 +475,6 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip().lstrip("+")
     if not _known_path(key):
         parent = key.rsplit(".", 1)[0] if "." in key else ""
-        from .config_help import did_you_mean
-
         raise ConfigError(f"unknown config key {key} (from override {text!r}){did_you_mean(key)}; "
                           "`brisk train --help-config` lists every key" + (f" (those under {parent} too)" if parent else ""))
     value = yaml.safe_load(raw) if raw.strip() else None
@@ -543,9 +557,6 @@ def _with_model_folder(tree: dict, folder: str) -> dict:
     YAML file (whose inline LLM config is dropped). Training policy (freeze flags, LLM dtype) and the data keys
     of its dataset_conf (prompt class, sys_prompt, ...) set in the YAML win over the folder's; command-line
     overrides win over both."""
-    from .models.build import funasr_folder_config, funasr_folder_data_config
-    from .models.hf_native import hf_folder_model_config, is_hf_folder
-
     if is_hf_folder(folder):  # a transformers-native Fun-ASR-Nano folder: sizes and LLM config from config.json
         found = hf_folder_model_config(folder)
         tree = _merge(tree, {"model": found})
@@ -586,6 +597,31 @@ def check_files(cfg: Config) -> None:
         value = get_dotted(cfg, key)
         if value is not None and not Path(value).exists():
             raise ConfigError(f"{key}: {value} does not exist")
+
+
+def _flat_tree(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v and k != "config":
+            out.update(_flat_tree(v, key + "."))
+        elif isinstance(v, dict):
+            out.update({f"{key}.{kk}": vv for kk, vv in v.items()} or {key: {}})
+        else:
+            out[key] = v
+    return out
+
+
+def config_changes(saved: dict, now: dict, ignore: set[str] = frozenset()) -> list[str]:
+    """'key: old -> new' for every key that differs (keys in ``ignore`` aside)."""
+    a, b = _flat_tree(saved), _flat_tree(now)
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if key in ignore or a.get(key) == b.get(key):
+            continue
+        out.append(f"{key}: {a.get(key, '(absent)')!r} -> {b.get(key, '(absent)')!r}")
+    return out
+
 
 
 def save_config(cfg: Config, path: Path) -> None:

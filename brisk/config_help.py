@@ -7,7 +7,6 @@ place to write it); a section's meaning is its class docstring.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import re
 import typing
@@ -94,7 +93,3 @@ def help_text() -> str:
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
-def did_you_mean(key: str) -> str:
-    """' (did you mean x.y?)' for a misspelt dotted key, or ''."""
-    close = difflib.get_close_matches(key, [k for k, *_ in rows()], n=1, cutoff=0.75)
-    return f" (did you mean {close[0]}?)" if close else ""

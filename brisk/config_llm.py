@@ -12,7 +12,12 @@ import inspect
 import json
 from pathlib import Path
 
-from .config import ConfigError, LLMConfig
+from typing import TYPE_CHECKING
+
+from .errors import ConfigError
+
+if TYPE_CHECKING:  # config.py calls these checks
+    from .config import LLMConfig
 
 # Accepted by the config classes and converted (not stored under their own name), e.g. rope_theta into
 # rope_parameters in transformers 5.

@@ -10,7 +10,7 @@ import torch
 from brisk.models.build import read_checkpoint
 
 from brisk.config import ConfigError
-from brisk.train.run import pick_device
+from brisk.distributed.ranks import pick_device
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ def _static_setup(run_dir):
 def _shape_sync_worker(rank, world, init_file, run_dir, out_file):
     import json
 
-    from brisk.train.dist import ShapeSync
+    from brisk.distributed.sync import ShapeSync
     from brisk.train.step import StepHooks, model_loss
 
     _init(rank, world, init_file)
@@ -162,7 +162,7 @@ class _TwoDtypes(torch.nn.Module):
 def _grad_sync_worker(rank, world, init_file, out_file):
     import copy
 
-    from brisk.train.dist import GradSync
+    from brisk.distributed.sync import GradSync
 
     _init(rank, world, init_file)
     try:
@@ -388,7 +388,7 @@ def test_graphs_are_released_before_the_process_group_is_destroyed(tmp_path):
     close_process_group frees the step's graphs while the group still exists, then destroys it."""
     import torch.distributed as dist
 
-    from brisk.train.dist import close_process_group
+    from brisk.distributed.sync import close_process_group
 
     seen = []
 

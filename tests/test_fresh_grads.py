@@ -20,7 +20,7 @@ def test_fresh_grads_is_off_by_default_and_needs_cuda_graph(tmp_path):
 def test_fresh_grads_refused_with_several_ranks(tmp_path):
     """Several ranks average gradients in flat persistent buffers (GradSync) that fresh gradients would bypass."""
     from brisk.models.build import build_model
-    from brisk.train.parallel import apply_parallel
+    from brisk.distributed.parallel import apply_parallel
 
     cfg = tiny_config(tmp_path, **{"speed.packing": True, "speed.cuda_graph": True, "speed.fresh_grads": True})
     with pytest.raises(ConfigError, match="speed.fresh_grads with 2 ranks"):

@@ -25,7 +25,7 @@ import torch
 
 from ..config import Config, _merge, _set_dotted, build, parse_override
 from ..diagnose.timer import StepTimer
-from .harness import build_runner, count_flops, llm_vocab, matmul_rate, sample_stream, sync
+from .harness import build_runner, count_flops, flops_str, llm_vocab, matmul_rate, sample_stream, sync
 
 log = logging.getLogger("brisk")
 
@@ -166,11 +166,6 @@ def with_overrides(cfg: Config, overrides: list[str]) -> Config:
     return build(Config, tree)
 
 
-def flops_str(x: float) -> str:
-    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
-        if x >= scale:
-            return f"{x / scale:.3g} {unit}"
-    return f"{x:.3g} FLOP"
 
 
 def _ms(x: float) -> str:

@@ -114,3 +114,11 @@ def count_flops(runner: Runner, batches: list) -> float:
         total += fc.get_total_flops()
         model.zero_grad(set_to_none=True)
     return total / max(len(batches), 1)
+
+
+def flops_str(x: float) -> str:
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if x >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.3g} FLOP"
+

@@ -16,8 +16,7 @@ from pathlib import Path
 
 
 from ..config import Config
-from .bench import flops_str
-from .harness import build_runner, count_flops, llm_vocab, matmul_rate, sample_stream, sync
+from .harness import build_runner, count_flops, flops_str, llm_vocab, matmul_rate, sample_stream, sync
 
 log = logging.getLogger("brisk")
 

@@ -13,9 +13,13 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config import FrontendConfig
-from .jsonl import DataError, JsonlIndex, Utterance
+from ..errors import DataError
+
+if TYPE_CHECKING:  # jsonl.py calls these checks: a runtime import back would be a circle
+    from .jsonl import JsonlIndex, Utterance
 
 log = logging.getLogger("brisk")
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from .batch import Batch
+from ..formats.batch import Batch
 from .dataset import Sample
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import FrontendConfig
-from ..models.speech_llm import audio_token_count
+from ..formats.funasr import audio_token_count
 from .audio import AudioError, read_audio
 from .check import check_declared_length
 from .features import Frontend

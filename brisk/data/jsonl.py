@@ -18,15 +18,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import DataError  # noqa: F401 - re-exported
+
 log = logging.getLogger("brisk")
 
 SPEECH = re.compile(r"<\|startofspeech\|>(.*?)<\|endofspeech\|>")
 # Top-level fields FunASR's index keeps for the context header (data.prompt_class).
 CONTEXT_KEYS = ("hist_context", "hotwords", "asr_hotwords", "one_pass_result")
-
-
-class DataError(ValueError):
-    """A data problem; the message names the file and line."""
 
 
 @dataclass

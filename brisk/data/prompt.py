@@ -15,7 +15,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from ..models.speech_llm import audio_token_count
+from ..formats.funasr import audio_token_count
 from .context import ContextPrompt
 from .jsonl import DataError, Utterance
 

@@ -32,7 +32,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from ..data.audio import read_audio
 from ..data.features import Frontend
-from ..models.speech_llm import audio_token_count
+from ..formats.funasr import audio_token_count
 
 SYSTEM = "You are a helpful assistant."  # FunASR's generate_chatml
 _SPLIT = re.compile(r"(<\|startofspeech\|>.*?<\|endofspeech\|>)")

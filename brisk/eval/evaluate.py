@@ -1,7 +1,7 @@
 """`brisk eval` and `brisk transcribe`: load a model, decode, score.
 
 ``load_run`` reads a brisk run folder (its config.yaml and its newest weights, or a chosen checkpoint), a
-FunASR model folder or a native HF folder, through brisk.models.export.load_for_inference.
+FunASR model folder or a native HF folder, through brisk.eval.load.load_for_inference.
 Scoring: see brisk/eval/metrics.py for the normalisation; each line of the jsonl decodes its first audio
 reference against its first assistant answer.
 """
@@ -26,7 +26,8 @@ def load_run(path: str | Path, weights: str | None = None, device: str = "cpu"):
     """A run folder, a FunASR model folder or a native HF folder -> (config, model in eval mode on ``device``,
     tokenizer, the weights file of a run folder or None). ``weights``: a file, "best" or "last" (a run's
     checkpoints); by default a run's newest weights."""
-    from ..models.export import folder_kind, load_for_inference, run_weights
+    from ..formats.run_folder import folder_kind, run_weights
+    from .load import load_for_inference
 
     path = Path(path)
     if not path.exists():

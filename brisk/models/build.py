@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 from torch import nn
 
 from ..config import ConfigError, ModelConfig
 from ..files import file_sha256
-from .hf_native import from_hf, is_hf_folder, load_hf_weights
+from ..formats.hf import is_hf_folder
+from .hf_native import from_hf, load_hf_weights
 from .speech_llm import SpeechLLM
 
 log = logging.getLogger("brisk")
@@ -211,65 +211,9 @@ def load_weights(model: nn.Module, path: Path, state: dict[str, torch.Tensor] | 
 STALE_TEMPS = (".model-funasr.*", ".model-hf.*")  # export temp folders a crash can leave in a run folder
 
 
-# ------------------------------------------------------------------------------ FunASR model folder
-def _folder_yaml(folder: Path) -> dict:
-    cfg_file = folder / "config.yaml"
-    if not cfg_file.is_file():
-        raise ConfigError(f"model.path={folder}: no config.yaml there (expected a FunASR model folder)")
-    return yaml.safe_load(cfg_file.read_text(encoding="utf-8")) or {}
 
 
-# FunASR dataset_conf key -> brisk data key: what shapes the tokens FunASR's dataset produces.
-DATASET_KEYS = {"prompt_classes": "prompt_class", "prompt_conf": "prompt_conf", "sys_prompt": "sys_prompt",
-                "do_think": "do_think", "multiturn_num_max": "multiturn_max", "max_token_length": "max_token_length"}
 
 
-def funasr_folder_data_config(folder: str | Path) -> dict:
-    """The data keys a FunASR model folder's ``dataset_conf`` sets (context header, system prompt, think tags)."""
-    folder = Path(folder)
-    conf = _folder_yaml(folder).get("dataset_conf") or {}
-    out = {ours: conf[theirs] for theirs, ours in DATASET_KEYS.items() if theirs in conf}
-    if out.get("prompt_conf") is None:
-        out.pop("prompt_conf", None)
-    for key in ("chinese_hotwords_list", "english_hotwords_list"):  # relative to the folder, like init_param_path
-        p = (out.get("prompt_conf") or {}).get(key)
-        if p and not Path(p).is_absolute():
-            out["prompt_conf"] = {**out["prompt_conf"], key: str(folder / p)}
-    return out
 
 
-def funasr_folder_config(folder: str | Path) -> dict:
-    """Map a FunASR model folder's config.yaml onto brisk's model section (sizes, frontend, LLM path)."""
-    folder = Path(folder)
-    raw = _folder_yaml(folder)
-    out: dict = {}
-    enc = raw.get("audio_encoder_conf") or {}
-    out["encoder"] = {k2: enc[k1] for k1, k2 in [
-        ("output_size", "output_size"), ("attention_heads", "attention_heads"), ("linear_units", "linear_units"),
-        ("num_blocks", "num_blocks"), ("tp_blocks", "tp_blocks"), ("kernel_size", "kernel_size"),
-        ("sanm_shfit", "sanm_shift"), ("dropout_rate", "dropout_rate"),
-        ("attention_dropout_rate", "attention_dropout_rate"), ("freeze", "freeze")] if k1 in enc}
-    ad = raw.get("audio_adaptor_conf") or {}
-    out["adaptor"] = {k: ad[k] for k in ("downsample_rate", "ffn_dim", "n_layer", "attention_heads", "dropout_rate",
-                                          "use_low_frame_rate", "freeze") if k in ad}
-    llm = raw.get("llm_conf") or {}
-    out["llm"] = {}
-    if llm.get("init_param_path"):
-        p = Path(llm["init_param_path"])
-        out["llm"]["path"] = str(p if p.is_absolute() else folder / p)
-    if "llm_dtype" in llm:
-        out["llm"]["dtype"] = {"bfloat16": "bf16", "float32": "fp32"}.get(llm["llm_dtype"], llm["llm_dtype"])
-    if "freeze" in llm:
-        out["llm"]["freeze"] = llm["freeze"]
-    fe = raw.get("frontend_conf") or {}
-    out["frontend"] = {k: fe[k] for k in ("fs", "n_mels", "frame_length", "frame_shift", "window", "lfr_m", "lfr_n",
-                                           "dither") if k in fe}
-    if fe.get("cmvn_file"):
-        out["frontend"]["cmvn_file"] = str(folder / fe["cmvn_file"])
-    if raw.get("ctc_decoder"):
-        cd = raw.get("ctc_decoder_conf") or {}
-        out["ctc"] = {"enabled": True, **{k2: cd[k1] for k1, k2 in [("n_layer", "n_layer"), ("ffn_dim", "ffn_dim"),
-                      ("llm_dim", "dim"), ("downsample_rate", "downsample_rate"), ("freeze", "freeze")] if k1 in cd}}
-        if "ctc_vocab_size" in raw:
-            out["ctc"]["vocab_size"] = raw["ctc_vocab_size"]
-    return out

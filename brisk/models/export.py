@@ -239,72 +239,7 @@ feature extractor uses unit-scale audio. The model was trained {header}.
     (out / "README.md").write_text(body, encoding="utf-8")
 
 
-# ------------------------------------------------------------------------------------------ loading
-def folder_kind(path: str | Path) -> str:
-    """'run' (a brisk run folder), 'funasr' (FunASR model folder) or 'hf' (transformers-native folder)."""
-    from .hf_native import is_hf_folder
-
-    path = Path(path)
-    if is_hf_folder(path):
-        return "hf"
-    cfg_file = path / "config.yaml"
-    if cfg_file.is_file():
-        raw = yaml.safe_load(cfg_file.read_text(encoding="utf-8")) or {}
-        return "run" if isinstance(raw.get("model"), dict) else "funasr"
-    raise ConfigError(f"{path}: not a brisk run folder, a FunASR model folder (config.yaml) or a native "
-                      "Fun-ASR-Nano folder (config.json with model_type fun_asr_nano)")
 
 
-def run_weights(run_dir: Path, which: str | None = None, metric: str = "loss") -> Path | None:
-    """A run's weights. ``which``: a file; "best" (by ``metric``) or "last" (checkpoints); None: the newest
-    weights, its last checkpoint (full precision), else its exported FunASR model.pt."""
-    if which not in (None, "best", "last"):
-        return Path(which)
-    folder = run_dir / "checkpoints"
-    index = json.loads((folder / "index.json").read_text()) if (folder / "index.json").is_file() else {}
-    present = sorted(n for n in index if (folder / n).is_file()) or sorted(p.name for p in folder.glob("ckpt-*.pt"))
-    if which == "best":
-        from ..train.checkpoint import ranked
-
-        scored = ranked({n: index[n] for n in present if n in index}, metric)
-        if scored:
-            return folder / scored[0]
-    if present:
-        return folder / present[-1]
-    if which is None:
-        for p in (run_dir / "model-funasr" / "model.pt", run_dir / "model.pt"):
-            if p.is_file():
-                return p
-    raise FileNotFoundError(f"{run_dir}: no weights ({'checkpoints/' if which else 'checkpoints/ or model-funasr/model.pt'})")
 
 
-def load_for_inference(path: str | Path, device: str | torch.device = "cpu", overrides: list[str] | None = None,
-                       weights: str | None = None):
-    """(model in eval mode, tokenizer, Config) from a run folder, a FunASR model folder or a native HF folder.
-
-    A run folder is rebuilt from its saved config (model.path / model.init give the starting weights) and then
-    takes its weights (``weights``: see run_weights; by default the newest); a checkpoint that holds only the
-    trained weights leaves the frozen ones as built.
-    """
-    from ..config import load_config
-    from ..data.loader import load_tokenizer
-    from .build import build_model, read_state_dict
-
-    path = Path(path)
-    kind = folder_kind(path)
-    if kind == "run":
-        cfg = load_config(path / "config.yaml", overrides, check_paths=False)  # its data may have moved
-        model = build_model(cfg.model)
-        weights = run_weights(path, weights, cfg.train.keep_metric)
-        if weights is not None:
-            state = read_state_dict(weights)
-            own = model.state_dict()
-            unknown = sorted(set(state) - set(own))
-            if unknown:
-                raise RuntimeError(f"{weights}: {len(unknown)} keys the run's model lacks (e.g. {unknown[:3]})")
-            model.load_state_dict(state, strict=False)
-            log.info("loaded %d tensors from %s", len(state), weights)
-    else:
-        cfg = load_config(None, [f"model.path={path}", *(overrides or [])])
-        model = build_model(cfg.model)
-    return model.to(device).eval(), load_tokenizer(cfg), cfg

@@ -14,21 +14,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from ..data.batch import Batch
+from ..formats.batch import Batch
 from .adaptor import CTCHead, TransformerAdaptor
 from .sanm import SANMEncoder
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def audio_token_count(lfr_frames: int, use_low_frame_rate: bool = True) -> int:
-    """How many adaptor outputs reach the LLM: ceil(ceil(ceil(L/2)/2)/2) with low frame rate, else L."""
-    if not use_low_frame_rate:
-        return lfr_frames
-    n = lfr_frames
-    for _ in range(3):
-        n = (n - 1) // 2 + 1
-    return n
 
 
 class SpeechLLM(nn.Module):

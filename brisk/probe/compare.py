@@ -256,7 +256,7 @@ def record_config(p: str | Path) -> dict:
 
 def config_differences(configs: list[dict]) -> list[str]:
     """'key: a -> b (record i)' for keys that differ from the first record's and may change the numbers."""
-    from ..train.run_dir import config_changes
+    from ..config import config_changes
 
     out = []
     for i, other in enumerate(configs[1:], 2):

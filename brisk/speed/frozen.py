@@ -21,7 +21,7 @@ import types
 import torch
 from torch import nn
 
-from ..data.batch import Batch
+from ..formats.batch import Batch
 from ..models.speech_llm import SpeechLLM
 
 

@@ -32,8 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..data.batch import Batch
-from ..train.step import TrainStep
+from ..formats.batch import Batch
 
 log = logging.getLogger("brisk")
 
@@ -107,7 +106,7 @@ class GraphedEncoder:
 
 
 class GraphedStep:
-    def __init__(self, step: TrainStep, audio, fresh_grads: bool = False):
+    def __init__(self, step, audio, fresh_grads: bool = False):
         opt = step.optimizer
         group = opt.param_groups[0]
         if not (group.get("fused") and group.get("capturable") and isinstance(group["lr"], torch.Tensor)

@@ -28,7 +28,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from ..data.batch import Batch
+from ..formats.batch import Batch
 
 CHUNK_ROWS = 512  # rows of logits alive at once: 512 x 151,936 fp32 = 311 MB
 ROW_MULTIPLE = 64

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..formats.run_folder import ranked
+
 from ..files import atomic_save, gb, tensor_bytes, write_json_atomic
 from ..models.build import STALE_TEMPS
 
@@ -34,23 +36,8 @@ def rng_state() -> dict:
     return state
 
 
-def gather_to_rank0(obj) -> list:
-    """[obj of rank 0, obj of rank 1, ...] on rank 0 (a collective under torch.distributed); [obj] alone."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return [obj]
-    world = torch.distributed.get_world_size()
-    out = [None] * world if torch.distributed.get_rank() == 0 else None
-    torch.distributed.gather_object(obj, out, dst=0)
-    return out
 
 
-def broadcast_from_rank0(obj):
-    """Rank 0's value on every rank (a collective under torch.distributed)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return obj
-    box = [obj]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def set_rng_state(state: dict) -> None:
@@ -84,10 +71,6 @@ def disk_footprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, che
     return need, what
 
 
-def ranked(index: dict[str, dict], metric: str) -> list[str]:
-    """Names of the checkpoints in ``index`` that carry validation ``metric``, best first (loss: lowest)."""
-    sign = -1 if metric == "acc" else 1
-    return [n for _, n in sorted((sign * e[f"val_{metric}"], n) for n, e in index.items() if f"val_{metric}" in e)]
 
 
 class Checkpoints:

@@ -22,54 +22,19 @@ from ..models.speech_llm import human, param_count
 from ..speed import apply_speed
 from ..speed.flags import tf32_scope
 from . import run_dir as run_dirs
-from .checkpoint import broadcast_from_rank0, disk_footprint
-from .dist import close_process_group
+from ..distributed.parallel import apply_parallel, attach_grad_sync
+from ..distributed.ranks import broadcast_from_rank0, init_distributed, pick_device
+from ..distributed.sync import close_process_group
+from .checkpoint import disk_footprint
 from .optim import WarmupLR, build_optimizer
-from .parallel import apply_parallel, attach_grad_sync
 from .step import StepHooks, TrainStep
 from .trainer import Trainer
 
 log = logging.getLogger("brisk")
 
 
-def pick_device(name: str) -> torch.device:
-    """train.device -> the device of this process. Under torchrun (WORLD_SIZE > 1) ``auto`` and ``cuda`` mean
-    this rank's GPU, cuda:LOCAL_RANK; an explicit ``cuda:N`` must name that same GPU (each rank owns one)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if name == "auto":
-        if world > 1:
-            name = "cuda" if torch.cuda.is_available() else "cpu"
-        else:
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError as e:
-        raise ConfigError(f"train.device={name!r}: use auto, cpu, cuda or cuda:N") from e
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"train.device={name}: no CUDA device is available")
-        if world > 1:
-            if dev.index is not None and dev.index != local:
-                raise ConfigError(f"train.device={name} under torchrun: rank with LOCAL_RANK={local} owns cuda:{local}; "
-                                  "use train.device=cuda (or auto) and let each rank take its own GPU")
-            dev = torch.device("cuda", local)
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(f"train.device={name}: only {torch.cuda.device_count()} CUDA device(s) visible")
-    elif dev.type != "cpu":
-        raise ConfigError(f"train.device={name!r}: use auto, cpu, cuda or cuda:N")
-    return dev
 
 
-def init_distributed(device: torch.device) -> tuple[int, int]:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return 0, 1
-    if not torch.distributed.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return torch.distributed.get_rank(), world
 
 
 def setup_logging(run_dir: Path | None, rank: int = 0) -> None:

@@ -15,7 +15,7 @@ import shutil
 import time
 from pathlib import Path
 
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, config_changes
 
 log = logging.getLogger("brisk")
 
@@ -67,32 +67,12 @@ def prepare(cfg: Config, rank: int = 0) -> Path:
     return run_dir
 
 
-def _flat(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in tree.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v and k != "config":
-            out.update(_flat(v, key + "."))
-        elif isinstance(v, dict):
-            out.update({f"{key}.{kk}": vv for kk, vv in v.items()} or {key: {}})
-        else:
-            out[key] = v
-    return out
 
 
-def config_changes(saved: dict, now: dict, ignore: set[str] = RESUME_HARMLESS) -> list[str]:
-    """'key: old -> new' for every key that differs (keys in ``ignore`` aside)."""
-    a, b = _flat(saved), _flat(now)
-    out = []
-    for key in sorted(set(a) | set(b)):
-        if key in ignore or a.get(key) == b.get(key):
-            continue
-        out.append(f"{key}: {a.get(key, '(absent)')!r} -> {b.get(key, '(absent)')!r}")
-    return out
 
 
 def warn_config_changes(saved: dict | None, now: dict, path: Path) -> list[str]:
-    changes = config_changes(saved or {}, now) if saved is not None else []
+    changes = config_changes(saved or {}, now, RESUME_HARMLESS) if saved is not None else []
     if changes:
         log.warning("resuming %s with a config that differs from the checkpoint's in %d key%s: %s", path.name,
                     len(changes), "" if len(changes) == 1 else "s", "; ".join(changes))

@@ -18,7 +18,7 @@ from typing import Callable, ContextManager
 
 import torch
 
-from ..data.batch import Batch
+from ..formats.batch import Batch
 from ..models.speech_llm import lm_loss
 from .optim import WarmupLR, trainable_params
 

@@ -20,7 +20,8 @@ from ..speed.compile import compile_counters, total_compile_seconds
 from ..speed.flags import tf32_scope
 from ..models.build import read_checkpoint
 from .async_save import AsyncCheckpointer
-from .checkpoint import Checkpoints, gather_to_rank0, rng_state, set_rng_state
+from ..distributed.ranks import gather_to_rank0
+from .checkpoint import Checkpoints, rng_state, set_rng_state
 from .monitor import Monitor
 from .optim import load_optimizer_state
 from .step import StepHooks, model_loss
@@ -239,7 +240,7 @@ class Trainer:
     def weights(self) -> tuple[dict, dict]:
         """Model and optimizer state dicts; under FSDP the full ones, gathered to rank 0 (all ranks call this)."""
         if self.sharded:
-            from ..speed.fsdp import full_state
+            from ..distributed.fsdp import full_state
 
             return full_state(self.model, self.optimizer)
         return self.model.state_dict(), self.optimizer.state_dict()
@@ -278,7 +279,7 @@ class Trainer:
         if "trainer" not in ckpt:
             raise ConfigError(f"{path}: not a brisk checkpoint (no trainer state); use model.init to start from its weights")
         if self.sharded:
-            from ..speed.fsdp import load_full_state
+            from ..distributed.fsdp import load_full_state
 
             load_full_state(self.model, self.optimizer, ckpt["state_dict"], ckpt["optimizer"])
         else:

@@ -2,10 +2,10 @@
 
 - ddp (default): torch's DistributedDataParallel around the model (eager and compiled steps).
 - speed.cuda_graph: no wrapper. DDP's backward hooks cannot live inside a captured graph, so the graphed
-  step averages the gradients itself (train.dist.GradSync: one flat buffer per dtype, all-reduced inside the
+  step averages the gradients itself (distributed.sync.GradSync: one flat buffer per dtype, all-reduced inside the
   graph), rank 0's parameters are broadcast once (as DDP's constructor does), and every rank's batch is
-  padded to the ranks' common bucket (train.dist.ShapeSync) so that all ranks replay the same graph.
-- fsdp: FSDP2 (``fully_shard``) for decoders that do not fit comfortably with DDP (see speed.fsdp).
+  padded to the ranks' common bucket (distributed.sync.ShapeSync) so that all ranks replay the same graph.
+- fsdp: FSDP2 (``fully_shard``) for decoders that do not fit comfortably with DDP (see distributed/fsdp.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..config import Config, ConfigError
-from .dist import GradSync, ShapeSync, broadcast_params
+from .sync import GradSync, ShapeSync, broadcast_params
 
 
 def apply_parallel(model: torch.nn.Module, cfg: Config, device: torch.device, world: int):
@@ -35,7 +35,7 @@ def apply_parallel(model: torch.nn.Module, cfg: Config, device: torch.device, wo
         return model, ShapeSync(), [f"parallel: {world} ranks, graphed step with an in-graph gradient all-reduce "
                                     "(no DDP wrapper); batches padded to the ranks' common bucket"]
     if cfg.train.parallel == "fsdp":
-        from ..speed.fsdp import apply_fsdp
+        from .fsdp import apply_fsdp
 
         return model, None, [apply_fsdp(model, cfg, device)]
     unused = model.ctc is not None and not cfg.model.ctc.freeze

@@ -25,7 +25,7 @@ import logging
 import torch
 import torch.distributed as dist
 
-from ..data.batch import Batch
+from ..formats.batch import Batch
 from ..data.collate import pad_static, static_needs
 
 log = logging.getLogger("brisk")
