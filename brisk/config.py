@@ -23,6 +23,7 @@ import yaml
 from .errors import ConfigError  # noqa: F401 - re-exported: config errors are raised everywhere
 from .formats.funasr import funasr_folder_config, funasr_folder_data_config
 from .formats.hf import hf_folder_model_config, is_hf_folder
+from .plan import PRESETS, check_rules, expand_preset
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -231,8 +232,10 @@ class TrainConfig:
 
 @dataclass
 class SpeedConfig:
-    """Opt-in speed switches. Every default is torch's own eager computation."""
+    """Opt-in speed switches. Every default is torch's own eager computation. Which switches go together is
+    decided in one place, brisk/plan.py."""
 
+    preset: str | None = None  # fast: the measured-best set of switches for the device (packing, CUDA graphs, frozen bf16 encoder, compile, fused AdamW, label_head, fresh_grads, fused projections); single speed.* keys override it
     sdpa_backends: list[str] | None = None  # e.g. [flash, efficient, math]; None: torch's own choice
     compile: bool = False  # torch.compile the LLM decoder (CUDA inputs only)
     compile_scope: str = "layer"  # layer: each decoder layer; stack: the whole decoder stack
@@ -268,14 +271,10 @@ class SpeedConfig:
             raise ConfigError(f"speed.encoder_dtype={self.encoder_dtype!r}: use fp32 or bf16")
         if sorted(self.pack_buckets) != self.pack_buckets or sorted(self.speech_buckets) != self.speech_buckets:
             raise ConfigError("speed.pack_buckets and speed.speech_buckets must be sorted ascending")
-        if self.cuda_graph and not self.packing:
-            raise ConfigError("speed.cuda_graph needs speed.packing=true: graphs are captured per packed bucket")
         if not 0 < self.label_rows_frac <= 1:
             raise ConfigError(f"speed.label_rows_frac={self.label_rows_frac}: use a fraction in (0, 1]")
-        if self.fresh_grads and not self.cuda_graph:
-            raise ConfigError("speed.fresh_grads needs speed.cuda_graph=true (eager steps already start from no gradients)")
-        if self.encoder_cache and not self.frozen_eval:
-            raise ConfigError("speed.encoder_cache needs speed.frozen_eval=true: cached outputs must not depend on dropout")
+        if self.preset is not None and self.preset not in PRESETS:
+            raise ConfigError(f"speed.preset={self.preset!r}: use one of {', '.join(sorted(PRESETS))} (or leave it unset)")
 
 
 @dataclass
@@ -535,9 +534,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     folder = (_merge(tree, cli).get("model") or {}).get("path")
     if folder:
         tree = _with_model_folder(tree, folder)
-    merged = _merge(tree, cli)
+    merged = expand_preset(_merge(tree, cli))
     _resolve_paths(merged, Path.cwd(), CWD_KEYS & _flatten(merged))
     cfg = build(Config, merged)
+    check_rules(cfg)  # which switches go together: before any model exists
     if not Path(cfg.train.output_dir).is_absolute():  # the default
         cfg.train.output_dir = str((Path.cwd() / cfg.train.output_dir).resolve())
     if check_paths:

@@ -6,14 +6,14 @@ Two different promises, kept apart because they cost very different amounts of t
   place. A process that is killed, runs out of memory or is pre-empted leaves the old file or the new one,
   never a torn one: the written bytes are the kernel's (page cache) once ``write`` returns.
 - durable (fsync): the bytes are on the disk, so a power loss or an OS crash keeps them too. fsync waits for
-  the disk: 4.5-4.9 s for a 3.6 GB checkpoint on the H200 machine's (bench/io_probe.py), longer than an epoch
-  of the whole-run benchmark. ``sync=True`` waits for it in place; ``sync=False`` hands the file to
+  the disk: seconds for a checkpoint of a few GB (bench/io_probe.py measures it; docs/whole-run.md has the
+  figures). ``sync=True`` waits for it in place; ``sync=False`` hands the file to
   ``SYNCER``, one background thread that fsyncs files (then their folders) in the order they were written,
   while training goes on. At the end of a run nothing waits for it: the OS finishes the write-back on its
   own, and the run's last lines say how many bytes were still on their way (``Syncer.pending``).
 
 torch.save computes a CRC32 of every record; torch.load never checks it, so it is switched off for these
-writes (about 1 s per 3.6 GB; the torch setting is restored after each save).
+writes (a pass over every byte; the torch setting is restored after each save).
 """
 
 from __future__ import annotations

@@ -65,3 +65,13 @@ def run_train(run_dir: Path, **extra) -> dict:
     from brisk.train.run import train
 
     return train(tiny_config(run_dir, **extra))
+
+
+def speed_parts(model, cfg, device: str = "cpu"):
+    """What assembling a run does to a model for its speed switches: the plan for ``device``, then
+    brisk.speed.accelerate. Returns (the effective config, the plan, the Accelerated parts)."""
+    from brisk.plan import make_plan
+    from brisk.speed import accelerate
+
+    cfg, plan = make_plan(cfg, device)
+    return cfg, plan, accelerate(model, plan)

@@ -84,7 +84,7 @@ def _close() -> None:
 def _static_setup(run_dir):
     from brisk.data.dataset import SyntheticDataset
     from brisk.models.build import build_model
-    from brisk.speed import collator_for
+    from brisk.data.collate import collator_for
 
     from .conftest import tiny_config
 

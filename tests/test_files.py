@@ -11,7 +11,7 @@ import torch
 
 from brisk import files
 from brisk.config import load_config
-from brisk.speed import collator_for
+from brisk.data.collate import collator_for
 from brisk.speed.graph import MAX_GRAPH_TOKENS
 from brisk.train.checkpoint import Checkpoints
 from brisk.train.run import example_batches

@@ -9,7 +9,6 @@ import logging
 import numpy as np
 import pytest
 import soundfile as sf
-import torch
 
 from brisk.cli import main, one_line
 from brisk.config import ConfigError, load_config
@@ -161,10 +160,10 @@ def test_dataloader_worker_errors_are_the_line_they_carry(tmp_path):
     obj["speech_length"] = 5
     data = _jsonl(tmp_path, [json.dumps(obj, ensure_ascii=False)])
     from brisk.data.loader import build_split
-    from brisk.speed import apply_speed
+    from brisk.data.collate import collator_for
 
     cfg = tiny_config(tmp_path / "r", **{"data.train": data, "data.num_workers": 1})
-    split = build_split(cfg, "train", apply_speed(torch.nn.Module(), cfg, torch.device("cpu")).collator, 483)
+    split = build_split(cfg, "train", collator_for(cfg), 483)
     with pytest.raises(DataError) as e:
         next(iter(split.loader))
     assert "Traceback" in str(e.value)  # torch's wrapper ...

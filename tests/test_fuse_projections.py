@@ -8,11 +8,11 @@ import torch
 from brisk.config import ConfigError
 from brisk.data.loader import build_split
 from brisk.models.build import build_model
-from brisk.speed import apply_speed, collator_for
+from brisk.data.collate import collator_for
 from brisk.speed.fuse import apply_fuse_projections
 from brisk.train.step import StepHooks, model_loss
 
-from .conftest import tiny_config
+from .conftest import speed_parts, tiny_config
 
 CPU = torch.device("cpu")
 
@@ -62,7 +62,7 @@ def test_fused_projections_trace_fewer_linears_and_no_graph_break(tmp_path):
             return gm.forward
 
         torch._dynamo.reset()
-        out = torch.compile(module, backend=backend)(input_ids=ids).logits
+        out = torch.compile(module, backend=backend)(input_ids=ids, use_cache=False).logits  # as in training
         return len(graphs), sum(linears), out
 
     graphs0, linears0, out0 = count(llm)
@@ -75,30 +75,36 @@ def test_fused_projections_trace_fewer_linears_and_no_graph_break(tmp_path):
     assert torch.allclose(out1, out0, rtol=1e-5, atol=1e-6)
 
 
-def test_fused_qkv_falls_back_to_the_plain_linear_for_another_input(tmp_path):
+def test_fused_modules_are_swapped_in_and_hold_the_same_children(tmp_path):
+    """Module swaps, not patches: the attention and MLP are instances of subclasses of their own classes that
+    hold the very same child modules; the projections themselves stay plain nn.Linear, and no instance carries
+    a forward of its own."""
     _, model, _ = _model_and_batch(tmp_path)
-    attn = model.llm.model.layers[0].self_attn
-    x, y = torch.randn(2, 5, attn.q_proj.in_features), torch.randn(2, 5, attn.q_proj.in_features)
-    want = [torch.nn.functional.linear(t, m.weight, m.bias) for t, m in ((x, attn.q_proj), (y, attn.k_proj), (x, attn.v_proj))]
+    layer = model.llm.model.layers[0]
+    attn, mlp = layer.self_attn, layer.mlp
+    children = {n: m for n, m in layer.named_modules()}
     apply_fuse_projections(model.llm)
-    got = [attn.q_proj(x), attn.k_proj(y), attn.v_proj(x)]  # k on another tensor: its own linear
-    for a, b in zip(got, want):
-        assert torch.allclose(a, b, atol=1e-6)
+    assert type(layer.self_attn) is not type(attn) and isinstance(layer.self_attn, type(attn))
+    assert isinstance(layer.mlp, type(mlp)) and type(layer.mlp).__name__.startswith("Fused")
+    assert all(m is children[n] for n, m in layer.named_modules() if n not in ("", "self_attn", "mlp"))
+    assert type(layer.self_attn.q_proj) is torch.nn.Linear
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    # one fused class for every layer: Dynamo's guard on the code object holds for all of them
+    assert len({type(lay.self_attn) for lay in model.llm.model.layers}) == 1
 
 
 def test_fuse_projections_is_a_config_switch_and_refuses_fsdp(tmp_path):
     cfg = tiny_config(tmp_path, **{"speed.fuse_projections": True})
     model = build_model(cfg.model)
-    plan = apply_speed(model, cfg, CPU)
-    assert any(n.startswith("fuse_projections:") for n in plan.notes)
-    assert "forward" in model.llm.model.layers[0].mlp.__dict__
+    _, plan, parts = speed_parts(model, cfg)
+    assert any(n.startswith("fuse_projections:") for n in parts.notes)
+    assert type(model.llm.model.layers[0].mlp).__name__.startswith("Fused")
     from brisk.diagnose.accel import acceleration_state
     from brisk.diagnose.report import one_line
 
-    assert "fuse_projections" in one_line(acceleration_state(cfg, CPU)).split("switches=")[1].split(" |")[0]
-    cfg = tiny_config(tmp_path, **{"speed.fuse_projections": True, "train.parallel": "fsdp"})
-    with pytest.raises(ConfigError, match="fuse_projections"):
-        apply_speed(build_model(cfg.model), cfg, CPU)
+    assert "fuse_projections" in one_line(acceleration_state(cfg, CPU, plan)).split("switches=")[1].split(" |")[0]
+    with pytest.raises(ConfigError, match="fuse_projections"):  # at load time, before any model
+        tiny_config(tmp_path, **{"speed.fuse_projections": True, "train.parallel": "fsdp"})
 
 
 def test_fused_projections_under_aot_autograd_give_the_eager_gradients(tmp_path):
@@ -110,7 +116,7 @@ def test_fused_projections_under_aot_autograd_give_the_eager_gradients(tmp_path)
     grads = []
     for run in (llm, torch.compile(llm, backend="aot_eager")):
         llm.zero_grad(set_to_none=True)
-        run(input_ids=ids).logits.float().square().mean().backward()
+        run(input_ids=ids, use_cache=False).logits.float().square().mean().backward()
         grads.append({n: p.grad.clone() for n, p in llm.named_parameters() if p.grad is not None})
     torch._dynamo.reset()
     assert grads[0].keys() == grads[1].keys()
@@ -128,21 +134,18 @@ def _per_layer_graphs(llm, ids) -> int:
         return gm.forward
 
     torch._dynamo.reset()
-    saved = [layer.__dict__.get("forward") for layer in llm.model.layers]
     for layer in llm.model.layers:
-        layer.forward = torch.compile(layer.forward, backend=backend, dynamic=True)
+        layer.compile(backend=backend, dynamic=True)  # as speed.compile does (nn.Module.compile)
     llm(input_ids=ids, use_cache=False).logits.sum().backward()  # as in training: no KV cache
-    for layer, f in zip(llm.model.layers, saved):
-        del layer.forward
-        if f is not None:
-            layer.forward = f
+    for layer in llm.model.layers:
+        layer._compiled_call_impl = None  # the test's own compile undone (torch keeps it there)
     torch._dynamo.reset()
     return len(graphs)
 
 
 def test_per_layer_compile_keeps_one_graph_for_all_layers(tmp_path):
-    """A forward installed per instance must not make Dynamo compile a graph per layer (past 8 layers the rest
-    would silently run uncompiled): the guard holds for every layer, as without the switch."""
+    """The fused modules must not make Dynamo compile a graph per layer (past 8 layers the rest would silently
+    run uncompiled): the guard holds for every layer, as without the switch."""
     _, model, batch = _model_and_batch(tmp_path, **{"model.llm.config.num_hidden_layers": 10})
     llm, ids = model.llm, batch.input_ids[:, :16].clone()
     assert _per_layer_graphs(llm, ids) == 1
@@ -158,4 +161,3 @@ def test_without_autograd_the_plain_projections_run(tmp_path):
         apply_fuse_projections(llm)
         got = llm(input_ids=ids).logits
     assert torch.equal(got, want)  # the very same GEMMs
-    assert llm.model.layers[0].self_attn.q_proj.forward.__self__.x is None  # nothing kept

@@ -10,11 +10,10 @@ from brisk.config import ConfigError
 from brisk.data.collate import Collator
 from brisk.data.loader import build_split
 from brisk.models.build import build_model
-from brisk.speed import apply_speed
 from brisk.speed.label_head import LabelHead, gather_labelled, head_loss, static_rows
 from brisk.train.step import StepHooks, logit_stats, model_loss
 
-from .conftest import run_train, tiny_config
+from .conftest import run_train, speed_parts, tiny_config
 
 CPU = torch.device("cpu")
 
@@ -110,9 +109,9 @@ def test_chunks_add_up(monkeypatch):
 def test_switch_on_and_off(tmp_path):
     cfg = tiny_config(tmp_path)
     model = build_model(cfg.model)
-    assert apply_speed(model, cfg, CPU).loss is None
+    assert speed_parts(model, cfg)[2].loss is None
     cfg = tiny_config(tmp_path, **{"speed.label_head": True})
-    plan = apply_speed(build_model(cfg.model), cfg, CPU)
+    plan = speed_parts(build_model(cfg.model), cfg)[2]
     assert isinstance(plan.loss, LabelHead) and not plan.loss.static
     assert any(n.startswith("label_head:") for n in plan.notes)
     with pytest.raises(ConfigError, match="label_rows_frac"):

@@ -4,22 +4,19 @@ results in bench/results/.)"""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 
 from brisk.config import ConfigError
-from brisk.data.collate import Collator
+from brisk.data.collate import Collator, collator_for
 from brisk.data.loader import build_split
 from brisk.models.build import build_model
-from brisk.speed import apply_speed
-from brisk.speed.compile import CudaOnlyCompiled, compile_counters
-from brisk.speed.flags import backend_flags, tf32_scope
+from brisk.speed.compile import compile_counters
+from brisk.speed.flags import backend_flags, run_scope, tf32_scope
 from brisk.train.optim import WarmupLR, build_optimizer
 from brisk.train.step import StepHooks, TrainStep
 
-from .conftest import tiny_config
+from .conftest import speed_parts, tiny_config
 
 CPU = torch.device("cpu")
 
@@ -27,23 +24,27 @@ CPU = torch.device("cpu")
 def _setup(tmp_path, **extra):
     cfg = tiny_config(tmp_path, **extra)
     model = build_model(cfg.model).train()
-    plan = apply_speed(model, cfg, CPU)
+    cfg, plan, parts = speed_parts(model, cfg)
+    parts.train_mode()
     opt = build_optimizer(model, cfg.optim, fused=plan.fused_adamw)
     step = TrainStep(model, opt, WarmupLR(opt, cfg.optim.lr, 10), grad_clip=5.0, on_device_skip=plan.on_device_skip,
-                     hooks=StepHooks(context=plan.context, audio=plan.audio))
-    split = build_split(cfg, "train", plan.collator, 483)
-    batches = [plan.collator([split.dataset[(i, 0)] for i in idx]) for idx in split.sampler.batches(0)[:3]]
-    return cfg, model, plan, opt, step, batches
+                     hooks=StepHooks(audio=parts.audio))
+    collator = collator_for(cfg)
+    split = build_split(cfg, "train", collator, 483)
+    batches = [collator([split.dataset[(i, 0)] for i in idx]) for idx in split.sampler.batches(0)[:3]]
+    return cfg, model, parts, opt, step, batches
 
 
 def _replaced_forwards(model):
-    return [name for name, m in model.named_modules() if "forward" in m.__dict__ or "train" in m.__dict__]
+    """Modules with an instance attribute shadowing one of their methods: what no switch may leave behind."""
+    return [name for name, m in model.named_modules()
+            if any(k in m.__dict__ for k in ("forward", "train", "eval", "__call__", "_call_impl"))]
 
 
 def test_defaults_touch_nothing(tmp_path):
     flags = backend_flags()
     cfg, model, plan, opt, step, batches = _setup(tmp_path)
-    assert plan.notes == [] and plan.audio is None and plan.collator == Collator()
+    assert plan.notes == [] and plan.audio is None and plan.loss is None and collator_for(cfg) == Collator()
     assert _replaced_forwards(model) == []
     assert model.llm.config._attn_implementation == "sdpa"
     assert not any(g.get("fused") for g in opt.param_groups)
@@ -52,15 +53,18 @@ def test_defaults_touch_nothing(tmp_path):
     assert backend_flags() == flags
 
 
-def test_sdpa_backends_scoped_to_the_step(tmp_path):
+def test_sdpa_backends_scoped_to_the_run(tmp_path):
     seen = []
     flags = backend_flags()
     cfg, model, plan, opt, step, batches = _setup(tmp_path, **{"speed.sdpa_backends": ["math"]})
     model.llm.register_forward_pre_hook(lambda *a: seen.append(backend_flags()))
     step([batches[0]])
-    assert seen and seen[0]["sdp.math"] and not seen[0]["sdp.flash"] and not seen[0]["sdp.mem_efficient"]
-    assert not seen[0]["sdp.cudnn"]
-    assert backend_flags() == flags  # restored on return
+    assert seen and seen[-1]["sdp.flash"]  # outside the run's scope: torch's own selection
+    with run_scope(cfg.speed):
+        step([batches[0]])
+    assert seen[-1]["sdp.math"] and not seen[-1]["sdp.flash"] and not seen[-1]["sdp.mem_efficient"]
+    assert not seen[-1]["sdp.cudnn"]
+    assert backend_flags() == flags  # restored on exit
     assert _replaced_forwards(model) == []  # a scope, not a model change
 
 
@@ -71,58 +75,73 @@ def test_tf32_scope_restores_flags():
     assert backend_flags() == flags
 
 
-def test_compile_wraps_decoder_layers_and_stays_eager_on_cpu(tmp_path):
+def test_run_scope_holds_every_flag_of_the_plan_and_restores_them(tmp_path):
+    import torch._dynamo
+
+    cfg = tiny_config(tmp_path, **{"speed.tf32": True, "speed.sdpa_backends": ["efficient", "math"],
+                                   "speed.compile": True})
+    flags, suppress = backend_flags(), torch._dynamo.config.suppress_errors
+    with run_scope(cfg.speed):
+        inside = backend_flags()
+        assert torch._dynamo.config.suppress_errors  # compile_on_error=warn: eager where a compile fails
+    assert inside["matmul.allow_tf32"] and inside["float32_matmul_precision"] == "high"
+    assert inside["sdp.mem_efficient"] and inside["sdp.math"] and not inside["sdp.flash"]
+    assert backend_flags() == flags and torch._dynamo.config.suppress_errors == suppress
+
+
+def test_compile_compiles_nothing_on_the_cpu(tmp_path):
     before = compile_counters()
-    cfg, model, plan, opt, step, batches = _setup(tmp_path, **{"speed.compile": True})
-    layers = {f"llm.model.layers.{i}" for i in range(len(model.llm.model.layers))}
-    assert set(_replaced_forwards(model)) == layers  # the decoder layers, nothing else
-    assert set(model.state_dict()) == set(build_model(cfg.model).state_dict())  # keys unchanged
+    cfg, model, parts, opt, step, batches = _setup(tmp_path, **{"speed.compile": True})
+    assert any("nothing compiled on cpu" in n for n in parts.notes)
+    assert _replaced_forwards(model) == []
+    assert not any(getattr(m, "_compiled_call_impl", None) for m in model.modules())
     step([batches[0]])
-    assert compile_counters() == before  # CPU inputs: Dynamo never ran
+    assert compile_counters() == before  # Dynamo never ran
 
 
-def test_compile_with_frozen_eval_also_covers_the_frozen_encoder(tmp_path):
-    cfg, model, plan, *_ = _setup(tmp_path, **{"speed.compile": True, "speed.frozen_eval": True,
-                                                "model.encoder.freeze": True, "model.adaptor.freeze": True})
-    compiled = [n for n, m in model.named_modules() if isinstance(m.__dict__.get("forward"), CudaOnlyCompiled)]
-    assert any(n.startswith("audio_encoder.") for n in compiled) and any(n.startswith("llm.") for n in compiled)
+def test_compile_on_cuda_compiles_modules_in_place(tmp_path):
+    """What the switch does to the module tree on a CUDA device (the compiled code runs in tests/gpu): each
+    decoder layer and frozen encoder block compiled with nn.Module.compile, keys and forwards unchanged."""
+    from brisk.plan import make_plan
+    from brisk.speed.compile import apply_compile
+
+    cfg = tiny_config(tmp_path, **{"speed.compile": True, "speed.frozen_eval": True, "model.encoder.freeze": True,
+                                   "model.adaptor.freeze": True, "speed.inductor_cache_dir": str(tmp_path / "ind")})
+    model = build_model(cfg.model)
+    keys = set(model.state_dict())
+    apply_compile(model, make_plan(cfg, "cuda")[1].speed, "cuda")
+    compiled = {n for n, m in model.named_modules() if getattr(m, "_compiled_call_impl", None) is not None}
+    layers = {f"llm.model.layers.{i}" for i in range(len(model.llm.model.layers))}
+    assert layers <= compiled and any(n.startswith("audio_encoder.encoders.") for n in compiled)
+    assert "audio_encoder.encoders0.0" not in compiled  # the 560-wide first block stays eager
+    assert set(model.state_dict()) == keys and _replaced_forwards(model) == []
 
 
-def test_compile_failure_falls_back_to_eager_with_a_warning(caplog, monkeypatch):
-    import brisk.speed.compile as comp
+def test_compiled_modules_run_eagerly_under_the_eval_context(tmp_path):
+    from brisk.speed.compile import eval_context
 
-    monkeypatch.setattr(comp, "_first_tensor", lambda args, kwargs: args[0])  # let a stand-in pass as a CUDA tensor
-
-    class FakeCuda:
-        is_cuda = True
-        shape = (2, 5)
-        _base = None  # not a view
-
-        def dim(self):
-            return 2
-
-    wrapper = CudaOnlyCompiled(lambda x: "eager", "decoder layer", None, "warn")
-    wrapper.compiled = lambda x: (_ for _ in ()).throw(RuntimeError("inductor exploded"))
-    with caplog.at_level(logging.WARNING, logger="brisk"):
-        assert wrapper(FakeCuda()) == "eager"
-    assert wrapper.failed and "falling back to eager" in caplog.text
-    strict = CudaOnlyCompiled(lambda x: "eager", "decoder layer", None, "raise")
-    strict.compiled = wrapper.compiled
-    with pytest.raises(RuntimeError, match="inductor exploded"):
-        strict(FakeCuda())
+    cfg = tiny_config(tmp_path, **{"speed.compile": True})
+    f = torch.nn.Linear(3, 3)
+    f.compile(backend="eager")
+    before = compile_counters()["graphs"]
+    with eval_context(cfg.speed)():
+        f(torch.randn(2, 3))
+    assert compile_counters()["graphs"] == before  # force_eager: Dynamo did not compile
 
 
 def test_fused_adamw_and_on_device_skip(tmp_path):
     cfg, model, plan, opt, step, batches = _setup(tmp_path, **{"speed.fused_adamw": True})
-    assert all(g["fused"] for g in opt.param_groups) and plan.on_device_skip
+    assert all(g["fused"] for g in opt.param_groups) and step.on_device_skip
     out = step([batches[0]])
     assert out["skipped"].item() == 0
 
 
-def test_frozen_eval_pins_eval_and_drops_autograd(tmp_path):
+def test_frozen_eval_keeps_eval_and_drops_autograd(tmp_path):
     extra = {"speed.frozen_eval": True, "model.encoder.freeze": True, "model.adaptor.freeze": True}
     cfg, model, plan, opt, step, batches = _setup(tmp_path, **extra)
-    model.train()
+    model.eval()
+    plan.train_mode()  # what the loop calls for training mode
+    assert _replaced_forwards(model) == []
     assert not model.audio_encoder.training and not model.audio_adaptor.training and model.llm.training
     rows = plan.audio(batches[0])
     assert not rows.requires_grad
@@ -146,13 +165,14 @@ def test_encoder_cache_reuses_rows(tmp_path):
 
 def test_packing_on_cpu_keeps_sdpa_with_a_block_mask(tmp_path):
     cfg, model, plan, opt, step, batches = _setup(tmp_path, **{"speed.packing": True})
-    assert plan.collator.packed and batches[0].input_ids.shape[0] == 1
+    assert collator_for(cfg).packed and batches[0].input_ids.shape[0] == 1
     assert model.llm.config._attn_implementation == "sdpa"
     assert torch.isfinite(step([batches[0]])["loss"])
 
 
 def test_cuda_only_switches_refuse_the_cpu(tmp_path):
+    frozen = {"model.encoder.freeze": True, "model.adaptor.freeze": True}
     with pytest.raises(ConfigError, match="needs a CUDA device"):
-        _setup(tmp_path, **{"speed.packing": True, "speed.cuda_graph": True, "speed.frozen_eval": True})
+        _setup(tmp_path, **{"speed.packing": True, "speed.cuda_graph": True, "speed.frozen_eval": True, **frozen})
     with pytest.raises(ConfigError, match="encoder_dtype=bf16 needs speed.frozen_eval"):
-        _setup(tmp_path, **{"speed.encoder_dtype": "bf16"})
+        tiny_config(tmp_path, **{"speed.encoder_dtype": "bf16"})  # at load time: before any model exists

@@ -21,13 +21,13 @@ from brisk.config import ConfigError
 from brisk.files import DiskSpaceError, atomic_save
 from brisk.models.build import build_model, read_checkpoint, read_state_dict
 from brisk.models.export import export_folder
-from brisk.speed import apply_speed
+from brisk.data.collate import collator_for
 from brisk.speed.flags import backend_flags
 from brisk.train.checkpoint import Checkpoints
 from brisk.train.optim import WarmupLR, build_optimizer, load_optimizer_state
 from brisk.train.step import StepHooks, TrainStep
 
-from .conftest import DEMO_CONFIG, REPO, run_train, tiny_config, tiny_overrides
+from .conftest import DEMO_CONFIG, REPO, run_train, speed_parts, tiny_config, tiny_overrides
 
 CPU = torch.device("cpu")
 
@@ -40,14 +40,15 @@ def _probe(run_dir: Path, rank: int = 0) -> dict:
 def _batches(cfg, plan, n=3):
     from brisk.data.loader import build_split
 
-    split = build_split(cfg, "train", plan.collator, 483)
-    return [plan.collator([split.dataset[(i, 0)] for i in idx]) for idx in split.sampler.batches(0)[:n]]
+    collator = collator_for(cfg)
+    split = build_split(cfg, "train", collator, 483)
+    return [collator([split.dataset[(i, 0)] for i in idx]) for idx in split.sampler.batches(0)[:n]]
 
 
 # ------------------------------------------------------------------------------- 5 and 4: the step body
 def _step(cfg, *, fused: bool, clip: float, groups: bool = False):
     model = build_model(cfg.model).train()
-    plan = apply_speed(model, cfg, CPU)
+    plan = speed_parts(model, cfg)[2]
     opt = build_optimizer(model, cfg.optim, fused=fused)
     hooks = StepHooks()
     if groups:
@@ -141,7 +142,7 @@ def test_bf16_encoder_saves_the_fp32_originals(tmp_path):
     for saved in (ckpt["state_dict"], read_state_dict(tmp_path / "model-funasr" / "model.pt")):
         assert keys and all(saved[k].dtype == torch.float32 and torch.equal(saved[k], original[k]) for k in keys)
     model = build_model(cfg.model)
-    plan = apply_speed(model, cfg, CPU)
+    plan = speed_parts(model, cfg)[2]
     assert all(v.dtype == original[k].dtype for k, v in model.state_dict().items())
     assert next(plan.audio.path.audio_encoder.parameters()).dtype == torch.bfloat16  # while compute runs in bf16
     batch = _batches(cfg, plan, 1)[0]

@@ -24,7 +24,9 @@ from pathlib import Path
 import torch
 
 from ..config import Config, _merge, _set_dotted, build, parse_override
+from ..plan import check_rules, expand_preset
 from ..diagnose.timer import StepTimer
+from ..distributed.ranks import pick_device
 from .harness import build_runner, count_flops, flops_str, llm_vocab, matmul_rate, sample_stream, sync
 
 log = logging.getLogger("brisk")
@@ -52,15 +54,14 @@ def one_run(cfg: Config, stream: list, warmup: int, steps: int) -> tuple[dict, o
     overlaps the device is not counted twice; per-step times (median, slow steps, phases) are the CUDA-event
     spans of each step, and per-step host walls are kept too.
     """
-    runner = build_runner(cfg)
+    timer = StepTimer(pick_device(cfg.train.device), lag=10**9)
+    runner = build_runner(cfg, mark=timer.mark)
     pin = runner.device.type == "cuda"
     batches = [runner.collate(s) for s in stream]
     batches = [b.pin_memory() if pin else b for b in batches]  # as DataLoader(pin_memory=True) delivers them
     dev = runner.device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    timer = StepTimer(dev, lag=10**9)
-    runner.hooks.mark = timer.mark
     walls, recs = [], []
     phase_t0 = time.perf_counter()
     first = None
@@ -156,14 +157,18 @@ def _runs(b, configs, stream, results, extra) -> float | None:
 
 
 def with_overrides(cfg: Config, overrides: list[str]) -> Config:
-    """The base config with an arm's key=value overrides on top (checked like any override)."""
-    tree = cfg.to_dict()
+    """The base config with an arm's key=value overrides on top (checked like any override). An arm's
+    speed.preset wins over the base config's switches; the arm's own speed keys win over its preset."""
+    patch: dict = {}
     for text in overrides:
         key, value = parse_override(text)
-        patch: dict = {}
         _set_dotted(patch, key, value)
-        tree = _merge(tree, patch)
-    return build(Config, tree)
+    tree = _merge(cfg.to_dict(), patch)
+    if (patch.get("speed") or {}).get("preset"):
+        tree = _merge(tree, expand_preset({"model": tree["model"], "speed": patch["speed"]}))
+    out = build(Config, tree)
+    check_rules(out)
+    return out
 
 
 

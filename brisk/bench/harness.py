@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import torch
 
 from ..config import Config
+from ..data.collate import collator_for
 from ..data.loader import build_split
-from ..models.build import build_model
-from ..speed import apply_speed, collator_for
-from ..speed.flags import tf32_scope
-from ..train.run import build_step, graph_step, pick_device
+from ..distributed.ranks import pick_device
+from ..speed.flags import run_scope
+from ..train.assemble import Parts, Ranks, assemble, step_function, step_hooks, train_step
 from ..train.step import StepHooks, model_loss
 
 
@@ -44,35 +44,34 @@ def llm_vocab(cfg: Config) -> int:
 
 @dataclass
 class Runner:
-    cfg: Config
-    device: torch.device
-    model: torch.nn.Module
-    step: object
-    collator: object
-    setup_seconds: float
+    """One arm: the run's parts (assembled as `brisk train` assembles them) and its step function."""
+
+    parts: Parts
+    step: object  # the step function: TrainStep, or a GraphedStep around it
     hooks: StepHooks
+    setup_seconds: float
+
+    cfg = property(lambda self: self.parts.cfg)
+    device = property(lambda self: self.parts.device)
+    model = property(lambda self: self.parts.model)
 
     def collate(self, samples: list) -> object:
-        return self.collator(samples)
+        return self.parts.collator(samples)
 
     def run(self, batch) -> dict:
-        with tf32_scope(self.cfg.speed.tf32):
+        with run_scope(self.cfg.speed):
             return self.step([batch.to(self.device, non_blocking=True)])
 
 
-def build_runner(cfg: Config) -> Runner:
+def build_runner(cfg: Config, mark=None) -> Runner:
+    """``mark``: the phase-mark callback of the caller's step timer (bench times phases; profile does not)."""
     t0 = time.perf_counter()
-    device = pick_device(cfg.train.device)
-    model = build_model(cfg.model, device)
-    torch.manual_seed(cfg.train.seed)
-    model.train()
-    plan = apply_speed(model, cfg, device)
-    _, _, step = build_step(cfg, model, plan)
-    hooks = step.hooks
-    if cfg.speed.cuda_graph:
-        step = graph_step(cfg, step, plan, device)
-    sync(device)
-    return Runner(cfg, device, model, step, plan.collator, time.perf_counter() - t0, hooks)
+    parts = assemble(cfg, Ranks(pick_device(cfg.train.device)))
+    parts.accel.train_mode()
+    hooks = step_hooks(parts, **({"mark": mark} if mark is not None else {}))
+    step = step_function(parts, train_step(parts, hooks))
+    sync(parts.device)
+    return Runner(parts, step, hooks, time.perf_counter() - t0)
 
 
 def sync(device: torch.device) -> None:
@@ -107,10 +106,9 @@ def count_flops(runner: Runner, batches: list) -> float:
     total = 0.0
     for b in batches:
         b = b.to(runner.device)
-        with FlopCounterMode(display=False) as fc:
+        with run_scope(runner.cfg.speed), FlopCounterMode(display=False) as fc:
             _, loss, _, _ = model_loss(model, b, hooks)
-            with hooks.context():
-                loss.backward()
+            loss.backward()
         total += fc.get_total_flops()
         model.zero_grad(set_to_none=True)
     return total / max(len(batches), 1)

@@ -178,3 +178,13 @@ def pad_static(batch: Batch, tokens: int, frames: int, segments: int, cu_len: in
                               audio_pos=audio_pos, audio_utt=audio_utt, audio_frame=audio_frame, speech=speech,
                               speech_lengths=lengths)
     return out.pin_memory() if batch.input_ids.is_pinned() else out
+
+
+def collator_for(cfg) -> Collator:
+    """The collation a run's speed plan asks for: padded rows (the default), or packed rows padded to the
+    bucket lengths, with static shapes (fixed audio slots and cu_seqlens entries) under speed.cuda_graph."""
+    s = cfg.speed
+    if not s.packing:
+        return Collator()
+    return Collator(packed=True, token_buckets=tuple(s.pack_buckets), speech_buckets=tuple(s.speech_buckets),
+                    pad_utts=cfg.data.max_utts if s.cuda_graph else 0, static=s.cuda_graph)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..config import Config
+from ..plan import switches_on
 from ..speed.flags import backend_flags
 
 _SDP_NAMES = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
@@ -68,12 +69,16 @@ def plan_build_trap(device: torch.device, cfg: Config) -> str | None:
             "or TORCH_CUDNN_SDPA_DEPRIORITIZED=1 in the environment")
 
 
-def acceleration_state(cfg: Config, device: torch.device) -> dict:
+def acceleration_state(cfg: Config, device: torch.device, plan=None) -> dict:
+    """``plan``: the run's SpeedPlan (its switches on, preset and notes); without one, read from cfg.speed."""
     state = {
         "device": str(device),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "speed": asdict(cfg.speed),
+        "switches_on": list(plan.on) if plan is not None else switches_on(cfg.speed),
+        "preset": cfg.speed.preset,
+        "plan_notes": list(plan.notes) if plan is not None else [],
         "llm_dtype": cfg.model.llm.dtype,
         "encoder_dtype": cfg.speed.encoder_dtype,
         "flags": backend_flags(),

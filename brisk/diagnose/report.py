@@ -18,19 +18,21 @@ import json
 import statistics
 from pathlib import Path
 
+from ..plan import SWITCH_KEYS
+
 CAUSE_COLORS = {"plan_build": "#d62728", "new_shape": "#ff7f0e", "recompile": "#9467bd", "data": "#1f77b4",
                 "checkpoint": "#2ca02c", "validation": "#17becf", "gc": "#8c564b", "unknown": "#7f7f7f"}
 
 
 def one_line(state: dict) -> str:
     s = state["speed"]
-    on = [k for k in ("compile", "fused_adamw", "tf32", "frozen_eval", "packing", "cuda_graph", "encoder_cache",
-                      "label_head", "fresh_grads", "fuse_projections") if s.get(k)]
+    # accel.json of older runs has no switches_on: the switches of the plan's table that are set there
+    on = state.get("switches_on") or [k for k in SWITCH_KEYS if s.get(k) and k not in ("sdpa_backends", "encoder_dtype")]
     parts = [
         f"device={state.get('gpu', state['device'])}" + (f" ({state['capability']})" if "capability" in state else ""),
         f"torch={state['torch']}" + (f" cuda={state['cuda']} cudnn={state['cudnn']}" if "cuda" in state else ""),
         f"llm={state['llm_dtype']} encoder={state['encoder_dtype']}",
-        f"switches={','.join(on) or 'none (eager defaults)'}",
+        (f"preset={state['preset']} " if state.get("preset") else "") + f"switches={','.join(on) or 'none (eager defaults)'}",
         f"sdpa_backends={s['sdpa_backends'] or 'torch default'} order={'>'.join(state['sdpa_order'])}",
         f"tf32={state['flags']['matmul.allow_tf32']}",
     ]

@@ -38,8 +38,6 @@ def apply_fsdp(model: nn.Module, cfg: Config, device: torch.device) -> str:
 
     if "ignored_params" not in inspect.signature(fully_shard).parameters:
         raise ConfigError(f"train.parallel=fsdp needs torch >= 2.7 (fully_shard's ignored_params); this is {torch.__version__}")
-    if cfg.speed.cuda_graph or cfg.speed.compile:
-        raise ConfigError("train.parallel=fsdp runs the eager step; set speed.cuda_graph=false and speed.compile=false")
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     layers = decoder_layers(model.llm)
     for layer in layers:

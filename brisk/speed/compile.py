@@ -1,36 +1,36 @@
-"""speed.compile: torch.compile the LLM decoder, applied from outside the model.
+"""speed.compile: torch.compile the LLM's decoder layers (and the frozen encoder's blocks), from outside.
 
-scope=layer compiles each decoder layer's forward. The layers share one code object and Dynamo lifts
-module parameters to graph inputs, so one compiled graph serves all 28 layers: the compile costs one
-layer's worth, not the stack's, and a recompile (a new dynamic-shape guard) is one layer's worth too.
-scope=stack compiles the whole decoder stack (what FunASR's PR did). Either way:
+Each module is compiled with ``nn.Module.compile`` (torchtitan's way): the module tree, its forward and the
+state dict are unchanged. What the run decides once, not per call:
 
-- the compiled code is used only when the hidden states are on a CUDA device, decided per call;
-- a padded batch of one sequence stays eager (Dynamo would specialise the size-1 batch into its own graph);
-- the decoder runs eagerly without autograd (validation, decoding): no-grad mode is a graph of its own, and
-  its compile (~2 s warm, more cold, on the H200) costs more than it saves on a validation set;
-- ``speed.compile_dynamic=true`` (the default) compiles one graph for every length from the start; with
-  None, Dynamo first compiles a static graph and then, at the second length, a dynamic one: two compiles;
-- a compile error falls back to eager with a warning (speed.compile_on_error=raise to fail instead);
-- the module tree and state_dict keys are unchanged: only the instance's ``forward`` is replaced.
+- only on a CUDA device (on the CPU the switch compiles nothing and says so);
+- scope=layer compiles each decoder layer: the layers share one code object and Dynamo lifts module parameters
+  to graph inputs, so one graph serves every layer and a recompile costs one layer's worth; scope=stack
+  compiles the whole decoder stack;
+- ``speed.compile_dynamic=true`` (the default) compiles one graph for every length from the start; with None
+  Dynamo first compiles a static graph and then, at the second length, a dynamic one;
+- validation and decoding run the decoder eagerly (``eval_context``: ``torch.compiler.set_stance
+  ("force_eager")``): no-grad mode would be a graph of its own, compiled for a few validation batches;
+- the first decoder layer's input is made a fresh tensor by a forward pre-hook on the decoder stack: the
+  embeddings with the audio spliced in arrive as a view, the other layers get fresh tensors, and Dynamo
+  guards on a view's base (two graphs of one layer without it);
+- compile_on_error=warn: Dynamo falls back to eager where a compile fails (``flags.run_scope`` sets
+  suppress_errors for the run and restores it).
 
 The Inductor cache folder (speed.inductor_cache_dir; else TORCHINDUCTOR_CACHE_DIR; else
-~/.cache/brisk/inductor) is exported as TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR before the first
-compile and printed, so a second run starts warm.
+~/.cache/brisk/inductor) is exported as TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR before the first compile
+and printed, so a second run starts warm.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import time
+from contextlib import nullcontext
 
 import torch
 from torch import nn
 
 from ..config import SpeedConfig
-
-log = logging.getLogger("brisk")
 
 
 def compile_counters() -> dict:
@@ -43,55 +43,19 @@ def compile_counters() -> dict:
             "recompiles": int(sum(counters["recompiles"].values())) if "recompiles" in counters else 0}
 
 
-def _first_tensor(args, kwargs) -> torch.Tensor | None:
-    for v in list(args) + list(kwargs.values()):
-        if isinstance(v, torch.Tensor):
-            return v
-    return None
-
-
-class CudaOnlyCompiled:
-    """forward replacement: compiled for CUDA inputs, eager otherwise (and after a failure under warn)."""
-
-    def __init__(self, eager, name: str, dynamic: bool | None, on_error: str, train_only: bool = False):
-        self.eager = eager
-        self.compiled = torch.compile(eager, dynamic=dynamic)
-        self.name, self.on_error, self.train_only = name, on_error, train_only
-        self.failed = False
-        self.compile_seconds = 0.0
-
-    def __call__(self, *args, **kwargs):
-        x = _first_tensor(args, kwargs)
-        if self.failed or x is None or not x.is_cuda or (self.train_only and not torch.is_grad_enabled()):
-            return self.eager(*args, **kwargs)
-        if x.dim() >= 2 and x.shape[0] == 1 and kwargs.get("cu_seq_lens_q") is None:
-            return self.eager(*args, **kwargs)  # a single padded sequence: keep Dynamo off size 1
-        if args and args[0] is x and x._base is not None:
-            # Dynamo guards on a view's base: the first decoder layer gets the embeddings as a view, the others
-            # a fresh tensor, which made two graphs of one layer. A copy (one small kernel) makes them one.
-            args = (x.clone(),) + args[1:]
-        before = compile_counters().get("graphs", 0)
-        t0 = time.perf_counter()
-        try:
-            out = self.compiled(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001 - any compiler failure
-            if self.on_error == "raise":
-                raise
-            log.warning("speed.compile: compiling %s failed (%s: %s); falling back to eager for the rest of the run",
-                        self.name, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-            self.failed = True
-            return self.eager(*args, **kwargs)
-        if compile_counters().get("graphs", 0) > before:
-            dt = time.perf_counter() - t0
-            self.compile_seconds += dt
-            log.info("speed.compile: compiled %s for input %s in %.1f s", self.name, tuple(x.shape), dt)
-        return out
+def compile_seconds() -> float:
+    """Seconds Dynamo spent compiling in this process so far (its own timer around each frame's compile)."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except Exception:  # pragma: no cover
+        return 0.0
+    return float(sum(compilation_time_metrics.get("_compile.compile_inner", [])))
 
 
 def decoder_stack(llm: nn.Module) -> nn.Module:
     base = getattr(llm, llm.base_model_prefix, None) if hasattr(llm, "base_model_prefix") else None
     if base is None or not hasattr(base, "layers"):
-        raise ValueError("speed.compile: could not find the decoder stack (model.<base>.layers) of this LLM")
+        raise ValueError("could not find the decoder stack (model.<base>.layers) of this LLM")
     return base
 
 
@@ -107,36 +71,44 @@ def inductor_cache_dir(cfg: SpeedConfig) -> tuple[str, str]:
     return os.path.join(base, "brisk", "inductor"), "default"
 
 
-def apply_compile(model: nn.Module, cfg: SpeedConfig, audio_encoder: nn.Module | None = None) -> str:
+def _fresh_input(module, args, kwargs):
+    """Forward pre-hook of the decoder stack: the embeddings as a tensor of their own, not a view."""
+    x = kwargs.get("inputs_embeds")
+    if isinstance(x, torch.Tensor) and x._base is not None:
+        return args, {**kwargs, "inputs_embeds": x.clone()}
+    return None
+
+
+def eval_context(speed: SpeedConfig):
+    """What validation and decoding run under: compiled modules run eagerly there."""
+    if speed.compile:
+        return lambda: torch.compiler.set_stance("force_eager")
+    return nullcontext
+
+
+def apply_compile(model: nn.Module, cfg: SpeedConfig, device_type: str, audio_encoder: nn.Module | None = None) -> str:
     """``audio_encoder``: the frozen encoder that computes the audio rows (a bf16 copy under encoder_dtype)."""
+    if device_type != "cuda":
+        return f"compile: nothing compiled on {device_type} (the compiled kernels are for CUDA devices)"
     cache, source = inductor_cache_dir(cfg)
     os.makedirs(cache, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
     os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(cache, "triton"))
     stack = decoder_stack(model.llm)
-    targets = list(enumerate(stack.layers)) if cfg.compile_scope == "layer" else [(None, stack)]
-    for i, module in targets:
-        name = "decoder stack" if i is None else "decoder layer"
-        module.forward = CudaOnlyCompiled(module.forward, name, cfg.compile_dynamic, cfg.compile_on_error, train_only=True)
+    targets = list(stack.layers) if cfg.compile_scope == "layer" else [stack]
+    for module in targets:
+        module.compile(dynamic=cfg.compile_dynamic)
+    if cfg.compile_scope == "layer":
+        stack.register_forward_pre_hook(_fresh_input, with_kwargs=True)
     what = f"{len(targets)} x {'decoder layer' if cfg.compile_scope == 'layer' else 'decoder stack'}"
     if cfg.frozen_eval and cfg.compile_encoder and model.cfg.encoder.freeze:
-        # A frozen encoder in eval mode has no dropout and no autograd: its blocks compile cleanly, and
-        # fusing their elementwise work removes ~2,000 small kernels a step. The first block (encoders0) takes
+        # A frozen encoder in eval mode has no dropout and no autograd: its blocks compile cleanly, and fusing
+        # their elementwise work removes thousands of small kernels a step. The first block (encoders0) takes
         # the 560-wide LFR features, a graph of its own for one block of 70: it stays eager.
         enc = audio_encoder if audio_encoder is not None else model.audio_encoder
         blocks = [*enc.encoders, *enc.tp_encoders]
         for block in blocks:
-            block.forward = CudaOnlyCompiled(block.forward, "encoder block", cfg.compile_dynamic, cfg.compile_on_error)
+            block.compile(dynamic=cfg.compile_dynamic)
         what += f" + {len(blocks)} x frozen encoder block"
-    return (f"compile: {what}, dynamic={cfg.compile_dynamic}, CUDA inputs only, on_error={cfg.compile_on_error}, "
+    return (f"compile: {what}, dynamic={cfg.compile_dynamic}, on_error={cfg.compile_on_error}, validation eager, "
             f"inductor cache {cache} ({source})")
-
-
-def total_compile_seconds(model: nn.Module) -> float:
-    seen, total = set(), 0.0
-    for m in model.modules():
-        f = m.__dict__.get("forward")
-        if isinstance(f, CudaOnlyCompiled) and id(f) not in seen:
-            seen.add(id(f))
-            total += f.compile_seconds
-    return total

@@ -45,3 +45,29 @@ def tf32_scope(enabled: bool):
     finally:
         b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32 = saved[0], saved[1]
         torch.set_float32_matmul_precision(saved[2])
+
+
+@contextmanager
+def run_scope(speed):
+    """Every process-wide setting the run's switches ask for, entered around everything that picks kernels:
+    eager steps, validation, and the warm-up and capture of every CUDA graph (a graph keeps the kernels chosen
+    at capture, so a flag set only around the replays would not reach it). All are restored on exit.
+
+    - speed.tf32: TF32 matmuls and convolutions for fp32 work;
+    - speed.sdpa_backends: ``sdpa_kernel`` with exactly those backends;
+    - speed.compile with compile_on_error=warn: Dynamo falls back to eager where compiling fails
+      (``suppress_errors``), with its own warning.
+    """
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        stack.enter_context(tf32_scope(speed.tf32))
+        if speed.sdpa_backends:
+            from .sdpa import sdpa_scope
+
+            stack.enter_context(sdpa_scope(speed.sdpa_backends)())
+        if speed.compile and speed.compile_on_error == "warn":
+            import torch._dynamo
+
+            stack.enter_context(torch._dynamo.config.patch(suppress_errors=True))
+        yield

@@ -2,7 +2,8 @@
 
 FunASR trains with model.train() on every module, so a frozen encoder and adaptor still run dropout
 (numbers change from step to step) and the default keeps that. frozen_eval instead:
-- keeps frozen modules in eval mode (their ``train()`` is pinned to eval; no dropout), and
+- keeps frozen modules in eval mode (no dropout): the loop puts the model in training mode through
+  ``training_mode``, which leaves them in eval, and
 - computes the audio rows for the step under torch.no_grad, outside the LLM's autograd graph.
 encoder_dtype=bf16 runs bf16 copies of the frozen encoder and adaptor (about half the time; the probe
 measures what it moves). The model keeps its fp32 originals, so checkpoints and exports carry exactly the
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import types
+from typing import Callable
 
 import torch
 from torch import nn
@@ -25,16 +26,23 @@ from ..formats.batch import Batch
 from ..models.speech_llm import SpeechLLM
 
 
-def _pinned_eval(self, mode: bool = True):
-    return nn.Module.train(self, False)
+def training_mode(model: nn.Module, frozen_eval: bool) -> Callable[[], None]:
+    """What the loop calls to put the model in training mode: ``model.train()``, then, under frozen_eval, the
+    frozen modules back in eval mode."""
+    frozen = [m for m, f in model.freeze_plan().items() if f] if frozen_eval else []
+
+    def train() -> None:
+        model.train()
+        for m in frozen:
+            m.eval()
+
+    return train
 
 
 def apply_frozen_eval(model: nn.Module) -> str:
     frozen = [m for m, f in model.freeze_plan().items() if f]
     for m in frozen:
         m.eval()
-        for sub in m.modules():
-            sub.train = types.MethodType(_pinned_eval, sub)  # instance attribute: state_dict unchanged
     names = [n for n, m in model.named_children() if m in frozen]
     return f"frozen_eval: {', '.join(names) or 'nothing frozen'} in eval mode, audio rows computed without autograd"
 
@@ -67,14 +75,19 @@ class FrozenAudio:
     """Provides the audio rows of a batch when the encoder and adaptor are frozen."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype = torch.float32, cache: bool = False):
-        if not (model.cfg.encoder.freeze and model.cfg.adaptor.freeze):
-            raise ValueError("speed.frozen_eval with precomputed audio needs model.encoder.freeze and model.adaptor.freeze")
         self.model, self.dtype = model, dtype
         # The module that computes the rows: the model itself in fp32, else copies (the originals stay fp32).
         self.path = model if dtype == torch.float32 else AudioPath(model, dtype)
         self.cache: dict[str, torch.Tensor] | None = {} if cache else None
         self.hits = self.misses = 0
-        self.encode = self.path.audio_rows  # the speed.cuda_graph switch swaps in a graphed version
+        self.encode: Callable[[Batch], torch.Tensor] = self.path.audio_rows
+
+    def with_encoder(self, encode: Callable[[Batch], torch.Tensor]) -> "FrozenAudio":
+        """The same provider (same copies, same cache) computing its rows with ``encode`` (the graphed step's
+        encoder graphs); this one is left as it is."""
+        other = copy.copy(self)
+        other.encode = encode
+        return other
 
     def refresh(self) -> None:
         """After the model's weights were loaded again (resume): recompute from them."""

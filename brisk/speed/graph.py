@@ -1,7 +1,7 @@
 """speed.cuda_graph: each packed bucket's whole training step captured once as a CUDA graph, then replayed.
 
-The step is ~6,000 small kernels; launched one by one the host sets the pace (130-200 ms for ~4 ms of
-math). Replaying a graph launches them all at once. What makes the step capturable:
+The step is thousands of small kernels; launched one by one the host sets the pace, not the GPU.
+Replaying a graph launches them all at once. What makes the step capturable:
 
 - packed batches padded to a few bucket lengths (speed.packing), with a fixed number of audio slots and
   cu_seqlens entries, so each bucket has one set of shapes (collate.Collator(static=True));
@@ -9,17 +9,22 @@ math). Replaying a graph launches them all at once. What makes the step capturab
   step's own (``TrainStep.body``: found_inf for the non-finite skip, clipping folded into the kernel's
   grad_scale, probe norms as device tensors); only the schedule runs on the host, between replays;
 - gradients are persistent buffers, zeroed in place at the start of each replay and shared by every
-  bucket's graph (``TrainStep.persistent_grads``); with speed.fresh_grads they are instead new tensors
-  that backward writes in each replay, from the graph's pool (see ``GraphedStep.__init__``); activations
-  of all graphs come from one shared memory pool;
-- the frozen encoder and adaptor run in their own graphs, one per speech bucket, without autograd.
+  bucket's graph (``TrainStep.persistent_grads``, set from the plan); with speed.fresh_grads they are instead
+  new tensors that backward writes in each replay, from the graph's pool (see ``GraphedStep.__init__``);
+  activations of all graphs come from one shared memory pool;
+- the frozen encoder and adaptor run in their own graphs, one per speech bucket, without autograd: the
+  graphed step computes its audio rows with its own copy of the frozen audio provider
+  (``FrozenAudio.with_encoder``);
+- everything is captured inside the run's flag scope (``flags.run_scope``: TF32, SDPA backends), so the
+  graphs hold the kernels those flags choose.
 
 Graphs are captured up front for every bucket (``prepare``), warming each one with lr = 0 and then
 restoring the optimizer state, so the run's numbers are those of the eager step. The graphs read the
 optimizer's lr tensor: after a resume it must be that same device tensor (``load_optimizer_state``). A batch
 longer than every bucket (or than MAX_GRAPH_TOKENS) runs the same step eagerly and is logged. CUDA's embedding
-backward reads a count back to the host above 3,072 indices, so the embedding is looked up in chunks of
-3,072 (``chunk_embedding``) and longer rows stay capturable. Gradient accumulation is not supported (config error).
+backward reads a count back to the host above 3,072 indices, so under this switch the LLM's embedding is
+swapped for a ``ChunkedEmbedding`` (same weight) that looks ids up in chunks of 3,072 and longer rows stay
+capturable. Gradient accumulation is not supported (config error).
 Under speed.label_head the graphs are keyed by (length, gathered rows): the rows are fixed in a graph, and a
 batch with more labelled positions than its bucket's rows gets a graph of its own (``_key``).
 """
@@ -40,19 +45,28 @@ MAX_GRAPH_TOKENS = 8192
 EMBED_CHUNK = 3072  # CUDA's embedding backward syncs with the host (a sort) above this many indices
 
 
-def chunk_embedding(emb: torch.nn.Module) -> None:
-    """Look the token ids up in chunks of at most EMBED_CHUNK, so that every chunk's backward takes CUDA's
-    direct kernel (the sort-based path for longer inputs reads a count back to the host, which no graph can
-    hold). The gradient is the same sum, taken in pieces. An instance attribute: the state_dict is unchanged."""
-    plain = emb.forward
+class ChunkedEmbedding(torch.nn.Embedding):
+    """An embedding that looks token ids up in chunks of at most EMBED_CHUNK, so that every chunk's backward
+    takes CUDA's direct kernel (the sort-based path for longer inputs reads a count back to the host, which no
+    graph can hold). The gradient is the same sum, taken in pieces."""
 
-    def forward(ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if ids.numel() <= EMBED_CHUNK:
-            return plain(ids)
-        flat = torch.cat([plain(c) for c in ids.reshape(-1).split(EMBED_CHUNK)])
+            return super().forward(ids)
+        flat = torch.cat([super(ChunkedEmbedding, self).forward(c) for c in ids.reshape(-1).split(EMBED_CHUNK)])
         return flat.view(*ids.shape, flat.shape[-1])
 
-    emb.forward = forward
+
+def apply_chunked_embedding(llm: torch.nn.Module) -> str:
+    """Swap the LLM's input embedding for a ChunkedEmbedding holding the same weight (tied heads stay tied,
+    the state dict is unchanged)."""
+    old = llm.get_input_embeddings()
+    if type(old) is not torch.nn.Embedding:
+        return f"cuda_graph: the input embedding is a {type(old).__name__}, left as it is (rows over {EMBED_CHUNK} tokens run eagerly)"
+    new = ChunkedEmbedding.__new__(ChunkedEmbedding)
+    new.__dict__.update(old.__dict__)
+    llm.set_input_embeddings(new)
+    return f"cuda_graph: token ids looked up in chunks of {EMBED_CHUNK} (capturable backward for long rows)"
 
 
 def _clone(batch: Batch) -> Batch:
@@ -106,25 +120,31 @@ class GraphedEncoder:
 
 
 class GraphedStep:
-    def __init__(self, step, audio, fresh_grads: bool = False):
+    """Wraps a step (``TrainStep``: its ``body``, optimizer, parameters and hooks) and a frozen audio provider;
+    replays one graph per bucket. It owns its graphs, their pool and its graphed audio provider, and edits
+    nothing else: the step's gradient mode and any gradient sync are the step's own, set when it was built."""
+
+    def __init__(self, step, audio):
         opt = step.optimizer
         group = opt.param_groups[0]
         if not (group.get("fused") and group.get("capturable") and isinstance(group["lr"], torch.Tensor)
                 and step.on_device_skip):
             raise ValueError("speed.cuda_graph needs the fused, capturable AdamW with a tensor lr (built by brisk)")
-        self.step, self.audio, self.fresh = step, audio, fresh_grads
+        self.step, self.fresh = step, not step.persistent_grads
         self.optimizer, self.params = opt, step.params
         # Persistent: every graph zeroes the same gradient buffers and backward adds into them (a zeroing
-        # pass plus one add kernel per parameter, ~310 a step for Qwen3-0.6B), only so that the buffers keep
-        # their addresses. fresh_grads: the body sets .grad to None, so backward hands each parameter its
-        # gradient as computed, in the graph's pool; the update inside the same replay reads it there.
-        step.persistent_grads = not fresh_grads
+        # pass plus one add kernel per parameter), only so that the buffers keep their addresses; buffers that
+        # exist already (a gradient all-reduce's flat views) are kept. fresh_grads: the body sets .grad to None,
+        # so backward hands each parameter its gradient as computed, in the graph's pool; the update inside the
+        # same replay reads it there.
         for p in self.params:
-            p.grad = None if fresh_grads else torch.zeros_like(p)
-        chunk_embedding(step.model.llm.get_input_embeddings())  # lifts the 3,072-token limit on graphed rows
+            if self.fresh:
+                p.grad = None
+            elif p.grad is None:
+                p.grad = torch.zeros_like(p)
         self.pool = torch.cuda.graph_pool_handle()
         self.encoder = GraphedEncoder(audio.path, self.pool)
-        audio.encode = self.encoder  # the frozen audio path now replays encoder graphs
+        self.audio = audio.with_encoder(self.encoder)  # the frozen audio rows from encoder graphs
         self.graphs: dict[object, _Captured] = {}
         self.capture_seconds = 0.0
         self.eager_fallbacks = 0
@@ -145,7 +165,7 @@ class GraphedStep:
     def _drop_fresh_grads(self) -> None:
         """fresh_grads: let go of the gradients a capture (or an eager step) left in ``.grad``. Each replay
         writes and consumes its own, so nothing reads them afterwards (the probe's norms are taken inside the
-        body); held, a captured graph's gradients would keep their pool memory (1.2 GB for Qwen3-0.6B) from
+        body); held, a captured graph's gradients would keep their pool memory (a gradient of every parameter) from
         the next capture."""
         if self.fresh:
             for p in self.params:

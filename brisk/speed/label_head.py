@@ -1,8 +1,7 @@
 """speed.label_head: the LM head and the loss on the labelled positions only.
 
-The loss needs the logits of the answer tokens only (~160 of ~640 positions a step in the Fun-ASR-Nano
-bench), yet the default runs the 151,936-wide LM head, the fp32 cast and the cross-entropy on every
-position: about a third of the step's FLOPs and its largest activations. This switch asks the model for its
+The loss needs the logits of the answer tokens only (a fraction of the positions of a step), yet the default runs the 151,936-wide LM head, the fp32 cast and the cross-entropy on every
+position: a large share of the step's FLOPs and its largest activations. This switch asks the model for its
 final hidden states (``model(batch, hidden=True)``, before lm_head), gathers the positions whose next-token
 label is set, and runs head + fp32 cross-entropy on those rows only, in chunks of ``CHUNK_ROWS``, so the
 [B, T, vocab] logits never exist. Same loss (sum over labelled rows / their count, fp32), same argmax-correct
@@ -15,7 +14,7 @@ How many rows, without a host sync:
 - a captured CUDA graph needs one row count per graph: in the static layout a bucket of T tokens gathers
   ``static_rows(T)`` = frac x T rounded up to 64 (speed.label_rows_frac), padded with ignored rows; a batch
   with more labelled positions than that gathers all T rows and gets a graph of its own (``rows`` is part
-  of the graph key). A 64-row step of padding costs ~0.06 TFLOP, ~0.1 ms on an H200.
+  of the graph key).
 The gather itself is a cumsum and a scatter on the device (fixed shapes, no ``nonzero``, capturable).
 """
 
@@ -136,8 +135,8 @@ class LabelHead:
         return st, loss, correct, count
 
 
-def apply_label_head(cfg) -> tuple[LabelHead, str]:
-    s = cfg.speed
+def apply_label_head(s) -> tuple[LabelHead, str]:
+    """``s``: the run's SpeedConfig."""
     hook = LabelHead(static=s.cuda_graph, frac=s.label_rows_frac)
     what = (f"label_head: LM head and loss on the labelled positions only, {CHUNK_ROWS}-row chunks"
             + (f"; static layout gathers {s.label_rows_frac:g} x bucket rows (more: a graph of its own)" if s.cuda_graph else ""))

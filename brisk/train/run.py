@@ -1,4 +1,4 @@
-"""Assemble a run from a config: device and ranks, model, speed plan, optimizer, data, trainer."""
+"""`brisk train`: a run folder, the run's parts (assemble.py), its data, its trainer; at the end the export."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -16,25 +15,18 @@ from ..config import Config, ConfigError, save_config
 from ..data.loader import build_split, load_tokenizer
 from ..diagnose.accel import acceleration_state, write_state
 from ..diagnose.report import one_line
-from ..files import SYNCER, gb
-from ..models.build import build_model
-from ..models.speech_llm import human, param_count
-from ..speed import apply_speed
-from ..speed.flags import tf32_scope
-from . import run_dir as run_dirs
-from ..distributed.parallel import apply_parallel, attach_grad_sync
-from ..distributed.ranks import broadcast_from_rank0, init_distributed, pick_device
+from ..diagnose.timer import StepTimer
+from ..distributed.ranks import broadcast_from_rank0
 from ..distributed.sync import close_process_group
-from .checkpoint import disk_footprint
-from .optim import WarmupLR, build_optimizer
-from .step import StepHooks, TrainStep
-from .trainer import Trainer
+from ..files import SYNCER, gb
+from ..speed.flags import run_scope
+from . import run_dir as run_dirs
+from .assemble import Parts, assemble, start_process, step_function, step_hooks, train_step
+from .async_save import AsyncCheckpointer
+from .checkpoint import Checkpoints, disk_footprint
+from .trainer import Position, Trainer, resume
 
 log = logging.getLogger("brisk")
-
-
-
-
 
 
 def setup_logging(run_dir: Path | None, rank: int = 0) -> None:
@@ -56,156 +48,95 @@ def setup_logging(run_dir: Path | None, rank: int = 0) -> None:
     logger.propagate = False
 
 
-def example_batches(cfg: Config, collator, vocab: int) -> list:
-    """One synthetic batch per token bucket (for capturing CUDA graphs up front)."""
-    from ..data.dataset import SyntheticDataset
-
-    from ..speed.graph import MAX_GRAPH_TOKENS
-
-    fe = cfg.model.frontend
-    dim, low = fe.n_mels * fe.lfr_m, cfg.model.adaptor.use_low_frame_rate
-    out = []
-    # One sample of exactly t tokens lands in bucket t (a shorter one would fall into a smaller bucket and
-    # leave bucket t to be captured, and compiled, in the middle of training).
-    fixed = len(SyntheticDataset([(600, 0)], dim, vocab, fe.lfr_n, use_low_frame_rate=low)[0].tokens.input_ids)
-    for t in cfg.speed.pack_buckets:
-        if t > MAX_GRAPH_TOKENS:
-            break
-        ds = SyntheticDataset([(600, max(0, t - fixed))], dim, vocab, fe.lfr_n, use_low_frame_rate=low)
-        out.append(collator([ds[0]]))
-    for f in cfg.speed.speech_buckets:  # also every speech bucket, so encoder graphs exist up front
-        ds = SyntheticDataset([(max(1, f * fe.lfr_n - 1), 4)], dim, vocab, fe.lfr_n, use_low_frame_rate=low)
-        out.append(collator([ds[0]]))
-    return out
 
 
-def optimizer_and_schedule(cfg: Config, model, plan):
-    optimizer = build_optimizer(model, cfg.optim, fused=plan.fused_adamw, capturable=plan.capturable)
-    return optimizer, WarmupLR(optimizer, cfg.optim.lr, cfg.optim.warmup_steps)
-
-
-def train_step(cfg: Config, net, optimizer, schedule, plan, hooks: StepHooks | None = None) -> TrainStep:
-    hooks = hooks or StepHooks()
-    hooks.context, hooks.audio, hooks.loss = plan.context, plan.audio, plan.loss
-    return TrainStep(net, optimizer, schedule, grad_clip=cfg.optim.grad_clip, on_device_skip=plan.on_device_skip,
-                     hooks=hooks)
-
-
-def build_step(cfg: Config, model, plan, hooks: StepHooks | None = None):
-    """The optimizer, FunASR's schedule and the eager training step for a model with its speed plan applied."""
-    optimizer, schedule = optimizer_and_schedule(cfg, model, plan)
-    return optimizer, schedule, train_step(cfg, model, optimizer, schedule, plan, hooks)
-
-
-def graph_step(cfg: Config, step: TrainStep, plan, device: torch.device):
-    """speed.cuda_graph: wrap the step and capture every bucket's graph up front."""
-    from ..speed.graph import GraphedStep
-
-    graphed = GraphedStep(step, plan.audio, fresh_grads=cfg.speed.fresh_grads)
-    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        log.info(attach_grad_sync(graphed))
-        log.warning("speed.cuda_graph with several ranks has not yet passed its 2-GPU test (docs/multigpu.md); "
-                    "the eager path (packing, frozen_eval, fused_adamw) is the tested one")
-    vocab = step.model.llm.get_input_embeddings().weight.shape[0]
-    seconds = graphed.prepare([b.to(device) for b in example_batches(cfg, plan.collator, vocab)])
-    log.info("cuda_graph: %d step graphs and %d encoder graphs captured up front in %.1f s",
-             len(graphed.graphs), len(graphed.encoder.graphs), seconds)
-    return graphed
-
-
-def resume_path(cfg: Config, trainer: Trainer) -> Path | None:
+def resume_path(cfg: Config, ckpts: Checkpoints | None) -> Path | None:
     """The checkpoint to resume from: chosen by rank 0 (it holds the checkpoint list), the same on every rank."""
     path = None
     if cfg.train.resume_from:
         path = Path(cfg.train.resume_from)
-    elif cfg.train.resume and trainer.ckpts is not None:
-        path = trainer.ckpts.latest_intact()
+    elif cfg.train.resume and ckpts is not None:
+        path = ckpts.latest_intact()
     path = broadcast_from_rank0(str(path) if path else None)
     return Path(path) if path else None
 
 
 def build_trainer(cfg: Config) -> Trainer:
-    device = pick_device(cfg.train.device)
-    rank, world = init_distributed(device)
+    ranks = start_process(cfg)
+    rank = ranks.rank
     # Rank 0 checks the folder before any rank writes to it: another rank's train.log, opened first, made rank 0
     # refuse a fresh folder as "already holds a run" (seen on 2 H200s). The others wait for its verdict.
     run_dir = run_dirs.prepare(cfg) if rank == 0 else None
     run_dir = Path(broadcast_from_rank0(str(run_dir) if run_dir is not None else None))
     run_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(run_dir, rank)
+
+    parts = assemble(cfg, ranks)
+    cfg = parts.cfg  # the effective config: what the plan resolved for this device is what the run saves
     if rank == 0:
         save_config(cfg, run_dir / "config.yaml")
-
-    t0 = time.perf_counter()
-    model = build_model(cfg.model, device)
-    torch.manual_seed(cfg.train.seed + rank)  # training randomness (dropout), separate from the init
-    log.info("model: %s parameters, %s trainable (built in %.1f s)", human(param_count(model)),
-             human(param_count(model, trainable=True)), time.perf_counter() - t0)
-
-    plan = apply_speed(model, cfg, device)
-    for note in plan.notes:
-        log.info("speed %s", note)
-    with tf32_scope(cfg.speed.tf32):  # the flags as training will run them (fit enters the same scope)
-        state = acceleration_state(cfg, device)
+    with run_scope(cfg.speed):  # the flags as training will run them
+        state = acceleration_state(cfg, ranks.device, parts.plan)
     log.info(one_line(state))
     if rank == 0:
         write_state(state, run_dir)
 
     tokenizer = load_tokenizer(cfg) if (cfg.data.train or cfg.data.valid) else None
-    vocab = model.llm.get_input_embeddings().weight.shape[0]
-    train = build_split(cfg, "train", plan.collator, vocab, rank, world, tokenizer)
-    valid = build_split(cfg, "valid", plan.collator, vocab, rank, world, tokenizer)
-
-    net, shape_sync, notes = apply_parallel(model, cfg, device, world)
-    for note in notes:
-        log.info(note)
+    vocab = parts.model.llm.get_input_embeddings().weight.shape[0]
+    train = build_split(cfg, "train", parts.collator, vocab, rank, ranks.world, tokenizer)
+    valid = build_split(cfg, "valid", parts.collator, vocab, rank, ranks.world, tokenizer)
     probe = None
     if cfg.probe.enabled:
         from ..probe.record import ProbeRecorder
 
-        probe = ProbeRecorder(run_dir / f"probe.rank{rank}.jsonl", model, cfg.probe.param_norm_steps, rank, cfg.to_dict())
-    optimizer, schedule = optimizer_and_schedule(cfg, model, plan)  # after FSDP sharding: it sees the shards
-    trainer = Trainer(cfg, run_dir, model, None, optimizer, schedule, train, valid, device, plan, rank, probe,
-                      trap=state["plan_build_trap"], shape_sync=shape_sync, sharded=world > 1 and cfg.train.parallel == "fsdp")
-    resume = resume_path(cfg, trainer)
-    if resume is not None:  # every rank loads the same checkpoint
-        trainer.resume(resume)
-    run_dirs.after_resume(cfg, run_dir, resume, trainer.pos.step, rank)
+        probe = ProbeRecorder(run_dir / f"probe.rank{rank}.jsonl", parts.model, cfg.probe.param_norm_steps, rank,
+                              cfg.to_dict())
+
+    t = cfg.train
+    ckpts = Checkpoints(run_dir, t.keep_n, t.keep_metric) if rank == 0 else None
+    saver = AsyncCheckpointer(ckpts, parts.model, ranks.device, t.async_checkpoint, t.frozen_ref,
+                              run_dir / "checkpoints.jsonl") if ckpts else None
+    path = resume_path(cfg, ckpts)
+    pos = resume(parts, path) if path is not None else Position()  # every rank loads the same checkpoint
+    run_dirs.after_resume(cfg, run_dir, path, pos.step, rank)
     if rank == 0:
-        check_disk(cfg, trainer)
-    if trainer.saver is not None and not trainer.sharded:
-        trainer.saver.start_frozen()  # written in the background while the graphs below compile
+        check_disk(cfg, parts, ckpts, train, pos, run_dir)
+    if saver is not None and not parts.sharded:
+        saver.start_frozen()  # written in the background while the graphs below compile
 
-    hooks = StepHooks(logit_stats=probe is not None, grad_groups=probe.grad_groups if probe is not None else None,
-                      mark=trainer.timer.mark)
-    step = train_step(cfg, net, optimizer, schedule, plan, hooks)
-    trainer.step_fn = graph_step(cfg, step, plan, device) if cfg.speed.cuda_graph else step
-    return trainer
+    timer = StepTimer(ranks.device, run_dir / f"steps{'' if rank == 0 else f'.rank{rank}'}.jsonl")
+    hooks = step_hooks(parts, mark=timer.mark, logit_stats=probe is not None,
+                       grad_groups=probe.grad_groups if probe is not None else None)
+    step_fn = step_function(parts, train_step(parts, hooks))
+    return Trainer(cfg, run_dir, parts, step_fn, train, valid, timer, ckpts, saver, probe, pos,
+                   trap=state["plan_build_trap"])
 
 
-def check_disk(cfg: Config, trainer: Trainer) -> None:
+def check_disk(cfg: Config, parts: Parts, ckpts: Checkpoints | None, train, pos: Position, run_dir: Path) -> None:
     """Refuse a run whose checkpoints and export would not fit on the disk of its output folder."""
     t = cfg.train
-    need, what = disk_footprint(trainer.model, trainer.optimizer, held_checkpoints(trainer), t.export != "none")
-    free = shutil.disk_usage(trainer.run_dir).free
+    held = held_checkpoints(cfg, ckpts, train, pos)
+    need, what = disk_footprint(parts.model, parts.optimizer, held, t.export != "none")
+    free = shutil.disk_usage(run_dir).free
     if need > free:
         raise ConfigError(
-            f"train.output_dir={trainer.run_dir}: this run needs about {gb(need)} of disk ({what}) but only "
+            f"train.output_dir={run_dir}: this run needs about {gb(need)} of disk ({what}) but only "
             f"{gb(free)} are free there. Keep fewer checkpoints (train.keep_n={t.keep_n}), save less often "
             f"(train.save_every={t.save_every}), skip the export (train.export=none), "
             "or point train.output_dir at a larger disk")
-    log.info("disk: the run needs about %s (%s); %s free in %s", gb(need), what, gb(free), trainer.run_dir)
+    log.info("disk: the run needs about %s (%s); %s free in %s", gb(need), what, gb(free), run_dir)
 
 
-def held_checkpoints(trainer: Trainer) -> int:
+def held_checkpoints(cfg: Config, ckpts: Checkpoints | None, train, pos: Position) -> int:
     """New checkpoint files the rest of the run holds at once at most: keep_n best + the latest + the one being
     written, less those already in the folder, and no more than the saves still to come."""
-    t, pos = trainer.cfg.train, trainer.pos
-    total = trainer.total_steps()
-    per_epoch = max(1, len(trainer.train.sampler.batches(0)) // t.accum_grad)
+    t = cfg.train
+    per_epoch = max(1, len(train.sampler.batches(0)) // t.accum_grad)
+    total = per_epoch * t.max_epochs
+    total = min(total, t.max_steps) if t.max_steps else total
     saves = sum(1 for s in range(pos.step + 1, total + 1) if (t.save_every and s % t.save_every == 0) or s % per_epoch == 0)
     saves += 1 if t.save_final else 0
-    existing = len(trainer.ckpts.index) if trainer.ckpts else 0
+    existing = len(ckpts.index) if ckpts else 0
     return max(0, min(t.keep_n + 2, existing + saves) - existing)
 
 

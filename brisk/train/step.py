@@ -2,19 +2,19 @@
 
 ``TrainStep.body`` is the only step body: the eager path calls it, and speed.cuda_graph captures the very
 same call into a graph (so it never syncs with the host when the optimizer is fused, and it takes no
-host callbacks). Speed switches and diagnostics reach it only through ``StepHooks``: a context around
-forward and backward (the SDPA backend scope), a provider of precomputed audio rows (frozen or cached
-encoder), a replacement for the logits and loss (speed.label_head), phase marks for the timer, a
-gradient-sync slot (data parallel), and the parameter groups whose gradient norms the probe wants
-(computed here, before clipping, as one device vector). How the body starts from no gradients is
-``persistent_grads``: zeroed fixed buffers under CUDA graphs, none otherwise (and under speed.fresh_grads).
+host callbacks). Speed switches and diagnostics reach it only through ``StepHooks``, built once when the
+run is assembled: a provider of precomputed audio rows (frozen or cached encoder), a replacement for the
+logits and loss (speed.label_head), phase marks for the timer, a gradient-sync slot (data parallel), and the
+parameter groups whose gradient norms the probe wants (computed here, before clipping, as one device vector).
+Process-wide flags (SDPA backends, TF32) are not the step's business: the run enters them around everything
+(speed.flags.run_scope). How the body starts from no gradients is ``persistent_grads``, given by the plan:
+zeroed fixed buffers under CUDA graphs, none otherwise (and under speed.fresh_grads).
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, ContextManager
+from typing import Callable
 
 import torch
 
@@ -34,7 +34,6 @@ def _no_sync(grads: list[torch.Tensor]) -> None:
 @dataclass
 class StepHooks:
     mark: Callable[[str], None] = _no_mark  # phase ends: "forward", "backward", "optimizer"
-    context: Callable[[], ContextManager] = nullcontext  # around forward and backward
     audio: Callable[[Batch], torch.Tensor | None] | None = None  # precomputed audio rows
     # After backward, before any norm: make the gradients the global ones (data parallel). Must not sync
     # with the host (it runs inside CUDA graphs too). A no-op by default (DDP reduces in its own hooks).
@@ -48,15 +47,14 @@ class StepHooks:
 
 def model_loss(model, batch: Batch, hooks: StepHooks, rows: torch.Tensor | None = None):
     """Forward and loss as every path runs them (training, graphs, validation, FLOP counting): audio rows from
-    the frozen provider unless given, model and loss inside the step's attention scope.
+    the frozen provider unless given.
     Returns (logits, loss, correct, count); under speed.label_head the first item is (absmean, std) or None."""
     if rows is None and hooks.audio is not None:
         rows = hooks.audio(batch)
-    with hooks.context():
-        if hooks.loss is not None:  # speed.label_head: no full logits; the hook returns their statistics instead
-            return hooks.loss(model, batch, rows, hooks.logit_stats)
-        logits = model(batch, audio_rows=rows)
-        loss, correct, count = lm_loss(logits, batch.labels)
+    if hooks.loss is not None:  # speed.label_head: no full logits; the hook returns their statistics instead
+        return hooks.loss(model, batch, rows, hooks.logit_stats)
+    logits = model(batch, audio_rows=rows)
+    loss, correct, count = lm_loss(logits, batch.labels)
     return logits, loss, correct, count
 
 
@@ -80,7 +78,7 @@ class TrainStep:
     (a sync), clips the gradients in place and skips a non-finite step with its schedule."""
 
     def __init__(self, model, optimizer: torch.optim.Optimizer, schedule: WarmupLR, *, grad_clip: float,
-                 on_device_skip: bool = False, hooks: StepHooks | None = None):
+                 on_device_skip: bool = False, persistent_grads: bool = False, hooks: StepHooks | None = None):
         self.model, self.optimizer, self.schedule = model, optimizer, schedule
         self.grad_clip = grad_clip
         self.on_device_skip = on_device_skip
@@ -88,7 +86,7 @@ class TrainStep:
         self.params = trainable_params(model)
         # CUDA graphs (without speed.fresh_grads): gradients are fixed buffers, zeroed in place and added into.
         # Otherwise each step starts from no gradients and backward hands every parameter a new tensor.
-        self.persistent_grads = False
+        self.persistent_grads = persistent_grads
         self._skipped = False
         self._present: dict[tuple, torch.Tensor] = {}  # which parameters have a gradient -> that mask on the device
         self.group_index = None
@@ -122,8 +120,7 @@ class TrainStep:
                 out["logits_absmean"], out["logits_std"] = logit_stats(logits, batch.labels)
             del logits
             mark("forward")
-            with h.context():
-                (loss / n if n > 1 else loss).backward()
+            (loss / n if n > 1 else loss).backward()
             mark("backward")
             for k, v in out.items():
                 metrics[k] = metrics[k] + v if k in metrics else v

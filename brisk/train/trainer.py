@@ -15,12 +15,12 @@ from ..config import Config, ConfigError
 from ..data.loader import Split
 from ..diagnose.slow import GCWatch, SlowStepDetector
 from ..diagnose.timer import StepTimer
-from ..speed import SpeedPlan
-from ..speed.compile import compile_counters, total_compile_seconds
-from ..speed.flags import tf32_scope
-from ..models.build import read_checkpoint
-from .async_save import AsyncCheckpointer
 from ..distributed.ranks import gather_to_rank0
+from ..models.build import read_checkpoint
+from ..speed.compile import compile_counters, compile_seconds
+from ..speed.flags import run_scope
+from .assemble import Parts
+from .async_save import AsyncCheckpointer
 from .checkpoint import Checkpoints, rng_state, set_rng_state
 from .monitor import Monitor
 from .optim import load_optimizer_state
@@ -42,32 +42,27 @@ class Position:
 
 @dataclass
 class Trainer:
+    """The loop around one ``step_fn`` (a TrainStep, or a GraphedStep replaying it), built whole by
+    ``run.build_trainer``: the run's parts, its data, and where it writes (timer, checkpoints)."""
+
     cfg: Config
     run_dir: Path
-    model: torch.nn.Module  # the plain SpeechLLM (unwrapped)
-    step_fn: object  # TrainStep or GraphedStep (maybe around a DDP-wrapped model)
-    optimizer: torch.optim.Optimizer
-    schedule: object
+    parts: Parts
+    step_fn: object
     train: Split
     valid: Split | None
-    device: torch.device
-    plan: SpeedPlan
-    rank: int = 0
+    timer: StepTimer
+    ckpts: Checkpoints | None = None  # rank 0 only
+    saver: AsyncCheckpointer | None = None  # rank 0 only
     probe: object | None = None
     pos: Position = field(default_factory=Position)
-    saved_step: int = -1
     trap: str | None = None  # the cuDNN plan-build explanation for this machine (acceleration_state has it)
-    shape_sync: object | None = None  # several ranks, static shapes: Batch -> Batch padded to the ranks' bucket
-    sharded: bool = False  # train.parallel=fsdp: state dicts are gathered (a collective on every rank)
+    saved_step: int = -1
     phases: dict = field(default_factory=dict)  # seconds spent between/around steps: validation, checkpoint, gc
 
     def __post_init__(self):
         c = self.cfg
-        self.ckpts = Checkpoints(self.run_dir, c.train.keep_n, c.train.keep_metric) if self.rank == 0 else None
-        self.saver = AsyncCheckpointer(self.ckpts, self.model, self.device, c.train.async_checkpoint,
-                                       c.train.frozen_ref, self.run_dir / "checkpoints.jsonl") if self.ckpts else None
-        rank = "" if self.rank == 0 else f".rank{self.rank}"  # every rank times its steps; the report merges them
-        self.timer = StepTimer(self.device, self.run_dir / f"steps{rank}.jsonl")
+        rank = "" if self.rank == 0 else f".rank{self.rank}"  # every rank logs its slow steps; the report merges them
         self.detector = SlowStepDetector(c.diagnose.slow_factor, c.diagnose.warmup_steps, c.diagnose.window,
                                          self.trap, self.run_dir / f"slow_steps{rank}.jsonl")
         self.gcwatch = GCWatch()
@@ -76,6 +71,15 @@ class Trainer:
         if self.probe is not None:
             self.monitor.listeners.append(self.probe.on_metrics)
         self.decoder = ValDecoder(self.valid, self.run_dir, c.train.val_decode, self.device) if c.train.val_decode else None
+
+    # The parts the loop reads, by name.
+    model = property(lambda self: self.parts.model)  # the plain model (unwrapped)
+    optimizer = property(lambda self: self.parts.optimizer)
+    schedule = property(lambda self: self.parts.schedule)
+    device = property(lambda self: self.parts.device)
+    rank = property(lambda self: self.parts.ranks.rank)
+    sharded = property(lambda self: self.parts.sharded)
+    shape_sync = property(lambda self: self.parts.shape_sync)
 
     def total_steps(self) -> int:
         per_epoch = len(self.train.sampler.batches(0)) // self.cfg.train.accum_grad
@@ -93,9 +97,9 @@ class Trainer:
     # ------------------------------------------------------------------------------------ the loop
     def fit(self) -> dict:
         c = self.cfg.train
-        self.model.train()
+        self.parts.accel.train_mode()
         log.info("training from step %d (epoch %d)", self.pos.step, self.pos.epoch)  # the first step's start, in train.log
-        with tf32_scope(self.cfg.speed.tf32):
+        with run_scope(self.cfg.speed):
             if c.val_decode and self.pos.step == 0:  # the "before" of the CER curve
                 self.validate()
             while self.pos.epoch < c.max_epochs and not self.done():
@@ -186,12 +190,17 @@ class Trainer:
     def validate(self) -> dict | None:
         if self.valid is None:
             return None
+        with self.parts.accel.eval_context():  # compiled modules run eagerly here (speed.compile)
+            return self._validate()
+
+    def _validate(self) -> dict:
         self.monitor.flush()
         self.model.eval()
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         correct = torch.zeros((), device=self.device, dtype=torch.long)
         count = torch.zeros((), device=self.device, dtype=torch.long)
-        hooks = StepHooks(context=self.plan.context, audio=self.plan.audio, loss=self.plan.loss)
+        # The step's own audio provider (the graphed step's replays encoder graphs), the step's loss.
+        hooks = StepHooks(audio=getattr(self.step_fn, "audio", self.parts.accel.audio), loss=self.parts.accel.loss)
         for batch in self.valid.loader:
             if batch.n_utts == 0:
                 continue
@@ -200,7 +209,7 @@ class Trainer:
             loss_sum += loss.double() * n
             correct += c
             count += n
-        self.model.train()
+        self.parts.accel.train_mode()
         if torch.distributed.is_initialized():
             for t in (loss_sum, correct, count):
                 torch.distributed.all_reduce(t)
@@ -247,8 +256,7 @@ class Trainer:
 
     def export_state(self) -> dict | None:
         """model.state_dict() with every tensor the final checkpoint's snapshot holds taken from its host copy
-        (the export then copies only the frozen weights from the device: a pageable copy runs at ~1.2 GB/s on
-        the H200 machine). None (the export reads the model) unless that snapshot is of this very step."""
+        (the export then copies only the frozen weights from the device, where a pageable copy is slow). None (the export reads the model) unless that snapshot is of this very step."""
         if self.saver is None or self.sharded:
             return None
         self.saver.wait()
@@ -273,30 +281,6 @@ class Trainer:
         self.saver.save(state, self.pos.step, last and {"loss": last["loss"], "acc": last["acc"]})
         self.saved_step = self.pos.step
 
-    def resume(self, path: Path) -> None:
-        """Every rank calls this with the same file."""
-        ckpt = read_checkpoint(path)  # merges frozen weights stored once (train.frozen_ref)
-        if "trainer" not in ckpt:
-            raise ConfigError(f"{path}: not a brisk checkpoint (no trainer state); use model.init to start from its weights")
-        if self.sharded:
-            from ..distributed.fsdp import load_full_state
-
-            load_full_state(self.model, self.optimizer, ckpt["state_dict"], ckpt["optimizer"])
-        else:
-            self.model.load_state_dict(ckpt["state_dict"])
-            load_optimizer_state(self.optimizer, ckpt["optimizer"])
-        if self.plan.audio is not None:
-            self.plan.audio.refresh()  # compute copies of the frozen encoder follow the loaded weights
-        self.schedule.load_state_dict(ckpt["schedule"])
-        t = ckpt["trainer"]
-        self.pos = Position(t["step"], t["epoch"], t["batches_in_epoch"], t.get("bad_samples", 0), 0, t.get("history", []))
-        rngs = ckpt.get("rng_ranks", [ckpt["rng"]])
-        if self.rank < len(rngs):
-            set_rng_state(rngs[self.rank])
-        else:
-            log.warning("%s holds RNG states of %d ranks; rank %d keeps its fresh seed", path, len(rngs), self.rank)
-        log.info("resumed from %s at step %d (epoch %d, batch %d of the epoch)", path, t["step"], t["epoch"], t["batches_in_epoch"])
-
     def close_data(self) -> None:
         for split in (self.train, self.valid):
             if split is not None:
@@ -307,7 +291,7 @@ class Trainer:
         if self.saver is not None:
             self.phases["checkpoint_exit_wait"] = self.saver.close()  # the last write is on disk before the run ends
         if self.cfg.speed.compile:
-            self.phases["compile"] = total_compile_seconds(self.model)  # inside steps (and capture), not added to them
+            self.phases["compile"] = compile_seconds()  # inside steps (and capture), not added to them
         log.info("time around the steps: %s", json.dumps({k: round(v, 3) for k, v in self.phases.items()}))
         self.monitor.close()
         for rec in self.timer.close():
@@ -326,3 +310,30 @@ class Trainer:
         return {"step": self.pos.step, "history": self.pos.history, "slow_steps": self.detector.slow,
                 "bad_samples": self.pos.bad_samples, "bad_lines": len(self.train.skipped_lines),
                 "last": self.monitor.last, "transcripts": self.decoder.last_rows if self.decoder else []}
+
+
+def resume(parts: Parts, path: Path) -> Position:
+    """Load a brisk checkpoint into the run's model, optimizer, schedule and RNGs; every rank calls this with
+    the same file. Returns the position in the run to continue from."""
+    ckpt = read_checkpoint(path)  # merges frozen weights stored once (train.frozen_ref)
+    if "trainer" not in ckpt:
+        raise ConfigError(f"{path}: not a brisk checkpoint (no trainer state); use model.init to start from its weights")
+    if parts.sharded:
+        from ..distributed.fsdp import load_full_state
+
+        load_full_state(parts.model, parts.optimizer, ckpt["state_dict"], ckpt["optimizer"])
+    else:
+        parts.model.load_state_dict(ckpt["state_dict"])
+        load_optimizer_state(parts.optimizer, ckpt["optimizer"])
+    if parts.accel.audio is not None:
+        parts.accel.audio.refresh()  # compute copies of the frozen encoder follow the loaded weights
+    parts.schedule.load_state_dict(ckpt["schedule"])
+    t = ckpt["trainer"]
+    rank = parts.ranks.rank
+    rngs = ckpt.get("rng_ranks", [ckpt["rng"]])
+    if rank < len(rngs):
+        set_rng_state(rngs[rank])
+    else:
+        log.warning("%s holds RNG states of %d ranks; rank %d keeps its fresh seed", path, len(rngs), rank)
+    log.info("resumed from %s at step %d (epoch %d, batch %d of the epoch)", path, t["step"], t["epoch"], t["batches_in_epoch"])
+    return Position(t["step"], t["epoch"], t["batches_in_epoch"], t.get("bad_samples", 0), 0, t.get("history", []))

@@ -1,0 +1,216 @@
+"""The speed plan: every switch in one table, every rule about which switches go together, and the presets.
+
+A switch is one entry of ``SWITCHES``: its key under ``speed``, what it changes (the model, the step, the data,
+the optimizer or a process-wide flag) and whether it pays only on a GPU. ``RULES`` is the only place that says
+which switches go together. The rules that need only the config run when the config is loaded
+(``check_rules``, called by ``load_config``), before any model exists; ``make_plan`` runs the ones that need
+the device and the number of ranks, resolves a preset for that device and returns the ``SpeedPlan`` that
+assembling a run reads. Every broken rule is one ``ConfigError`` line that names the keys.
+
+Adding a switch: a field in ``SpeedConfig`` (config.py, with its comment), an entry here, its rules here, and
+its ``apply_*`` function in brisk/speed, called by ``speed.accelerate`` (model side) or ``speed.wrap_step``
+(step side). The acceleration line, accel.json and the report list whatever ``SpeedPlan.on`` holds.
+
+This module imports neither torch nor the config module (the report reads it in a process without torch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from .errors import ConfigError
+
+if TYPE_CHECKING:  # config.py calls check_rules: a runtime import back would be a circle
+    from .config import Config
+
+
+@dataclass(frozen=True)
+class Switch:
+    key: str  # field of SpeedConfig
+    changes: str  # model | step | data | optimizer | process
+    gpu_only: bool  # pays only on a CUDA device: a preset leaves it off elsewhere
+    summary: str
+
+
+SWITCHES: tuple[Switch, ...] = (
+    Switch("frozen_eval", "model", False, "frozen encoder and adaptor in eval mode, run without autograd"),
+    Switch("encoder_dtype", "model", True, "the frozen encoder and adaptor as bf16 copies"),
+    Switch("encoder_cache", "model", False, "each utterance's audio rows reused in later epochs"),
+    Switch("fuse_projections", "model", False, "one GEMM for q/k/v and one for gate/up in each decoder layer"),
+    Switch("compile", "model", True, "torch.compile of each decoder layer (or the stack) and the frozen encoder"),
+    Switch("packing", "data", False, "one packed row a batch, per-utterance positions, varlen attention"),
+    Switch("label_head", "step", False, "LM head and loss on the labelled positions only"),
+    Switch("sdpa_backends", "step", True, "the LLM's attention limited to the listed SDPA backends"),
+    Switch("cuda_graph", "step", True, "each bucket's whole step captured once as a CUDA graph, then replayed"),
+    Switch("fresh_grads", "step", True, "the graphed backward writes new gradients (no zeroing, no adding)"),
+    Switch("fused_adamw", "optimizer", True, "torch's fused AdamW; non-finite steps skipped on the device"),
+    Switch("tf32", "process", True, "TF32 matmuls and convolutions for fp32 work (process-wide, restored after)"),
+)
+SWITCH_KEYS = tuple(s.key for s in SWITCHES)
+
+# What ``speed.preset`` turns on. Single speed.* keys given in the config or on the command line win over it;
+# on a device without CUDA the gpu_only switches stay off, and the frozen-audio switches need a frozen encoder
+# and adaptor (the plan's notes say what was left off and why). Each value is proven by a probe against the
+# shipped kernel_noise tolerances on the GPU: bench/results (docs/finetune-speed.md names the run).
+PRESETS: dict[str, dict[str, Any]] = {
+    "fast": {"packing": True, "cuda_graph": True, "frozen_eval": True, "encoder_dtype": "bf16", "compile": True,
+             "fused_adamw": True, "sdpa_backends": ["flash", "efficient", "math"], "label_head": True,
+             "label_rows_frac": 0.3, "fresh_grads": True, "fuse_projections": True},
+}
+FROZEN_AUDIO = ("frozen_eval", "encoder_dtype", "encoder_cache", "cuda_graph", "fresh_grads")  # need frozen audio
+
+
+@dataclass(frozen=True)
+class Rule:
+    keys: str  # the keys the message names
+    when: str  # config | device | ranks
+    broken: Callable[[Any, str, int], bool]  # (cfg, device type, world) -> True when the rule is broken
+    message: str
+
+    def check(self, cfg, device: str = "", world: int = 1) -> None:
+        if self.broken(cfg, device, world):
+            raise ConfigError(self.message.format(world=world, device=device, cfg=cfg))
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("speed.cuda_graph, speed.packing", "config", lambda c, d, w: c.speed.cuda_graph and not c.speed.packing,
+         "speed.cuda_graph needs speed.packing=true: graphs are captured per packed bucket"),
+    Rule("speed.cuda_graph, speed.frozen_eval", "config", lambda c, d, w: c.speed.cuda_graph and not c.speed.frozen_eval,
+         "speed.cuda_graph needs speed.frozen_eval=true (the graphed step covers the LLM; the frozen encoder and "
+         "adaptor run in graphs of their own)"),
+    Rule("speed.cuda_graph, train.accum_grad", "config", lambda c, d, w: c.speed.cuda_graph and c.train.accum_grad != 1,
+         "speed.cuda_graph does not support train.accum_grad > 1 (one graph is one optimizer step); set train.accum_grad=1"),
+    Rule("speed.fresh_grads, speed.cuda_graph", "config", lambda c, d, w: c.speed.fresh_grads and not c.speed.cuda_graph,
+         "speed.fresh_grads needs speed.cuda_graph=true (eager steps already start from no gradients)"),
+    Rule("speed.encoder_cache, speed.frozen_eval", "config",
+         lambda c, d, w: c.speed.encoder_cache and not c.speed.frozen_eval,
+         "speed.encoder_cache needs speed.frozen_eval=true: cached outputs must not depend on dropout"),
+    Rule("speed.encoder_dtype, speed.frozen_eval", "config",
+         lambda c, d, w: c.speed.encoder_dtype != "fp32" and not c.speed.frozen_eval,
+         "speed.encoder_dtype=bf16 needs speed.frozen_eval=true"),
+    Rule("speed.frozen_eval, model.encoder.freeze, model.adaptor.freeze", "config",
+         lambda c, d, w: c.speed.frozen_eval and not (c.model.encoder.freeze and c.model.adaptor.freeze),
+         "speed.frozen_eval computes the audio rows without autograd: it needs model.encoder.freeze=true and "
+         "model.adaptor.freeze=true"),
+    Rule("speed.fuse_projections, train.parallel", "config",
+         lambda c, d, w: c.speed.fuse_projections and c.train.parallel == "fsdp",
+         "speed.fuse_projections with train.parallel=fsdp is not tested; use one of them"),
+    Rule("speed.cuda_graph, train.device", "device", lambda c, d, w: c.speed.cuda_graph and d != "cuda",
+         "speed.cuda_graph needs a CUDA device (this run's is {device})"),
+    Rule("speed.cuda_graph, train.parallel", "ranks",
+         lambda c, d, w: w > 1 and c.speed.cuda_graph and c.train.parallel != "ddp",
+         "train.parallel={cfg.train.parallel} with speed.cuda_graph: the graphed step averages gradients DDP-style "
+         "only; use train.parallel=ddp"),
+    Rule("speed.fresh_grads, ranks", "ranks", lambda c, d, w: w > 1 and c.speed.fresh_grads,
+         "speed.fresh_grads with {world} ranks: the in-graph all-reduce needs persistent gradient buffers; "
+         "set speed.fresh_grads=false"),
+    Rule("train.parallel, speed.cuda_graph, speed.compile", "ranks",
+         lambda c, d, w: w > 1 and c.train.parallel == "fsdp" and (c.speed.cuda_graph or c.speed.compile),
+         "train.parallel=fsdp runs the eager step; set speed.cuda_graph=false and speed.compile=false"),
+)
+
+
+def check_rules(cfg: "Config", when: tuple[str, ...] = ("config",), device: str = "", world: int = 1) -> None:
+    for rule in RULES:
+        if rule.when in when:
+            rule.check(cfg, device, world)
+
+
+def _default(speed, key: str):
+    f = next(f for f in dataclasses.fields(speed) if f.name == key)
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def switches_on(speed) -> list[str]:
+    """The switches whose value is not the eager default, in SWITCHES order."""
+    return [k for k in SWITCH_KEYS if getattr(speed, k) != _default(speed, k)]
+
+
+# ------------------------------------------------------------------------------------------ presets
+def preset_values(name: str, frozen_audio: bool) -> dict[str, Any]:
+    if name not in PRESETS:
+        raise ConfigError(f"speed.preset={name!r}: use one of {', '.join(sorted(PRESETS))} (or leave it unset)")
+    values = dict(PRESETS[name])
+    if not frozen_audio:
+        for k in FROZEN_AUDIO:
+            values.pop(k, None)
+    return values
+
+
+def expand_preset(tree: dict) -> dict:
+    """A config tree (as merged from the YAML file and the overrides) with its preset written out: every
+    preset value the tree does not set itself. Runs before the dataclasses are built, so that a switch given
+    explicitly (also one set to its default, to turn it off) wins over the preset."""
+    speed = tree.get("speed") or {}
+    name = speed.get("preset")
+    if not name:
+        return tree
+    model = tree.get("model") or {}
+    frozen = all((model.get(part) or {}).get("freeze", True) for part in ("encoder", "adaptor"))
+    out = dict(tree)
+    out["speed"] = {**preset_values(name, frozen), **speed}
+    return out
+
+
+# ------------------------------------------------------------------------------------------- the plan
+@dataclass(frozen=True)
+class SpeedPlan:
+    """What a run does for speed, decided before any model exists. ``speed`` is the effective SpeedConfig."""
+
+    speed: Any
+    device: str = "cpu"
+    world: int = 1
+    notes: tuple[str, ...] = ()
+    on: tuple[str, ...] = field(default=())
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.on
+
+    @property
+    def fused_adamw(self) -> bool:  # the graphed step needs the fused, capturable AdamW
+        return self.speed.fused_adamw or self.speed.cuda_graph
+
+    @property
+    def capturable(self) -> bool:
+        return self.speed.cuda_graph
+
+    @property
+    def on_device_skip(self) -> bool:  # found_inf and clipping inside the fused kernel: no host sync a step
+        return self.fused_adamw
+
+    @property
+    def persistent_grads(self) -> bool:  # graphs replay into fixed gradient buffers unless fresh_grads
+        return self.speed.cuda_graph and not self.speed.fresh_grads
+
+
+def make_plan(cfg: "Config", device: str, world: int = 1) -> tuple["Config", SpeedPlan]:
+    """(the config with its effective speed section, the plan) for a run on ``device`` with ``world`` ranks.
+
+    A preset's switches that cannot run here are turned off with a note; a switch given explicitly that
+    cannot run here is an error (the rules)."""
+    speed, notes = cfg.speed, []
+    if speed.preset:
+        frozen = cfg.model.encoder.freeze and cfg.model.adaptor.freeze
+        values = preset_values(speed.preset, frozen)
+        off = {}
+        if device != "cuda":
+            off.update({s.key: "needs CUDA" for s in SWITCHES if s.gpu_only and s.key in values})
+        if world > 1:
+            off.update({k: f"not with {world} ranks" for k in ("fresh_grads",) if k in values})
+            if cfg.train.parallel == "fsdp":
+                off.update({k: "not with train.parallel=fsdp" for k in ("cuda_graph", "compile", "fresh_grads",
+                                                                      "fuse_projections") if k in values})
+        changes = {k: _default(speed, k) for k in off if getattr(speed, k) == values[k]}
+        if changes:
+            speed = dataclasses.replace(speed, **changes)
+        on = [k for k in switches_on(speed) if k in values]
+        notes.append(f"preset {speed.preset}: on {', '.join(on) or 'nothing'}" +
+                     "".join(f"; left off {k} ({why})" for k, why in off.items() if k in changes))
+        if not frozen:
+            notes.append(f"preset {speed.preset}: the frozen-audio switches ({', '.join(FROZEN_AUDIO)}) stay off: "
+                         "model.encoder.freeze and model.adaptor.freeze are not both true")
+        cfg = dataclasses.replace(cfg, speed=speed)
+    check_rules(cfg, ("config", "device", "ranks"), device, world)
+    return cfg, SpeedPlan(speed, device, world, tuple(notes), tuple(switches_on(speed)))
