@@ -14,7 +14,7 @@ from brisk.config import load_config
 from brisk.data.collate import collator_for
 from brisk.speed.graph import MAX_GRAPH_TOKENS
 from brisk.train.checkpoint import Checkpoints
-from brisk.train.run import example_batches
+from brisk.train.examples import example_batches
 
 from .conftest import REPO
 
@@ -70,7 +70,7 @@ def test_resume_skips_a_torn_newest_checkpoint(tmp_path, caplog):
 
 def test_every_bucket_gets_an_example_batch_of_its_own_length():
     """Graphs are captured up front for every bucket, so none is captured (and compiled) mid-training."""
-    cfg = load_config(REPO / "configs" / "fun_asr_nano.yaml", ["speed.packing=true", "speed.cuda_graph=true"],
+    cfg = load_config(REPO / "configs" / "fun_asr_nano.yaml", ["speed.packing=true", "speed.cuda_graph=true", "speed.frozen_eval=true"],
                       check_paths=False)
     batches = example_batches(cfg, collator_for(cfg), 151936)
     lengths = [b.input_ids.shape[1] for b in batches]

@@ -16,7 +16,7 @@ import torch
 
 from brisk.models.build import read_checkpoint
 
-from ..conftest import REPO
+from ..conftest import REPO, speed_parts
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -83,11 +83,9 @@ def test_packed_loss_equals_padded_loss():
     from brisk.data.collate import Collator
     from brisk.models.build import build_model
     from brisk.models.speech_llm import lm_loss
-    from brisk.speed import apply_speed
-
     cfg = _cfg("model.llm.dtype=fp32", "speed.packing=true")
     model = build_model(cfg.model, "cuda").eval()
-    apply_speed(model, cfg, torch.device("cuda"))  # installs the varlen attention for packed rows
+    speed_parts(model, cfg, "cuda")  # installs the varlen attention for packed rows
     samples = sample_stream(cfg, 1, 4096)[0]
     padded = Collator()(samples).to("cuda")
     packed = Collator(packed=True, token_buckets=(512, 1024, 2048))(samples).to("cuda")
@@ -169,22 +167,45 @@ def test_release_frees_every_graph_and_a_later_step_captures_again():
     assert loss == loss and len(step.graphs) == 1 and len(step.encoder.graphs) == 1
 
 
-def test_compiled_decoder_layer_one_graph_for_all_lengths_and_none_without_grad():
-    """compile_dynamic=true: a second length (and a view input) reuses the first graph; no grad runs eagerly."""
-    from brisk.speed.compile import CudaOnlyCompiled, compile_counters
+def test_compiled_decoder_one_graph_for_all_layers_and_lengths_and_none_in_validation():
+    """speed.compile on the real path: nn.Module.compile of every decoder layer gives one graph for all layers and
+    for a second length (the first layer's view input made fresh by the stack's pre-hook), and the eval context
+    (validation, decoding) compiles nothing."""
+    from brisk.models.build import build_model
+    from brisk.speed.compile import compile_counters
 
     torch._dynamo.reset()
-    layer = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64)).cuda()
-    f = CudaOnlyCompiled(layer.forward, "test layer", True, "raise", train_only=True)
+    cfg = _cfg("speed.compile=true", "speed.compile_encoder=false", "speed.compile_on_error=raise")
+    model = build_model(cfg.model, "cuda").train()
+    _, _, parts = speed_parts(model, cfg, "cuda")
     g0 = compile_counters()["graphs"]
-    for t in (100, 300):  # the first input a view (as the embeddings reach the first layer), the second not
-        x = torch.randn(2 * t * 64, device="cuda", requires_grad=True)
-        f(x.view(2, t, 64) if t == 100 else x.detach().view(2, t, 64).clone().requires_grad_()).sum().backward()
+    for t in (100, 300):
+        ids = torch.randint(0, 4096, (2, t), device="cuda")
+        emb = model.llm.get_input_embeddings()(torch.cat([ids, ids[:, :1]], 1))[:, :t]  # a view, as spliced
+        model.llm(inputs_embeds=emb, use_cache=False).logits.float().mean().backward()
     g1 = compile_counters()["graphs"]
-    with torch.no_grad():
-        out = f(torch.randn(2, 200, 64, device="cuda"))
+    with torch.no_grad(), parts.eval_context():
+        model.llm(input_ids=torch.randint(0, 4096, (2, 200), device="cuda"), use_cache=False)
     assert g1 - g0 == 1 and compile_counters()["graphs"] == g1
-    assert f.compile_seconds > 0 and out.shape == (2, 200, 64)
+
+
+def test_graphs_captured_inside_the_tf32_scope_use_tf32():
+    """speed.tf32 reaches the CUDA graphs: every graph is captured inside the run's flag scope, so the fp32
+    encoder's graphed rows are the eager TF32 rows (up to the kernel choice), far nearer them than the full-fp32
+    rows, which differ from TF32 by TF32's rounding."""
+    from brisk.bench.harness import build_runner, sample_stream
+    from brisk.speed.flags import tf32_scope
+
+    cfg = _cfg(*FAST, "speed.tf32=true", "speed.encoder_dtype=fp32")
+    runner = build_runner(cfg)  # captures every bucket's graphs up front, inside run_scope
+    batch = runner.collate(sample_stream(cfg, 1, 4096)[0]).to("cuda")
+    graphed = runner.step.audio(batch).clone()
+    eager = runner.parts.accel.audio
+    with tf32_scope(True):
+        tf32 = eager(batch)
+    full = eager(batch)
+    assert _rel(tf32, full) > 1e-5  # TF32 visibly differs from fp32 on these rows
+    assert _rel(graphed, tf32) < 0.1 * _rel(graphed, full)
 
 
 def test_switches_leave_torch_flags_as_they_were():

@@ -1,0 +1,121 @@
+"""The speed plan (brisk/plan.py): every rule fires at load time or for the device, with one line naming the
+keys; presets are written out before the dataclasses exist, single keys win over them, and on a device without
+CUDA the GPU-only switches stay off and are named."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from brisk.config import ConfigError, SpeedConfig
+from brisk.plan import PRESETS, RULES, SWITCH_KEYS, make_plan, switches_on
+
+from .conftest import tiny_config
+
+FROZEN = {"model.encoder.freeze": True, "model.adaptor.freeze": True}
+
+
+def test_every_switch_is_a_speed_key_and_defaults_are_off():
+    fields = {f.name for f in dataclasses.fields(SpeedConfig)}
+    assert set(SWITCH_KEYS) <= fields
+    assert switches_on(SpeedConfig()) == []
+    assert all(set(values) <= fields for values in PRESETS.values())
+    assert all(r.when in ("config", "device", "ranks") for r in RULES)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"speed.cuda_graph": True}, "speed.cuda_graph needs speed.packing"),
+    ({"speed.cuda_graph": True, "speed.packing": True}, "speed.cuda_graph needs speed.frozen_eval"),
+    ({"speed.cuda_graph": True, "speed.packing": True, "speed.frozen_eval": True, "train.accum_grad": 2, **FROZEN},
+     "does not support train.accum_grad"),
+    ({"speed.frozen_eval": True}, "needs model.encoder.freeze=true"),
+    ({"speed.encoder_cache": True}, "encoder_cache needs speed.frozen_eval"),
+    ({"speed.fuse_projections": True, "train.parallel": "fsdp"}, "fuse_projections with train.parallel=fsdp"),
+])
+def test_config_rules_fire_at_load_time(tmp_path, extra, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        tiny_config(tmp_path, **extra)
+    assert "\n" not in str(e.value)
+
+
+def test_device_and_rank_rules_fire_in_make_plan(tmp_path):
+    cfg = tiny_config(tmp_path, **{"speed.cuda_graph": True, "speed.packing": True, "speed.frozen_eval": True, **FROZEN})
+    make_plan(cfg, "cuda", 1)
+    with pytest.raises(ConfigError, match="needs a CUDA device"):
+        make_plan(cfg, "cpu", 1)
+    with pytest.raises(ConfigError, match="train.parallel=fsdp with speed.cuda_graph"):
+        make_plan(tiny_config(tmp_path, **{"speed.cuda_graph": True, "speed.packing": True, "speed.frozen_eval": True,
+                                           "train.parallel": "fsdp", **FROZEN}), "cuda", 2)
+    with pytest.raises(ConfigError, match="train.parallel=fsdp runs the eager step"):
+        make_plan(tiny_config(tmp_path, **{"speed.compile": True, "train.parallel": "fsdp"}), "cuda", 2)
+
+
+def test_the_fast_preset_on_a_gpu_is_the_whole_set(tmp_path):
+    cfg = tiny_config(tmp_path, **{"speed.preset": "fast", **FROZEN})
+    cfg, plan = make_plan(cfg, "cuda", 1)
+    assert set(plan.on) == {k for k in SWITCH_KEYS if k != "tf32" and k != "encoder_cache"}
+    assert cfg.speed.label_rows_frac == PRESETS["fast"]["label_rows_frac"]
+    assert plan.persistent_grads is False and plan.on_device_skip and plan.capturable
+    assert plan.notes and plan.notes[0].startswith("preset fast: on ")
+
+
+def test_the_fast_preset_on_the_cpu_leaves_gpu_switches_off_and_says_so(tmp_path):
+    cfg = tiny_config(tmp_path, **{"speed.preset": "fast", **FROZEN})
+    assert cfg.speed.cuda_graph  # written out at load time; the device is not known yet
+    cfg, plan = make_plan(cfg, "cpu", 1)
+    assert set(plan.on) == {"frozen_eval", "fuse_projections", "packing", "label_head"}
+    assert not cfg.speed.cuda_graph and not cfg.speed.compile and cfg.speed.encoder_dtype == "fp32"
+    note = plan.notes[0]
+    for key in ("cuda_graph", "compile", "fresh_grads", "fused_adamw", "encoder_dtype", "sdpa_backends"):
+        assert f"left off {key} (needs CUDA)" in note
+
+
+def test_the_preset_without_a_frozen_encoder_leaves_the_frozen_audio_switches_off(tmp_path):
+    cfg = tiny_config(tmp_path, **{"speed.preset": "fast"})  # the demo trains its encoder and adaptor
+    assert not cfg.speed.frozen_eval and not cfg.speed.cuda_graph and cfg.speed.packing
+    cfg, plan = make_plan(cfg, "cuda", 1)
+    assert "frozen_eval" not in plan.on and "compile" in plan.on
+    assert any("frozen-audio switches" in n for n in plan.notes)
+
+
+def test_single_keys_win_over_the_preset(tmp_path):
+    cfg = tiny_config(tmp_path, **{"speed.preset": "fast", "speed.label_head": False, "speed.label_rows_frac": 0.5,
+                                   **FROZEN})
+    assert cfg.speed.label_head is False and cfg.speed.label_rows_frac == 0.5 and cfg.speed.fuse_projections
+    _, plan = make_plan(cfg, "cuda", 1)
+    assert "label_head" not in plan.on
+
+
+def test_the_preset_trims_to_several_ranks(tmp_path):
+    cfg, plan = make_plan(tiny_config(tmp_path, **{"speed.preset": "fast", **FROZEN}), "cuda", 2)
+    assert "fresh_grads" not in plan.on and "cuda_graph" in plan.on
+    assert "left off fresh_grads (not with 2 ranks)" in plan.notes[0]
+
+
+def test_a_wrong_preset_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"speed.preset='fastest': use one of fast"):
+        tiny_config(tmp_path, **{"speed.preset": "fastest"})
+
+
+def test_the_acceleration_line_and_accel_json_name_the_preset(tmp_path):
+    import torch
+
+    from brisk.diagnose.accel import acceleration_state
+    from brisk.diagnose.report import one_line
+
+    cfg, plan = make_plan(tiny_config(tmp_path, **{"speed.preset": "fast", **FROZEN}), "cpu", 1)
+    state = acceleration_state(cfg, torch.device("cpu"), plan)
+    assert state["preset"] == "fast" and state["switches_on"] == list(plan.on) and state["plan_notes"]
+    line = one_line(state)
+    assert "preset=fast switches=" in line and "packing" in line and "cuda_graph" not in line
+
+
+def test_a_bench_arm_takes_a_preset_over_the_base_config(tmp_path):
+    from brisk.bench.bench import with_overrides
+
+    base = tiny_config(tmp_path, **FROZEN)
+    arm = with_overrides(base, ["speed.preset=fast", "speed.fresh_grads=false"])
+    assert arm.speed.cuda_graph and arm.speed.label_head and not arm.speed.fresh_grads
+    with pytest.raises(ConfigError, match="needs speed.packing"):
+        with_overrides(base, ["speed.cuda_graph=true"])
