@@ -14,6 +14,7 @@ import torch
 import yaml
 from torch import nn
 
+from ..adapters.lora import apply_lora, is_lora_key
 from ..config import ConfigError, ModelConfig
 from ..files import file_sha256
 from .hf_native import from_hf, is_hf_folder, load_hf_weights
@@ -55,7 +56,7 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> S
             return model
     torch.manual_seed(cfg.seed)  # the random initialisation is part of the run's definition
     with torch.device(device or "cpu"):
-        model = SpeechLLM(cfg, build_llm(cfg))
+        model = _with_model_options(SpeechLLM(cfg, build_llm(cfg)), cfg)
     if cfg.llm.path and cfg.llm.load_weights and _has_hf_weights(Path(cfg.llm.path)):
         _load_hf_llm_weights(model, Path(cfg.llm.path))
     if cfg.path and (Path(cfg.path) / "model.pt").is_file():
@@ -64,6 +65,24 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> S
         load_weights(model, Path(cfg.path), from_hf(load_hf_weights(cfg.path), cfg))
     if cfg.init:
         load_weights(model, Path(cfg.init))
+    return _with_memory_options(model, cfg)
+
+
+def _with_model_options(model: SpeechLLM, cfg: ModelConfig) -> SpeechLLM:
+    """Adapters go in before any weights are loaded, so that a file holding them fills them too."""
+    note = apply_lora(model, cfg.llm.lora)
+    if cfg.llm.lora.enabled:
+        log.info(note)
+    return model
+
+
+def _with_memory_options(model: SpeechLLM, cfg: ModelConfig) -> SpeechLLM:
+    """Activation checkpointing, after loading: its layers keep the parameter names, so nothing else changes."""
+    from ..memory.checkpointing import apply_activation_checkpointing
+
+    note = apply_activation_checkpointing(model, cfg)
+    if cfg.llm.activation_checkpoint or cfg.encoder.activation_checkpoint:
+        log.info(note)
     return model
 
 
@@ -92,7 +111,7 @@ def build_from_file(cfg: ModelConfig, path: Path, device=None) -> SpeechLLM | No
     state = read_state_dict(path)
     t1 = time.perf_counter()
     with _params_on_meta(), torch.device(device or "cpu"):
-        model = SpeechLLM(cfg, build_llm(cfg))
+        model = _with_model_options(SpeechLLM(cfg, build_llm(cfg)), cfg)
     t2 = time.perf_counter()
     params = dict(model.named_parameters(remove_duplicate=False))
     first = {}  # a tied weight (lm_head = embed_tokens) is one Parameter under two names
@@ -115,7 +134,7 @@ def build_from_file(cfg: ModelConfig, path: Path, device=None) -> SpeechLLM | No
             own[k].copy_(v)  # into the parameter's own dtype and device
     log.info("loaded %d tensors from %s (built without random init: the file holds every weight; read %.1f s, "
              "modules %.1f s, filled %.1f s)", len(state), path, t1 - t0, t2 - t1, time.perf_counter() - t2)
-    return model
+    return _with_memory_options(model, cfg)
 
 
 def _has_hf_weights(folder: Path) -> bool:
@@ -129,7 +148,7 @@ def _load_hf_llm_weights(model: SpeechLLM, folder: Path) -> None:
     for f in sorted(folder.glob("*.safetensors")):
         state.update(load_file(str(f)))
     missing, unexpected = model.llm.load_state_dict(state, strict=False)
-    missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
+    missing = [k for k in missing if k != "lm_head.weight" and not is_lora_key(k)]  # tied; adapters start fresh
     if missing or unexpected:
         raise RuntimeError(f"{folder}: LLM weights do not match the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
     log.info("loaded LLM weights from %s", folder)
@@ -195,9 +214,16 @@ def load_weights(model: nn.Module, path: Path, state: dict[str, torch.Tensor] | 
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
-    # A tied lm_head may be stored once; everything else must match exactly.
+    # A tied lm_head may be stored once; everything else must match exactly, except that a file without any
+    # adapter (a base model to fine-tune with LoRA) leaves the adapters at their initialisation.
     missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if not any(is_lora_key(k) for k in state):
+        missing = [k for k in missing if not is_lora_key(k)]
     if missing or unexpected:
+        if any(is_lora_key(k) for k in unexpected):
+            first = next(k for k in unexpected if is_lora_key(k))
+            raise RuntimeError(f"{path}: holds LoRA adapters ({first}, ...) the model has not: set model.llm.lora "
+                               "(enabled=true, the r and target_modules they were trained with)")
         raise RuntimeError(
             f"{path}: keys do not match the model built from the config: "
             f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
@@ -238,6 +264,31 @@ def funasr_folder_data_config(folder: str | Path) -> dict:
     return out
 
 
+# FunASR lora_conf key -> brisk model.llm.lora key. FunASR 1.4.16 reads r, lora_alpha, lora_dropout and
+# target_modules from lora_conf, and lora_only / lora_bias from the top level; freeze_lora, task_type and
+# lora_conf.bias are carried by real configs but not read by it (nor here).
+LORA_KEYS = {"r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout", "target_modules": "target_modules",
+             "init_param_path": "init_path"}
+
+
+def funasr_lora_config(raw: dict, folder: Path) -> dict:
+    """model.llm.lora keys from a FunASR config.yaml (llm_conf.use_lora, llm_conf.lora_conf, lora_only, lora_bias)."""
+    llm = raw.get("llm_conf") or {}
+    conf = llm.get("lora_conf") or {}
+    out = {ours: conf[theirs] for theirs, ours in LORA_KEYS.items() if theirs in conf}
+    if not out.get("init_path"):
+        out.pop("init_path", None)
+    elif not Path(out["init_path"]).is_absolute():
+        out["init_path"] = str(folder / out["init_path"])
+    if "use_lora" in llm:
+        out["enabled"] = bool(llm["use_lora"])
+    if "lora_only" in raw:
+        out["only"] = bool(raw["lora_only"])
+    if "lora_bias" in raw:
+        out["bias"] = raw["lora_bias"]
+    return out
+
+
 def funasr_folder_config(folder: str | Path) -> dict:
     """Map a FunASR model folder's config.yaml onto brisk's model section (sizes, frontend, LLM path)."""
     folder = Path(folder)
@@ -261,6 +312,12 @@ def funasr_folder_config(folder: str | Path) -> dict:
         out["llm"]["dtype"] = {"bfloat16": "bf16", "float32": "fp32"}.get(llm["llm_dtype"], llm["llm_dtype"])
     if "freeze" in llm:
         out["llm"]["freeze"] = llm["freeze"]
+    lora = funasr_lora_config(raw, folder)
+    if lora:
+        out["llm"]["lora"] = lora
+    for part, conf in (("llm", llm), ("encoder", enc)):
+        if "activation_checkpoint" in conf:  # FunASR: a bool (every layer); brisk: every k-th layer, 0 off
+            out[part]["activation_checkpoint"] = int(conf["activation_checkpoint"])
     fe = raw.get("frontend_conf") or {}
     out["frontend"] = {k: fe[k] for k in ("fs", "n_mels", "frame_length", "frame_shift", "window", "lfr_m", "lfr_n",
                                            "dither") if k in fe}
