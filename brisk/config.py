@@ -169,6 +169,25 @@ class ModelConfig:
 
 # ------------------------------------------------------------------------------------------------ data
 @dataclass
+class AutoBatchConfig:
+    """Batches sized to the GPU: trial steps at start-up measure peak memory (NeMo's OOMptimizer idea)."""
+
+    enabled: bool = False  # at start-up, pick the largest candidate data.batch_tokens whose trial step fits the memory target (CUDA; cached)
+    memory_frac: float = 0.85  # the target: peak allocated memory of a trial step, as a fraction of the GPU's total memory
+    candidates: list[int] = field(default_factory=lambda: [2000, 3000, 4000, 6000, 8000, 12000, 16000, 24000, 32000, 48000, 64000])  # data.batch_tokens values tried (data.max_utts scales with them)
+    trial_batches: int = 16  # batches of each candidate looked at; the one with the most LLM tokens is the trial step
+    cache: str | None = None  # json file of found budgets per (model, GPU, switches); none: ~/.cache/brisk/autobatch.json
+
+    def __post_init__(self):
+        if not 0 < self.memory_frac <= 1:
+            raise ConfigError(f"data.auto_batch.memory_frac={self.memory_frac}: use a fraction in (0, 1], for example 0.85")
+        if not self.candidates or sorted(self.candidates) != self.candidates or self.candidates[0] < 1:
+            raise ConfigError(f"data.auto_batch.candidates={self.candidates}: give positive budgets, sorted ascending")
+        if self.trial_batches < 1:
+            raise ConfigError(f"data.auto_batch.trial_batches={self.trial_batches}: use 1 or more")
+
+
+@dataclass
 class DataConfig:
     train: str | None = None  # FunASR jsonl
     valid: str | None = None  # FunASR jsonl for validation; none: no validation
@@ -191,6 +210,7 @@ class DataConfig:
     # config.yaml sets MultiContextPrompt): a context header before the first user prompt.
     prompt_class: str | None = None  # MultiContextPrompt (FunASR's context header) or null (no header)
     prompt_conf: dict = field(default_factory=dict)  # FunASR prompt_conf: use_hotwords, use_hist, ... (see docs/export.md)
+    auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
 
     def __post_init__(self):
         if self.prompt_class not in (None, "MultiContextPrompt"):
@@ -376,13 +396,13 @@ class Config:
 PATH_KEYS = {
     "model.path", "model.init", "model.frontend.cmvn_file", "model.llm.path", "model.llm.lora.init_path",
     "data.train", "data.valid", "data.tokenizer", "data.profile",
-    "train.output_dir", "train.resume_from", "speed.inductor_cache_dir",
+    "train.output_dir", "train.resume_from", "speed.inductor_cache_dir", "data.auto_batch.cache",
 }
 # Run folders are where the user is, not where the config file is: a relative train.output_dir, in a YAML
 # file too, is taken from the current folder (so two checkouts or two shells never share a run folder).
 CWD_KEYS = {"train.output_dir"}
 # Paths that must exist when given (outputs and caches are created).
-MUST_EXIST = PATH_KEYS - {"train.output_dir", "speed.inductor_cache_dir"}
+MUST_EXIST = PATH_KEYS - {"train.output_dir", "speed.inductor_cache_dir", "data.auto_batch.cache"}
 
 
 # ------------------------------------------------------------------------------------------- loading

@@ -267,6 +267,9 @@ def train(cfg: Config) -> dict:
         from ..models.hf_native import check_exportable
 
         check_exportable(cfg.model)
+    from ..memory.autobatch import sized_to_gpu
+
+    cfg = sized_to_gpu(cfg)  # data.auto_batch (off by default: cfg unchanged)
     trainer = build_trainer(cfg)
     if export != "none" and not (cfg.data.tokenizer or cfg.model.llm.path):
         log.warning("train.export=%s skipped: a model folder needs a tokenizer (data.tokenizer or model.llm.path)", export)
