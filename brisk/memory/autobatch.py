@@ -2,10 +2,12 @@
 
 Bigger decoders leave most of the GPU idle at FunASR's 6000-frame budget; the right budget depends on the
 model, the switches (activation checkpointing, LoRA, graphs) and the GPU, and is cheaper to measure than to
-predict. For each candidate ``data.batch_tokens`` (``data.max_utts`` scaled with it), a throw-away copy of the
-training step (model, optimizer, speed plan) runs the candidate's heaviest batch (most LLM tokens, so the
-largest pack bucket it reaches) twice, the second time with the optimizer's state resident, and
-``torch.cuda.max_memory_allocated`` is its peak. A binary search over the sorted candidates (peak memory
+predict. A throw-away copy of the training step (model, optimizer, speed plan) is built once; for each candidate
+``data.batch_tokens`` (``data.max_utts`` scaled with it) it runs the candidate's heaviest batch (most LLM
+tokens, so the largest pack bucket it reaches) twice, the second time with the optimizer's state resident,
+and ``torch.cuda.max_memory_allocated`` is its peak. With speed.cuda_graph every bucket's graph is captured
+when the step is built, so the peak then covers all buckets whatever the candidate: the search says whether
+the configured buckets fit, and the budget only changes how full batches are. A binary search over the sorted candidates (peak memory
 grows with the budget) keeps the largest one whose peak is within ``memory_frac`` of the GPU; an
 out-of-memory error counts as too large. The answer is cached in a small json file under a key made of the
 model config, the GPU, torch's version and the switches, so the trials run once per combination.
@@ -16,6 +18,7 @@ made-up one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import hashlib
@@ -126,31 +129,55 @@ def find_batch_tokens(cfg: Config, peak_of: Callable[[int], float], device_name:
     return entry, False
 
 
-def trial_peak(cfg: Config) -> Callable[[int], float]:
-    """Peak allocated CUDA memory of the heaviest batch of a candidate budget, in a throw-away training step."""
-    from ..bench.harness import build_runner, llm_vocab, sample_stream
+def runner_peak(runner, cfg: Config) -> Callable[[int], float]:
+    """Peak allocated CUDA memory of a candidate budget's heaviest batch (most LLM tokens) on ``runner``, run
+    twice (the second with AdamW's state allocated). The runner's weights change: it is a throw-away one."""
+    from ..bench.harness import llm_vocab, sample_stream
 
     def peak_of(batch_tokens: int) -> float:
         trial = scaled(cfg, batch_tokens)
-        runner = None
+        samples = sample_stream(trial, trial.data.auto_batch.trial_batches, llm_vocab(trial))
+        heaviest = max(samples, key=lambda s: sum(len(x.tokens.input_ids) for x in s))
+        batch = runner.collate(heaviest)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
         try:
-            samples = sample_stream(trial, trial.data.auto_batch.trial_batches, llm_vocab(trial))
-            heaviest = max(samples, key=lambda s: sum(len(x.tokens.input_ids) for x in s))
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            runner = build_runner(trial)
-            batch = runner.collate(heaviest)
-            for _ in range(2):  # the second with AdamW's state allocated
+            for _ in range(2):
                 runner.run(batch)
             torch.cuda.synchronize()
-            return float(torch.cuda.max_memory_allocated())
-        finally:
-            del runner
-            gc.collect()
-            torch.cuda.empty_cache()
+        except RuntimeError as e:
+            if _is_oom(e):  # what the failed step held is freed before the next, smaller trial
+                runner.model.zero_grad(set_to_none=True)
+                gc.collect()
+                torch.cuda.empty_cache()
+            raise
+        return float(torch.cuda.max_memory_allocated())
 
     return peak_of
+
+
+@contextlib.contextmanager
+def trial_runner(cfg: Config):
+    """A throw-away training step (model, optimizer, speed plan) for the trials, built for the largest
+    candidate's utterance count, freed afterwards. Yields (runner, peak_of)."""
+    from ..bench.harness import build_runner
+
+    runner = build_runner(scaled(cfg, cfg.data.auto_batch.candidates[-1]))
+    try:
+        yield runner, runner_peak(runner, cfg)
+    finally:
+        del runner
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def _measured(cfg: Config, name: str, total: int) -> tuple[dict, bool]:
+    with trial_runner(cfg) as (_, peak_of):
+        return find_batch_tokens(cfg, peak_of, name, total)
+
+
+def _never(batch_tokens: int) -> float:
+    raise AssertionError("a cached budget needs no trial step")
 
 
 def sized_to_gpu(cfg: Config) -> Config:
@@ -166,7 +193,13 @@ def sized_to_gpu(cfg: Config) -> Config:
                     "data.batch_tokens stays %d", cfg.data.batch_tokens)
         return cfg
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    entry, cached = find_batch_tokens(cfg, trial_peak(cfg), props.name, props.total_memory)
+    key = cache_key(cfg, props.name, props.total_memory)
+    if BudgetCache(a.cache).get(key) is not None:
+        entry, cached = find_batch_tokens(cfg, _never, props.name, props.total_memory)
+    else:
+        entry, cached = _measured(cfg, props.name, props.total_memory)
+        gc.collect()  # the trial step's model and optimizer are unreachable once _measured has returned
+        torch.cuda.empty_cache()
     best = entry["batch_tokens"]
     if best is None:
         log.warning("data.auto_batch: even data.batch_tokens=%d peaks over %.0f%% of the GPU (%s); keeping %d",

@@ -18,7 +18,7 @@ FAST = ["speed.packing=true", "speed.frozen_eval=true", "speed.fused_adamw=true"
 
 def test_trial_peaks_grow_and_the_search_keeps_the_largest_fitting(tmp_path):
     from brisk.config import load_config
-    from brisk.memory.autobatch import sized_to_gpu, trial_peak
+    from brisk.memory.autobatch import runner_peak, sized_to_gpu, trial_runner
 
     from tests.gpu.test_gpu_state import SMALL
 
@@ -26,8 +26,8 @@ def test_trial_peaks_grow_and_the_search_keeps_the_largest_fitting(tmp_path):
     cfg = load_config(REPO / "configs/fun_asr_nano.yaml", SMALL + FAST + [
         "data.auto_batch.enabled=true", f"data.auto_batch.cache={tmp_path / 'ab.json'}",
         f"data.auto_batch.candidates={cand}", "data.auto_batch.trial_batches=4"])
-    peak = trial_peak(cfg)
-    peaks = [peak(c) for c in cand]
+    with trial_runner(cfg) as (_, peak):
+        peaks = [peak(c) for c in cand]
     assert peaks[0] < peaks[1] < peaks[2], peaks
     total = torch.cuda.get_device_properties(0).total_memory
     # A target between the second and the third candidate's peak: the search must stop at the second.
