@@ -109,3 +109,16 @@ def test_funasr_folder_keys(tmp_path):
     found = funasr_folder_config(tmp_path)
     assert found["llm"]["activation_checkpoint"] == 1 and found["encoder"]["activation_checkpoint"] == 0
     assert found["llm"]["lora"] == {"enabled": False}
+
+
+def test_rng_state_is_kept_only_for_layers_that_draw_random_numbers(tmp_path):
+    from brisk.memory.checkpointing import draws_random
+
+    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.llm.lora.enabled": True}))
+    model = build_model(cfg.model)
+    layer, block = model.llm.model.layers[0], model.audio_encoder.encoders[0] if len(model.audio_encoder.encoders) else \
+        model.audio_encoder.encoders0[0]
+    model.train()
+    assert draws_random(layer) and draws_random(block)  # LoRA dropout 0.05; encoder dropout 0.1
+    model.eval()
+    assert not draws_random(layer) and not draws_random(block)

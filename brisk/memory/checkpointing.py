@@ -11,8 +11,9 @@ reads still work) and swaps in for it in the parent's list. torch's ``checkpoint
 layer as a child named ``_checkpoint_wrapped_module``, which changes every state-dict key under it; here
 the state dict, the optimizer's parameters and checkpoint files are the same with the switch on or off.
 
-The recomputation runs the layer's own forward again (non-reentrant ``torch.utils.checkpoint``, RNG state
-restored, so dropout draws the same mask): the loss and the gradients are the same numbers as without it.
+The recomputation runs the layer's own forward again (non-reentrant ``torch.utils.checkpoint``; when the layer
+has active dropout the RNG state is restored, so dropout draws the same mask): the loss and the gradients are
+the same numbers as without it.
 Without autograd (validation, decoding) the layer runs plainly.
 """
 
@@ -35,10 +36,25 @@ def checkpointed_class(base: type) -> type:
         def forward(self, *args, **kwargs):
             if not torch.is_grad_enabled():
                 return base.forward(self, *args, **kwargs)
-            return checkpoint(base.forward, self, *args, use_reentrant=False, **kwargs)
+            return checkpoint(base.forward, self, *args, use_reentrant=False, preserve_rng_state=draws_random(self),
+                              **kwargs)
 
         _CLASSES[base] = type(f"Checkpointed{base.__name__}", (base,), {"forward": forward, "__module__": __name__})
     return _CLASSES[base]
+
+
+def draws_random(layer: nn.Module) -> bool:
+    """Does a forward of ``layer`` draw random numbers (active dropout)? Only then is the RNG state saved for the
+    recomputation: reading it costs a device sync outside graphs and is not allowed while a CUDA graph is captured."""
+    for m in layer.modules():
+        if not m.training:
+            continue
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            return True
+        p = getattr(m, "attention_dropout", 0.0)  # transformers' attention: a float, applied functionally
+        if isinstance(p, float) and p > 0:
+            return True
+    return False
 
 
 def checkpointed(layer: nn.Module) -> nn.Module:
