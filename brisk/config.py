@@ -387,6 +387,10 @@ class Config:
             # The fused GEMM reads the projections' weights alone and would drop the adapters' update.
             raise ConfigError("model.llm.lora.enabled with speed.fuse_projections: the fused q/k/v GEMM would skip "
                               "the adapters; turn one of them off")
+        if self.model.llm.lora.enabled and self.train.parallel == "fsdp":
+            # FSDP2 here leaves the modules freeze_plan marks frozen unsharded and unsynchronised, adapters included.
+            raise ConfigError("model.llm.lora.enabled with train.parallel=fsdp is not supported (the adapters would not "
+                              "be synchronised); use train.parallel=ddp (LoRA leaves little to shard)")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

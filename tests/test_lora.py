@@ -271,6 +271,8 @@ def test_bad_lora_config_is_one_error_line(tmp_path):
     with pytest.raises(ConfigError, match="fuse_projections"):
         load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.llm.lora.enabled": True,
                                                               "speed.fuse_projections": True}))
+    with pytest.raises(ConfigError, match="train.parallel=fsdp"):
+        load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.llm.lora.enabled": True, "train.parallel": "fsdp"}))
     cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.llm.lora.enabled": True,
                                                                 "model.llm.lora.target_modules": ["qkv"]}))
     with pytest.raises(ConfigError, match="no linear layer"):
