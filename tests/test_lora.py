@@ -277,3 +277,26 @@ def test_bad_lora_config_is_one_error_line(tmp_path):
                                                                 "model.llm.lora.target_modules": ["qkv"]}))
     with pytest.raises(ConfigError, match="no linear layer"):
         build_model(cfg.model)
+
+
+def test_transformers_export_folds_the_adapters(both, tmp_path, tokenizer):
+    """The native Fun-ASR-Nano class has no adapter layers: its language model gets W + (alpha / r) B A and
+    computes what brisk's adapted decoder computes."""
+    from safetensors.torch import load_file
+    from transformers import FunAsrNanoForConditionalGeneration
+
+    from brisk.models.export import export_folder
+
+    ours = both["ours"].eval()
+    out = export_folder(ours, both["cfg"], tmp_path / "hf", "hf", "fp32", tokenizer)
+    assert not any("lora" in k for k in load_file(str(out / "model.safetensors")))
+    hf = FunAsrNanoForConditionalGeneration.from_pretrained(str(out)).eval()
+    torch.manual_seed(1)
+    x = torch.randn(2, 9, 64)
+    with torch.no_grad():
+        theirs = hf.model.language_model(inputs_embeds=x).last_hidden_state
+        mine = ours.llm.model(inputs_embeds=x).last_hidden_state
+        base = {k: v for k, v in ours.state_dict().items() if not is_lora_key(k)}
+    assert (theirs - mine).abs().max().item() <= 1e-5
+    q = "llm.model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(base[q], fold_lora(ours.state_dict(), both["cfg"].model.llm.lora)[q])  # the adapters did count
