@@ -300,3 +300,37 @@ def test_transformers_export_folds_the_adapters(both, tmp_path, tokenizer):
     assert (theirs - mine).abs().max().item() <= 1e-5
     q = "llm.model.layers.0.self_attn.q_proj.weight"
     assert not torch.equal(base[q], fold_lora(ours.state_dict(), both["cfg"].model.llm.lora)[q])  # the adapters did count
+
+
+def test_adapters_are_peft_adapters(tmp_path):
+    """PEFT, given brisk's adapters under its names, computes the same logits and the same adapter gradients."""
+    peft = pytest.importorskip("peft")
+    from brisk.adapters.lora import write_peft_adapter
+
+    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.llm.lora.enabled": True,
+                                                                "model.llm.lora.dropout": 0.0, "model.llm.freeze": True}))
+    ours = build_model(cfg.model)
+    with torch.no_grad():
+        for n, p in ours.named_parameters():
+            if n.endswith("lora_B"):
+                p.normal_(0, 0.1)
+    folder = write_peft_adapter(ours, cfg.model.llm.lora, tmp_path / "adapter")
+    from brisk.models.build import build_llm
+
+    base = build_llm(cfg.model)
+    base.load_state_dict({k.removeprefix("llm."): v for k, v in ours.state_dict().items()
+                          if k.startswith("llm.") and not is_lora_key(k)}, strict=False)
+    theirs = peft.PeftModel.from_pretrained(base, str(folder), is_trainable=True)
+    torch.manual_seed(0)
+    x = torch.randn(2, 7, cfg.model.llm.config["hidden_size"])
+    a = ours.llm(inputs_embeds=x).logits
+    b = theirs(inputs_embeds=x).logits
+    assert (a - b).abs().max().item() <= 1e-5
+    a.square().mean().backward()
+    b.square().mean().backward()
+    mine = {n.removeprefix("llm."): p.grad for n, p in ours.named_parameters() if is_lora_key(n)}
+    peft_grads = {n: p.grad for n, p in theirs.named_parameters() if p.requires_grad}
+    assert len(mine) == len(peft_grads) == 8
+    for n, g in mine.items():
+        mod, _, t = n.rpartition(".")
+        assert torch.allclose(g, peft_grads[f"base_model.model.{mod}.{t}.default.weight"], atol=1e-6), n

@@ -144,3 +144,23 @@ def fold_lora(state: dict[str, torch.Tensor], cfg: LoraConfig) -> dict[str, torc
             delta = state[prefix + "lora_B"].float() @ state[k].float()
             out[prefix + "weight"] = (w.float() + delta * scaling).to(w.dtype)
     return out
+
+
+def write_peft_adapter(model: nn.Module, cfg: LoraConfig, folder: str | Path) -> Path:
+    """The LLM's adapters as a PEFT adapter folder (adapter_config.json, adapter_model.safetensors), for
+    ``peft.PeftModel.from_pretrained(<the same causal LM, unfolded base weights>, folder)``. Same tensors, PEFT's
+    names: ``llm.X.lora_A`` -> ``base_model.model.X.lora_A.weight``."""
+    import json
+
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {f"base_model.model.{k.removeprefix('llm.').rpartition('.')[0]}.{k.rpartition('.')[2]}.weight":
+               v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k.startswith("llm.") and is_lora_key(k)}
+    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": cfg.r, "lora_alpha": cfg.alpha,
+              "lora_dropout": cfg.dropout, "target_modules": list(cfg.target_modules), "bias": "none",
+              "fan_in_fan_out": False, "inference_mode": True, "base_model_name_or_path": None}
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return folder
