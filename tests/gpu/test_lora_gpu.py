@@ -61,7 +61,9 @@ def test_activation_checkpointing_lowers_peak_memory():
 
     peaks = []
     for ac in (0, 1):
-        cfg = load_config(REPO / "configs/fun_asr_nano.yaml", SMALL + EAGER + [f"model.llm.activation_checkpoint={ac}"])
+        # A big batch (thousands of tokens): activations, not weights and optimizer state, set the peak.
+        cfg = load_config(REPO / "configs/fun_asr_nano.yaml", SMALL + EAGER + [
+            f"model.llm.activation_checkpoint={ac}", "data.batch_tokens=48000", "data.max_utts=80"])
         runner = build_runner(cfg)
         samples = sample_stream(cfg, 2, 4096)
         runner.run(runner.collate(samples[0]))
