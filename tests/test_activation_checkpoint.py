@@ -122,3 +122,31 @@ def test_rng_state_is_kept_only_for_layers_that_draw_random_numbers(tmp_path):
     assert draws_random(layer) and draws_random(block)  # LoRA dropout 0.05; encoder dropout 0.1
     model.eval()
     assert not draws_random(layer) and not draws_random(block)
+
+
+def test_checkpointed_lora_layer_traces_in_one_graph(tmp_path):
+    """speed.compile compiles each decoder layer: a checkpointed layer with adapters is one Dynamo graph (no
+    break) and, compiled (aot_eager on the CPU), gives the same output and input gradient."""
+    import torch._dynamo as dynamo
+
+    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.llm.activation_checkpoint": 1,
+                                                                "model.llm.lora.enabled": True,
+                                                                "model.llm.lora.dropout": 0.0}))
+    model = build_model(cfg.model).train()
+    layer = model.llm.model.layers[0]
+    assert is_checkpointed(layer)
+    x = torch.randn(1, 12, cfg.model.llm.config["hidden_size"], requires_grad=True)
+    pos = torch.arange(12)[None]
+    rope = model.llm.model.rotary_emb(x, pos)
+
+    def run(h):
+        return layer(h, attention_mask=None, position_ids=pos, position_embeddings=rope)
+
+    ref = run(x)
+    (g_ref,) = torch.autograd.grad(ref.sum(), x)
+    explained = dynamo.explain(run)(x)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+    dynamo.reset()
+    out = torch.compile(run, backend="aot_eager")(x)
+    (g,) = torch.autograd.grad(out.sum(), x)
+    assert torch.allclose(out, ref, atol=1e-6) and torch.allclose(g, g_ref, atol=1e-6)
