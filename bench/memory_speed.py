@@ -66,7 +66,7 @@ def measure(size: str, arm: str, args, flops_per_token: dict) -> dict:
         search_s = time.perf_counter() - t0 - build_s
         out = {"size": size, "arm": arm, "trainable": trainable, "build_s": build_s, "search_s": search_s,
                "peaks_gib": {str(c): (None if p == float("inf") else p / 2**30) for c, p in sorted(search.peaks.items())},
-               "batch_tokens": search.best}
+               "row_tokens": {str(c): n for c, n in sorted(peak_of.rows.items())}, "batch_tokens": search.best}
         if search.best is None:
             return {**out, "error": f"no candidate fits under {args.memory_frac:.0%} of the GPU"}
         best = scaled(cfg, search.best)

@@ -125,13 +125,17 @@ def find_batch_tokens(cfg: Config, peak_of: Callable[[int], float], device_name:
     entry = {"batch_tokens": search.best, "peaks_gib": {str(c): (None if p == OOM else round(p / 2**30, 3))
                                                        for c, p in sorted(search.peaks.items())},
              "gpu": device_name, "limit_gib": round(a.memory_frac * device_bytes / 2**30, 3)}
+    rows = getattr(peak_of, "rows", None)
+    if rows:  # which pack bucket each tried budget's heaviest batch reached
+        entry["row_tokens"] = {str(c): rows[c] for c in sorted(rows)}
     cache.put(key, entry)
     return entry, False
 
 
 def runner_peak(runner, cfg: Config) -> Callable[[int], float]:
     """Peak allocated CUDA memory of a candidate budget's heaviest batch (most LLM tokens) on ``runner``, run
-    twice (the second with AdamW's state allocated). The runner's weights change: it is a throw-away one."""
+    twice (the second with AdamW's state allocated). The runner's weights change: it is a throw-away one.
+    ``peak_of.rows`` records the packed row length (the pack bucket) each candidate's trial ran at."""
     from ..bench.harness import llm_vocab, sample_stream
 
     def peak_of(batch_tokens: int) -> float:
@@ -139,6 +143,7 @@ def runner_peak(runner, cfg: Config) -> Callable[[int], float]:
         samples = sample_stream(trial, trial.data.auto_batch.trial_batches, llm_vocab(trial))
         heaviest = max(samples, key=lambda s: sum(len(x.tokens.input_ids) for x in s))
         batch = runner.collate(heaviest)
+        peak_of.rows[batch_tokens] = int(batch.input_ids.shape[-1])
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         try:
@@ -153,6 +158,7 @@ def runner_peak(runner, cfg: Config) -> Callable[[int], float]:
             raise
         return float(torch.cuda.max_memory_allocated())
 
+    peak_of.rows = {}
     return peak_of
 
 
