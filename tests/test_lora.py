@@ -334,3 +334,27 @@ def test_adapters_are_peft_adapters(tmp_path):
     for n, g in mine.items():
         mod, _, t = n.rpartition(".")
         assert torch.allclose(g, peft_grads[f"base_model.model.{mod}.{t}.default.weight"], atol=1e-6), n
+
+
+def test_init_path_starts_the_adapters(tmp_path):
+    """model.llm.lora.init_path (FunASR lora_conf.init_param_path): the adapters come from that file, after (and
+    over) any other weights; a file without them is one error line."""
+    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.llm.lora.enabled": True}))
+    src = build_model(cfg.model)
+    with torch.no_grad():
+        for n, p in src.named_parameters():
+            if n.endswith("lora_B"):
+                p.fill_(0.25)
+    torch.save({"state_dict": src.state_dict()}, tmp_path / "lora.pt")
+    started = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.llm.lora.enabled": True, "model.seed": 5,
+                                                                    "model.llm.lora.init_path": str(tmp_path / "lora.pt")}))
+    model = build_model(started.model)
+    for k, v in src.state_dict().items():
+        if is_lora_key(k):
+            assert torch.equal(model.state_dict()[k], v), k
+    assert not torch.equal(model.state_dict()["llm.model.layers.0.mlp.up_proj.weight"],
+                           src.state_dict()["llm.model.layers.0.mlp.up_proj.weight"])  # only the adapters come from it
+    torch.save({"state_dict": {k: v for k, v in src.state_dict().items() if not is_lora_key(k)}}, tmp_path / "base.pt")
+    started.model.llm.lora.init_path = str(tmp_path / "base.pt")
+    with pytest.raises(ConfigError, match="model.llm.lora.init_path=.*lora_A"):
+        build_model(started.model)

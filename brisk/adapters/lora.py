@@ -84,13 +84,11 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> str:
         setattr(parent, child, LoraLinear(linear, cfg.r, cfg.alpha, cfg.dropout))
     if cfg.only:
         mark_only_lora_trainable(model, cfg.bias)
-    if cfg.init_path:
-        load_lora_weights(model, Path(cfg.init_path))
     n = sum(p.numel() for name, p in model.named_parameters() if name.rpartition(".")[2] in LORA_TENSORS)
     return (f"lora: {len(found)} linear layers of the LLM ({', '.join(cfg.target_modules)}), r={cfg.r}, "
             f"alpha={cfg.alpha:g}, dropout={cfg.dropout:g}, {n:,} adapter parameters"
             + (f"; only the adapters train (bias={cfg.bias})" if cfg.only else "")
-            + (f"; started from {cfg.init_path}" if cfg.init_path else ""))
+            + (f"; started from {cfg.init_path} (loaded after the model's weights)" if cfg.init_path else ""))
 
 
 def mark_only_lora_trainable(model: nn.Module, bias: str = "none") -> None:

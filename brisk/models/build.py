@@ -14,7 +14,7 @@ import torch
 import yaml
 from torch import nn
 
-from ..adapters.lora import apply_lora, is_lora_key
+from ..adapters.lora import apply_lora, is_lora_key, load_lora_weights
 from ..config import ConfigError, ModelConfig
 from ..files import file_sha256
 from .hf_native import from_hf, is_hf_folder, load_hf_weights
@@ -77,8 +77,12 @@ def _with_model_options(model: SpeechLLM, cfg: ModelConfig) -> SpeechLLM:
 
 
 def _with_memory_options(model: SpeechLLM, cfg: ModelConfig) -> SpeechLLM:
-    """Activation checkpointing, after loading: its layers keep the parameter names, so nothing else changes."""
+    """After every weight is loaded: the adapters' own start (model.llm.lora.init_path wins over a model file's
+    adapters), then activation checkpointing (its layers keep the parameter names, so nothing else changes)."""
     from ..memory.checkpointing import apply_activation_checkpointing
+
+    if cfg.llm.lora.enabled and cfg.llm.lora.init_path:
+        load_lora_weights(model, Path(cfg.llm.lora.init_path))
 
     note = apply_activation_checkpointing(model, cfg)
     if cfg.llm.activation_checkpoint or cfg.encoder.activation_checkpoint:
