@@ -180,8 +180,9 @@ def test_brisk_checkpoint_holds_only_adapters_and_loads_into_funasr(tmp_path, qw
     """A LoRA run on the demo: the checkpoint file carries the adapters (the frozen rest is referenced once),
     and the merged state loads into FunASR's model built with use_lora, strictly."""
     run = tmp_path / "run"
+    # Through the trainer with activation checkpointing and packing too (the CPU's share of the fast path).
     run_train(run, **{"model.llm.lora.enabled": True, "model.llm.lora.only": True, "train.max_steps": 2,
-                      "model.llm.config.vocab_size": 483})
+                      "model.llm.config.vocab_size": 483, "model.llm.activation_checkpoint": 1, "speed.packing": True})
     path = run / "checkpoints" / "ckpt-00000002.pt"
     raw = torch.load(path, weights_only=False)
     assert raw["state_dict"] and all(is_lora_key(k) for k in raw["state_dict"])
