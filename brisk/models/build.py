@@ -56,7 +56,7 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> S
             return model
     torch.manual_seed(cfg.seed)  # the random initialisation is part of the run's definition
     with torch.device(device or "cpu"):
-        model = _with_model_options(SpeechLLM(cfg, build_llm(cfg)), cfg)
+        model = _with_adapters(SpeechLLM(cfg, build_llm(cfg)), cfg)
     if cfg.llm.path and cfg.llm.load_weights and _has_hf_weights(Path(cfg.llm.path)):
         _load_hf_llm_weights(model, Path(cfg.llm.path))
     if cfg.path and (Path(cfg.path) / "model.pt").is_file():
@@ -65,10 +65,10 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> S
         load_weights(model, Path(cfg.path), from_hf(load_hf_weights(cfg.path), cfg))
     if cfg.init:
         load_weights(model, Path(cfg.init))
-    return _with_memory_options(model, cfg)
+    return _after_loading(model, cfg)
 
 
-def _with_model_options(model: SpeechLLM, cfg: ModelConfig) -> SpeechLLM:
+def _with_adapters(model: SpeechLLM, cfg: ModelConfig) -> SpeechLLM:
     """Adapters go in before any weights are loaded, so that a file holding them fills them too."""
     note = apply_lora(model, cfg.llm.lora)
     if cfg.llm.lora.enabled:
@@ -76,7 +76,7 @@ def _with_model_options(model: SpeechLLM, cfg: ModelConfig) -> SpeechLLM:
     return model
 
 
-def _with_memory_options(model: SpeechLLM, cfg: ModelConfig) -> SpeechLLM:
+def _after_loading(model: SpeechLLM, cfg: ModelConfig) -> SpeechLLM:
     """After every weight is loaded: the adapters' own start (model.llm.lora.init_path wins over a model file's
     adapters), then activation checkpointing (its layers keep the parameter names, so nothing else changes)."""
     from ..memory.checkpointing import apply_activation_checkpointing
@@ -115,7 +115,7 @@ def build_from_file(cfg: ModelConfig, path: Path, device=None) -> SpeechLLM | No
     state = read_state_dict(path)
     t1 = time.perf_counter()
     with _params_on_meta(), torch.device(device or "cpu"):
-        model = _with_model_options(SpeechLLM(cfg, build_llm(cfg)), cfg)
+        model = _with_adapters(SpeechLLM(cfg, build_llm(cfg)), cfg)
     t2 = time.perf_counter()
     params = dict(model.named_parameters(remove_duplicate=False))
     first = {}  # a tied weight (lm_head = embed_tokens) is one Parameter under two names
@@ -138,7 +138,7 @@ def build_from_file(cfg: ModelConfig, path: Path, device=None) -> SpeechLLM | No
             own[k].copy_(v)  # into the parameter's own dtype and device
     log.info("loaded %d tensors from %s (built without random init: the file holds every weight; read %.1f s, "
              "modules %.1f s, filled %.1f s)", len(state), path, t1 - t0, t2 - t1, time.perf_counter() - t2)
-    return _with_memory_options(model, cfg)
+    return _after_loading(model, cfg)
 
 
 def _has_hf_weights(folder: Path) -> bool:
