@@ -18,7 +18,7 @@ FAST = ["speed.packing=true", "speed.frozen_eval=true", "speed.fused_adamw=true"
 
 def test_trial_peaks_grow_and_the_search_keeps_the_largest_fitting(tmp_path):
     from brisk.config import load_config
-    from brisk.memory.autobatch import runner_peak, sized_to_gpu, trial_runner
+    from brisk.memory.autobatch import sized_to_gpu, trial_runner
 
     from tests.gpu.test_gpu_state import SMALL
 
