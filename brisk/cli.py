@@ -69,7 +69,9 @@ def cmd_train(args) -> int:
         print(f"run folder: {folder}", flush=True)
     else:
         cfg = _load(items, DEMO)
-    result = train(cfg)
+    from .bench.autobatch import sized_to_gpu
+
+    result = train(sized_to_gpu(cfg))  # data.auto_batch (off by default: cfg unchanged)
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
     hist = result["history"]

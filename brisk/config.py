@@ -47,6 +47,11 @@ class FrontendConfig:
             raise ConfigError(f"model.frontend.window={self.window!r}: use hamming, hanning, povey, rectangular or blackman")
 
 
+def _check_every(key: str, k: int) -> None:
+    if k < 0:
+        raise ConfigError(f"{key}={k}: use 0 (off), 1 (every layer) or k (every k-th layer)")
+
+
 @dataclass
 class EncoderConfig:
     """SANM audio encoder (FunASR's SenseVoiceEncoderSmall)."""
@@ -61,6 +66,10 @@ class EncoderConfig:
     dropout_rate: float = 0.1  # encoder dropout
     attention_dropout_rate: float = 0.0  # encoder attention dropout
     freeze: bool = True  # keep the encoder's weights fixed (no gradients)
+    activation_checkpoint: int = 0  # FunASR audio_encoder_conf.activation_checkpoint: 0 off; k: recompute every k-th SANM block in the backward (1: all)
+
+    def __post_init__(self):
+        _check_every("model.encoder.activation_checkpoint", self.activation_checkpoint)
 
 
 @dataclass
@@ -98,6 +107,38 @@ class CTCConfig:
     freeze: bool = False  # keep the CTC branch's weights fixed
 
 
+LORA_BIAS = ("none", "all", "lora_only")
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapters on the LLM's linear layers, as FunASR 1.4.16's Fun-ASR-Nano builds them (llm_conf.use_lora)."""
+
+    enabled: bool = False  # FunASR llm_conf.use_lora: add trainable lora_A/lora_B beside the target layers' weights
+    r: int = 16  # FunASR lora_conf.r: the adapters' rank
+    alpha: float = 32.0  # FunASR lora_conf.lora_alpha: the update is scaled by alpha / r
+    dropout: float = 0.05  # FunASR lora_conf.lora_dropout: dropout on the adapters' input (training only)
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])  # FunASR lora_conf.target_modules: names of the LLM's linear layers that get adapters
+    only: bool = False  # FunASR lora_only: train nothing but the adapters (every other weight frozen, encoder and adaptor too)
+    bias: str = "none"  # FunASR lora_bias, with only=true: none | all (every bias trains) | lora_only (biases of adapted layers train)
+    init_path: str | None = None  # FunASR lora_conf.init_param_path: a file whose lora_A/lora_B tensors start the adapters
+
+    def __post_init__(self):
+        if self.r < 1:
+            raise ConfigError(f"model.llm.lora.r={self.r}: use a rank of 1 or more (FunASR's recipe: 16)")
+        if not self.alpha > 0:
+            raise ConfigError(f"model.llm.lora.alpha={self.alpha}: use a number above 0 (FunASR's recipe: 32)")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"model.llm.lora.dropout={self.dropout}: use a probability in [0, 1)")
+        if not self.target_modules:
+            raise ConfigError("model.llm.lora.target_modules is empty: name the linear layers, for example [q_proj, v_proj]")
+        if {"lm_head", "embed_tokens"} & set(self.target_modules):
+            raise ConfigError(f"model.llm.lora.target_modules={self.target_modules}: lm_head and embed_tokens take no "
+                              "adapters here (tied weights; FunASR adapts linear layers); use projection names such as q_proj")
+        if self.bias not in LORA_BIAS:
+            raise ConfigError(f"model.llm.lora.bias={self.bias!r}: use none, all or lora_only")
+
+
 @dataclass
 class LLMConfig:
     """The decoder: any transformers causal LM, from a local folder or an inline config."""
@@ -107,10 +148,13 @@ class LLMConfig:
     dtype: str = "fp32"  # fp32 | bf16 (bf16 runs under autocast, as FunASR does)
     freeze: bool = False  # keep the LLM's weights fixed (no gradients)
     load_weights: bool = True  # load *.safetensors from path when present (a FunASR model.pt overrides them)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    activation_checkpoint: int = 0  # FunASR llm_conf.activation_checkpoint: 0 off; k: recompute every k-th decoder layer in the backward (1: all)
 
     def __post_init__(self):
         if self.dtype not in ("fp32", "bf16"):
             raise ConfigError(f"model.llm.dtype={self.dtype!r}: use fp32 or bf16")
+        _check_every("model.llm.activation_checkpoint", self.activation_checkpoint)
 
 
 @dataclass
@@ -126,6 +170,25 @@ class ModelConfig:
 
 
 # ------------------------------------------------------------------------------------------------ data
+@dataclass
+class AutoBatchConfig:
+    """Batches sized to the GPU: trial steps at start-up measure peak memory (NeMo's OOMptimizer idea)."""
+
+    enabled: bool = False  # at start-up, pick the largest candidate data.batch_tokens whose trial step fits the memory target (CUDA; cached)
+    memory_frac: float = 0.85  # the target: peak allocated memory of a trial step, as a fraction of the GPU's total memory
+    candidates: list[int] = field(default_factory=lambda: [2000, 3000, 4000, 6000, 8000, 12000, 16000, 24000, 32000, 48000, 64000])  # data.batch_tokens values tried (data.max_utts scales with them)
+    trial_batches: int = 16  # batches of each candidate looked at; the one with the most LLM tokens is the trial step
+    cache: str | None = None  # json file of found budgets per (model, GPU, switches); none: ~/.cache/brisk/autobatch.json
+
+    def __post_init__(self):
+        if not 0 < self.memory_frac <= 1:
+            raise ConfigError(f"data.auto_batch.memory_frac={self.memory_frac}: use a fraction in (0, 1], for example 0.85")
+        if not self.candidates or sorted(self.candidates) != self.candidates or self.candidates[0] < 1:
+            raise ConfigError(f"data.auto_batch.candidates={self.candidates}: give positive budgets, sorted ascending")
+        if self.trial_batches < 1:
+            raise ConfigError(f"data.auto_batch.trial_batches={self.trial_batches}: use 1 or more")
+
+
 @dataclass
 class DataConfig:
     train: str | None = None  # FunASR jsonl
@@ -149,6 +212,7 @@ class DataConfig:
     # config.yaml sets MultiContextPrompt): a context header before the first user prompt.
     prompt_class: str | None = None  # MultiContextPrompt (FunASR's context header) or null (no header)
     prompt_conf: dict = field(default_factory=dict)  # FunASR prompt_conf: use_hotwords, use_hist, ... (see docs/export.md)
+    auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
 
     def __post_init__(self):
         if self.prompt_class not in (None, "MultiContextPrompt"):
@@ -324,15 +388,15 @@ class Config:
 
 # Keys that hold file or folder paths, resolved against the folder of the YAML file they appear in.
 PATH_KEYS = {
-    "model.path", "model.init", "model.frontend.cmvn_file", "model.llm.path",
+    "model.path", "model.init", "model.frontend.cmvn_file", "model.llm.path", "model.llm.lora.init_path",
     "data.train", "data.valid", "data.tokenizer", "data.profile",
-    "train.output_dir", "train.resume_from", "speed.inductor_cache_dir",
+    "train.output_dir", "train.resume_from", "speed.inductor_cache_dir", "data.auto_batch.cache",
 }
 # Run folders are where the user is, not where the config file is: a relative train.output_dir, in a YAML
 # file too, is taken from the current folder (so two checkouts or two shells never share a run folder).
 CWD_KEYS = {"train.output_dir"}
 # Paths that must exist when given (outputs and caches are created).
-MUST_EXIST = PATH_KEYS - {"train.output_dir", "speed.inductor_cache_dir"}
+MUST_EXIST = PATH_KEYS - {"train.output_dir", "speed.inductor_cache_dir", "data.auto_batch.cache"}
 
 
 # ------------------------------------------------------------------------------------------- loading
@@ -549,7 +613,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return cfg
 
 
-POLICY_KEYS = {("encoder", "freeze"), ("adaptor", "freeze"), ("ctc", "freeze"), ("llm", "freeze"), ("llm", "dtype")}
+POLICY_KEYS = {("encoder", "freeze"), ("adaptor", "freeze"), ("ctc", "freeze"), ("llm", "freeze"), ("llm", "dtype"),
+               ("llm", "lora"), ("llm", "activation_checkpoint"), ("encoder", "activation_checkpoint")}
 
 
 def _with_model_folder(tree: dict, folder: str) -> dict:

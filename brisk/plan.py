@@ -97,6 +97,16 @@ RULES: tuple[Rule, ...] = (
     Rule("speed.fuse_projections, train.parallel", "config",
          lambda c, d, w: c.speed.fuse_projections and c.train.parallel == "fsdp",
          "speed.fuse_projections with train.parallel=fsdp is not tested; use one of them"),
+    # The fused GEMM reads the projections' weights alone and would drop the adapters' update.
+    Rule("model.llm.lora.enabled, speed.fuse_projections", "config",
+         lambda c, d, w: c.model.llm.lora.enabled and c.speed.fuse_projections,
+         "model.llm.lora.enabled with speed.fuse_projections: the fused q/k/v GEMM would skip the adapters; turn one "
+         "of them off"),
+    # FSDP2 here leaves the modules freeze_plan marks frozen unsharded and unsynchronised, adapters included.
+    Rule("model.llm.lora.enabled, train.parallel", "config",
+         lambda c, d, w: c.model.llm.lora.enabled and c.train.parallel == "fsdp",
+         "model.llm.lora.enabled with train.parallel=fsdp is not supported (the adapters would not be synchronised); "
+         "use train.parallel=ddp (LoRA leaves little to shard)"),
     Rule("speed.cuda_graph, train.device", "device", lambda c, d, w: c.speed.cuda_graph and d != "cuda",
          "speed.cuda_graph needs a CUDA device (this run's is {device})"),
     Rule("speed.cuda_graph, train.parallel", "ranks",
@@ -129,13 +139,14 @@ def switches_on(speed) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ presets
-def preset_values(name: str, frozen_audio: bool) -> dict[str, Any]:
+def preset_values(name: str, frozen_audio: bool, lora: bool = False) -> dict[str, Any]:
+    """The preset's values for a model whose encoder and adaptor are (or are not) both frozen, with or without
+    LoRA adapters (the fused projections would skip them)."""
     if name not in PRESETS:
         raise ConfigError(f"speed.preset={name!r}: use one of {', '.join(sorted(PRESETS))} (or leave it unset)")
     values = dict(PRESETS[name])
-    if not frozen_audio:
-        for k in FROZEN_AUDIO:
-            values.pop(k, None)
+    for k in (() if frozen_audio else FROZEN_AUDIO) + (("fuse_projections",) if lora else ()):
+        values.pop(k, None)
     return values
 
 
@@ -149,8 +160,9 @@ def expand_preset(tree: dict) -> dict:
         return tree
     model = tree.get("model") or {}
     frozen = all((model.get(part) or {}).get("freeze", True) for part in ("encoder", "adaptor"))
+    lora = bool(((model.get("llm") or {}).get("lora") or {}).get("enabled", False))
     out = dict(tree)
-    out["speed"] = {**preset_values(name, frozen), **speed}
+    out["speed"] = {**preset_values(name, frozen, lora), **speed}
     return out
 
 
@@ -193,7 +205,7 @@ def make_plan(cfg: "Config", device: str, world: int = 1) -> tuple["Config", Spe
     speed, notes = cfg.speed, []
     if speed.preset:
         frozen = cfg.model.encoder.freeze and cfg.model.adaptor.freeze
-        values = preset_values(speed.preset, frozen)
+        values = preset_values(speed.preset, frozen, cfg.model.llm.lora.enabled)
         off = {}
         if device != "cuda":
             off.update({s.key: "needs CUDA" for s in SWITCHES if s.gpu_only and s.key in values})

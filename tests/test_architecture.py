@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1] / "brisk"
 FLOORS = {
     "brisk": 0, "errors": 0, "files": 0, "formats": 0,
     "config": 1, "config_help": 1, "config_llm": 1, "plan": 1,
-    "models": 2, "data": 2,
+    "models": 2, "data": 2, "adapters": 2, "memory": 2,
     "speed": 3, "distributed": 3,
     "diagnose": 4, "probe": 4, "eval": 4,
     "train": 5,

@@ -194,3 +194,25 @@ def test_export_takes_the_trained_weights_from_the_final_snapshot(tmp_path):
     assert all(torch.equal(saved[k], own[k]) for k in own)
     trainer.saver.last = (trainer.pos.step - 1, trainer.saver.last[1])  # a snapshot of an earlier step
     assert trainer.export_state() is None  # then the export reads the model
+
+
+def test_pinned_buffers_only_for_runs_that_will_checkpoint(tmp_path):
+    """A measurement run (max_steps inside the first epoch, no save_every, no save_final) allocates no pinned
+    checkpoint buffers: pinning GBs in the background held up the steps of the 4B scaling run."""
+    from brisk.train.run import build_trainer
+
+    from .conftest import tiny_config
+
+    runs = iter(range(10))
+
+    def ahead(**extra):
+        trainer = build_trainer(tiny_config(tmp_path / f"run{next(runs)}", **extra))
+        try:
+            return trainer.checkpoints_ahead()
+        finally:
+            trainer.close_data()
+
+    assert not ahead(**{"train.max_steps": 3, "train.save_final": False})
+    assert ahead(**{"train.max_steps": 3, "train.save_final": True})
+    assert ahead(**{"train.max_steps": 3, "train.save_final": False, "train.save_every": 100})
+    assert ahead(**{"train.max_steps": 0, "train.save_final": False})  # whole epochs: checkpoints at each end

@@ -47,6 +47,31 @@ def funasr_folder_data_config(folder: str | Path) -> dict:
     return out
 
 
+# FunASR lora_conf key -> brisk model.llm.lora key. FunASR 1.4.16 reads r, lora_alpha, lora_dropout and
+# target_modules from lora_conf, and lora_only / lora_bias from the top level; freeze_lora, task_type and
+# lora_conf.bias are carried by real configs but not read by it (nor here).
+LORA_KEYS = {"r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout", "target_modules": "target_modules",
+             "init_param_path": "init_path"}
+
+
+def funasr_lora_config(raw: dict, folder: Path) -> dict:
+    """model.llm.lora keys from a FunASR config.yaml (llm_conf.use_lora, llm_conf.lora_conf, lora_only, lora_bias)."""
+    llm = raw.get("llm_conf") or {}
+    conf = llm.get("lora_conf") or {}
+    out = {ours: conf[theirs] for theirs, ours in LORA_KEYS.items() if theirs in conf}
+    if not out.get("init_path"):
+        out.pop("init_path", None)
+    elif not Path(out["init_path"]).is_absolute():
+        out["init_path"] = str(folder / out["init_path"])
+    if "use_lora" in llm:
+        out["enabled"] = bool(llm["use_lora"])
+    if "lora_only" in raw:
+        out["only"] = bool(raw["lora_only"])
+    if "lora_bias" in raw:
+        out["bias"] = raw["lora_bias"]
+    return out
+
+
 def funasr_folder_config(folder: str | Path) -> dict:
     """Map a FunASR model folder's config.yaml onto brisk's model section (sizes, frontend, LLM path)."""
     folder = Path(folder)
@@ -70,6 +95,12 @@ def funasr_folder_config(folder: str | Path) -> dict:
         out["llm"]["dtype"] = {"bfloat16": "bf16", "float32": "fp32"}.get(llm["llm_dtype"], llm["llm_dtype"])
     if "freeze" in llm:
         out["llm"]["freeze"] = llm["freeze"]
+    lora = funasr_lora_config(raw, folder)
+    if lora:
+        out["llm"]["lora"] = lora
+    for part, conf in (("llm", llm), ("encoder", enc)):
+        if "activation_checkpoint" in conf:  # FunASR: a bool (every layer); brisk: every k-th layer, 0 off
+            out[part]["activation_checkpoint"] = int(conf["activation_checkpoint"])
     fe = raw.get("frontend_conf") or {}
     out["frontend"] = {k: fe[k] for k in ("fs", "n_mels", "frame_length", "frame_shift", "window", "lfr_m", "lfr_n",
                                            "dither") if k in fe}

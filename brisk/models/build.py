@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..adapters.lora import apply_lora, is_lora_key, load_lora_weights
 from ..config import ConfigError, ModelConfig
 from ..files import file_sha256
 from ..formats.hf import is_hf_folder
@@ -55,7 +56,7 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> S
             return model
     torch.manual_seed(cfg.seed)  # the random initialisation is part of the run's definition
     with torch.device(device or "cpu"):
-        model = SpeechLLM(cfg, build_llm(cfg))
+        model = _with_adapters(SpeechLLM(cfg, build_llm(cfg)), cfg)
     if cfg.llm.path and cfg.llm.load_weights and _has_hf_weights(Path(cfg.llm.path)):
         _load_hf_llm_weights(model, Path(cfg.llm.path))
     if cfg.path and (Path(cfg.path) / "model.pt").is_file():
@@ -64,6 +65,28 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> S
         load_weights(model, Path(cfg.path), from_hf(load_hf_weights(cfg.path), cfg))
     if cfg.init:
         load_weights(model, Path(cfg.init))
+    return _after_loading(model, cfg)
+
+
+def _with_adapters(model: SpeechLLM, cfg: ModelConfig) -> SpeechLLM:
+    """Adapters go in before any weights are loaded, so that a file holding them fills them too."""
+    note = apply_lora(model, cfg.llm.lora)
+    if cfg.llm.lora.enabled:
+        log.info(note)
+    return model
+
+
+def _after_loading(model: SpeechLLM, cfg: ModelConfig) -> SpeechLLM:
+    """After every weight is loaded: the adapters' own start (model.llm.lora.init_path wins over a model file's
+    adapters), then activation checkpointing (its layers keep the parameter names, so nothing else changes)."""
+    from ..memory.checkpointing import apply_activation_checkpointing
+
+    if cfg.llm.lora.enabled and cfg.llm.lora.init_path:
+        load_lora_weights(model, read_state_dict(Path(cfg.llm.lora.init_path)), Path(cfg.llm.lora.init_path))
+
+    note = apply_activation_checkpointing(model, cfg)
+    if cfg.llm.activation_checkpoint or cfg.encoder.activation_checkpoint:
+        log.info(note)
     return model
 
 
@@ -92,7 +115,7 @@ def build_from_file(cfg: ModelConfig, path: Path, device=None) -> SpeechLLM | No
     state = read_state_dict(path)
     t1 = time.perf_counter()
     with _params_on_meta(), torch.device(device or "cpu"):
-        model = SpeechLLM(cfg, build_llm(cfg))
+        model = _with_adapters(SpeechLLM(cfg, build_llm(cfg)), cfg)
     t2 = time.perf_counter()
     params = dict(model.named_parameters(remove_duplicate=False))
     first = {}  # a tied weight (lm_head = embed_tokens) is one Parameter under two names
@@ -115,7 +138,7 @@ def build_from_file(cfg: ModelConfig, path: Path, device=None) -> SpeechLLM | No
             own[k].copy_(v)  # into the parameter's own dtype and device
     log.info("loaded %d tensors from %s (built without random init: the file holds every weight; read %.1f s, "
              "modules %.1f s, filled %.1f s)", len(state), path, t1 - t0, t2 - t1, time.perf_counter() - t2)
-    return model
+    return _after_loading(model, cfg)
 
 
 def _has_hf_weights(folder: Path) -> bool:
@@ -129,7 +152,7 @@ def _load_hf_llm_weights(model: SpeechLLM, folder: Path) -> None:
     for f in sorted(folder.glob("*.safetensors")):
         state.update(load_file(str(f)))
     missing, unexpected = model.llm.load_state_dict(state, strict=False)
-    missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
+    missing = [k for k in missing if k != "lm_head.weight" and not is_lora_key(k)]  # tied; adapters start fresh
     if missing or unexpected:
         raise RuntimeError(f"{folder}: LLM weights do not match the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
     log.info("loaded LLM weights from %s", folder)
@@ -195,9 +218,16 @@ def load_weights(model: nn.Module, path: Path, state: dict[str, torch.Tensor] | 
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
-    # A tied lm_head may be stored once; everything else must match exactly.
+    # A tied lm_head may be stored once; everything else must match exactly, except that a file without any
+    # adapter (a base model to fine-tune with LoRA) leaves the adapters at their initialisation.
     missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if not any(is_lora_key(k) for k in state):
+        missing = [k for k in missing if not is_lora_key(k)]
     if missing or unexpected:
+        if any(is_lora_key(k) for k in unexpected):
+            first = next(k for k in unexpected if is_lora_key(k))
+            raise RuntimeError(f"{path}: holds LoRA adapters ({first}, ...) the model has not: set model.llm.lora "
+                               "(enabled=true, the r and target_modules they were trained with)")
         raise RuntimeError(
             f"{path}: keys do not match the model built from the config: "
             f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
@@ -209,11 +239,3 @@ def load_weights(model: nn.Module, path: Path, state: dict[str, torch.Tensor] | 
 
 
 STALE_TEMPS = (".model-funasr.*", ".model-hf.*")  # export temp folders a crash can leave in a run folder
-
-
-
-
-
-
-
-

@@ -122,8 +122,17 @@ def funasr_yaml(cfg: Config, llm_dim: int) -> dict:
         llm_dim=llm_dim, encoder_dim=enc.output_size, n_layer=ad.n_layer, attention_heads=ad.attention_heads,
         dropout_rate=ad.dropout_rate, freeze=ad.freeze)}
     raw["llm"] = raw.get("llm") or "Qwen3-0.6b"
+    lora = m.llm.lora
+    # FunASR's inference builds its LoRA layers from these keys and ignores adapter tensors it has no layer
+    # for: use_lora must say whether model.pt carries them.
     raw["llm_conf"] = {**(raw.get("llm_conf") or {}), "hub": "hf", "init_param_path": LLM_DIR,
-                       "freeze": m.llm.freeze, "llm_dtype": m.llm.dtype}
+                       "freeze": m.llm.freeze, "llm_dtype": m.llm.dtype,
+                       "activation_checkpoint": bool(m.llm.activation_checkpoint), "use_lora": lora.enabled,
+                       "lora_conf": {**((raw.get("llm_conf") or {}).get("lora_conf") or {}), "r": lora.r,
+                                     "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
+                                     "target_modules": list(lora.target_modules), "init_param_path": ""}}
+    raw["audio_encoder_conf"]["activation_checkpoint"] = bool(enc.activation_checkpoint)
+    raw["lora_only"], raw["lora_bias"] = lora.only, lora.bias
     raw["frontend"] = "WavFrontend"
     raw["frontend_conf"] = {**(raw.get("frontend_conf") or {}), **dict(
         fs=fe.fs, window=fe.window, n_mels=fe.n_mels, frame_length=fe.frame_length, frame_shift=fe.frame_shift,
@@ -193,6 +202,10 @@ def _write_hf(model, cfg: Config, state: dict, out: Path, dtype: str, tokenizer)
     hc.architectures = ["FunAsrNanoForConditionalGeneration"]
     hc.dtype = {"bf16": "bfloat16", "fp32": "float32"}[dtype]
     hc.save_pretrained(out)
+    if cfg.model.llm.lora.enabled:  # the native model has no adapter layers: W + (alpha / r) B A
+        from ..adapters.lora import fold_lora
+
+        state = fold_lora(state, cfg.model.llm.lora)
     weights = to_hf(state, cfg.model)
     if hc.tie_word_embeddings:  # stored once, as transformers writes tied weights
         weights.pop("lm_head.weight", None)

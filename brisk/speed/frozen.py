@@ -29,7 +29,7 @@ from ..models.speech_llm import SpeechLLM
 def training_mode(model: nn.Module, frozen_eval: bool) -> Callable[[], None]:
     """What the loop calls to put the model in training mode: ``model.train()``, then, under frozen_eval, the
     frozen modules back in eval mode."""
-    frozen = [m for m, f in model.freeze_plan().items() if f] if frozen_eval else []
+    frozen = _all_frozen(model) if frozen_eval else []
 
     def train() -> None:
         model.train()
@@ -39,8 +39,14 @@ def training_mode(model: nn.Module, frozen_eval: bool) -> Callable[[], None]:
     return train
 
 
+def _all_frozen(model: nn.Module) -> list[nn.Module]:
+    """The modules the config freezes that hold nothing trainable (a frozen LLM with LoRA adapters trains them,
+    so it keeps its training mode and the adapters' dropout)."""
+    return [m for m, f in model.freeze_plan().items() if f and not any(p.requires_grad for p in m.parameters())]
+
+
 def apply_frozen_eval(model: nn.Module) -> str:
-    frozen = [m for m, f in model.freeze_plan().items() if f]
+    frozen = _all_frozen(model)
     for m in frozen:
         m.eval()
     names = [n for n, m in model.named_children() if m in frozen]

@@ -117,6 +117,15 @@ class Trainer:
                     self.timed("checkpoint", self.save)
         return self.finish()
 
+    def checkpoints_ahead(self) -> bool:
+        """Will this run write a checkpoint? A measurement run (max_steps inside the first epoch, no save_every,
+        no save_final) does not, and then no pinned host buffers are allocated: pinning them in the background
+        (GBs at about 1 GB/s) holds up the launching thread's steps meanwhile (docs/bigger-decoders.md)."""
+        c = self.cfg.train
+        if c.save_every or c.save_final or not c.max_steps:
+            return True
+        return c.max_steps >= max(1, len(self.train.sampler.batches(0)) // c.accum_grad)  # an epoch ends first
+
     def done(self) -> bool:
         return bool(self.cfg.train.max_steps) and self.pos.step >= self.cfg.train.max_steps
 
@@ -150,7 +159,7 @@ class Trainer:
         lr = self.schedule.lr
         metrics = self.step_fn(batches)
         module_norms = metrics.pop("module_norms", None)  # a vector: for the probe, not the monitor
-        if p.step == 1 and self.saver is not None and not self.sharded:
+        if p.step == 1 and self.saver is not None and not self.sharded and self.checkpoints_ahead():
             self.saver.warm(self.state)  # pinned checkpoint buffers, allocated off the step's path
         p.batches_in_epoch += len(batches)
         self.monitor.add(p.step, metrics, lr)

@@ -1,0 +1,1 @@
+"""Adapters added to a plain model from outside (LoRA), with the key names FunASR uses."""
