@@ -129,3 +129,11 @@ def test_buckets_and_refusals():
     sliding = tiny_llm(layer_types=["full_attention", "sliding_attention"], use_sliding_window=True, sliding_window=8)
     with pytest.raises(ValueError, match="only full attention"):
         FastGreedy(sliding, [], PAD, torch.float32, "cpu")
+
+
+def test_val_decode_fast_needs_val_decode():
+    from brisk.config import ConfigError, TrainConfig
+
+    assert TrainConfig(val_decode=4, val_decode_fast=True).val_decode_fast
+    with pytest.raises(ConfigError, match="train.val_decode_fast"):
+        TrainConfig(val_decode_fast=True)

@@ -22,7 +22,8 @@ it and skip their own mask building, which would read values back to the host): 
 SDPA, an additive float one for eager attention. Other attention implementations and sliding-window layers are
 refused. transformers 5.17 names the cache argument ``past_key_values``, 5.24 ``cache``; both keep the static
 cache's write position in a device tensor (``cumulative_length``) that each update advances, which is what makes
-the step capturable.
+the step capturable. A model it cannot decode raises ConfigError naming the switch (``--fast``,
+``train.val_decode_fast``), so the command line prints one line.
 
 Graphs draw on a memory pool of their own (never the training graphs' pool) and are dropped by ``release``.
 """
@@ -35,8 +36,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..config import ConfigError
+
 MAX_SMALL_BUCKET = 64
 CACHE_ROUND = 64  # cache lengths are rounded up to this, so nearby prompt lengths share one room
+DROP = "decode without --fast / train.val_decode_fast"
 
 
 def bucket(n: int) -> int:
@@ -53,7 +57,8 @@ def cache_argument(llm: torch.nn.Module) -> str:
         for name in ("cache", "past_key_values"):
             if name in params:
                 return name
-    raise ValueError(f"fast decode: {type(llm).__name__} takes no KV cache argument (cache or past_key_values)")
+    raise ConfigError(f"fast decode: {type(llm).__name__} takes no KV cache argument (cache or past_key_values); "
+                      f"{DROP}")
 
 
 @dataclass
@@ -97,11 +102,10 @@ class FastGreedy:
         self.config = text
         kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
         if kinds != {"full_attention"}:
-            raise ValueError(f"fast decode: layer types {sorted(kinds)} (only full attention is supported); decode "
-                             "without it")
+            raise ConfigError(f"fast decode: layer types {sorted(kinds)}, only full attention is supported; {DROP}")
         self.attn = llm.config._attn_implementation
         if self.attn not in ("sdpa", "eager"):
-            raise ValueError(f"fast decode needs sdpa or eager attention; this LLM uses {self.attn!r}")
+            raise ConfigError(f"fast decode needs sdpa or eager attention, this LLM uses {self.attn!r}; {DROP}")
         self.cache_kw = cache_argument(llm)
         self.rooms: dict[int, _Room] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None

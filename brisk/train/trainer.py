@@ -74,7 +74,8 @@ class Trainer:
                                tensorboard=c.train.tensorboard, rank=self.rank)
         if self.probe is not None:
             self.monitor.listeners.append(self.probe.on_metrics)
-        self.decoder = ValDecoder(self.valid, self.run_dir, c.train.val_decode, self.device) if c.train.val_decode else None
+        self.decoder = (ValDecoder(self.valid, self.run_dir, c.train.val_decode, self.device, fast=c.train.val_decode_fast)
+                        if c.train.val_decode else None)
 
     def total_steps(self) -> int:
         per_epoch = len(self.train.sampler.batches(0)) // self.cfg.train.accum_grad
