@@ -75,7 +75,7 @@ def test_eval_writes_one_line_per_utterance_and_jiwer_summary(tiny_run, tmp_path
     assert main(["eval", str(run), str(valid), "--out", str(fast), "--batch-size", "4", "--max-new-tokens", "16",
                  "--fast"]) == 0
     assert [json.loads(x)["hyp"] for x in fast.read_text(encoding="utf-8").splitlines()] == hyps
-    assert json.loads(fast.with_suffix(".summary.json").read_text())["decoder"] == "fast"
+    assert json.loads(fast.with_suffix(".summary.json").read_text())["decoder"] == "fast decoder"
     assert "fast decoder" in capsys.readouterr().out and summary["decoder"] == "generate"
 
 

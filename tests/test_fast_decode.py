@@ -137,3 +137,18 @@ def test_val_decode_fast_needs_val_decode():
     assert TrainConfig(val_decode=4, val_decode_fast=True).val_decode_fast
     with pytest.raises(ConfigError, match="train.val_decode_fast"):
         TrainConfig(val_decode_fast=True)
+
+
+def test_the_step_is_one_dynamo_graph():
+    """What ``compile="inductor"`` compiles on CUDA: traced here with Dynamo alone, the step has no graph break
+    (so it compiles whole) and gives the same ids."""
+    from torch._dynamo.utils import counters
+
+    llm = tiny_llm()
+    embeds, mask = prompts(llm, [9, 5, 12], seed=6)
+    torch._dynamo.reset()
+    counters.clear()
+    dec = FastGreedy(llm, [], PAD, torch.float32, "cpu", compile="eager")
+    assert dec.generate(embeds, mask, 8).tolist() == reference_ids(llm, embeds, mask, [], 8)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    torch._dynamo.reset()

@@ -64,7 +64,8 @@ class Recognizer:
     """Audio files (or LFR features) -> token ids and text, with a SpeechLLM and its tokenizer."""
 
     def __init__(self, model, tokenizer, frontend_cfg, *, device: torch.device | str = "cpu", sys_prompt: bool = True,
-                 do_think: bool = True, prompt: str | None = None, max_new_tokens: int = 512, fast: bool = False):
+                 do_think: bool = True, prompt: str | None = None, max_new_tokens: int = 512, fast: bool = False,
+                 fast_compile: str | None = None):
         self.model, self.tok = model, tokenizer
         self.device = torch.device(device)
         self.frontend = Frontend(dataclasses.replace(frontend_cfg, dither=0.0))
@@ -79,7 +80,8 @@ class Recognizer:
         eos = list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
         self.stop = sorted({*eos, *([im_end] if isinstance(im_end, int) and im_end >= 0 else [])})
         self.pad = llm_cfg.pad_token_id if llm_cfg.pad_token_id is not None else (self.stop[0] if self.stop else 0)
-        self.fast = fast
+        self.fast = fast or bool(fast_compile)
+        self.fast_compile = fast_compile  # a torch.compile backend for the fast decoder's step ("inductor")
         self._fast = None  # the FastGreedy decoder, built on first use
 
     def release(self) -> None:
@@ -125,25 +127,27 @@ class Recognizer:
 
     def _decode(self, feats: list[torch.Tensor], max_new_tokens: int | None) -> list[list[int]]:
         embeds, mask = self.prompt_embeds(feats)
-        max_new = max_new_tokens or self.max_new_tokens
-        dtype = self.model.llm_dtype
-        if self.fast:
-            if self._fast is None:
-                from .fast_decode import FastGreedy
-
-                self._fast = FastGreedy(self.model.llm, self.stop, self.pad, dtype, self.device)
-            out = self._fast.generate(embeds.to(dtype), mask, max_new)
-        else:
-            autocast = torch.autocast(self.device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
-            with autocast:
-                out = self.model.llm.generate(inputs_embeds=embeds.to(dtype), attention_mask=mask, do_sample=False,
-                                              num_beams=1, max_new_tokens=max_new, eos_token_id=self.stop or None,
-                                              pad_token_id=self.pad)
+        out = self.generate(embeds, mask, max_new_tokens or self.max_new_tokens)
         results = []
         for row in out.tolist():  # with inputs_embeds only, generate returns the new tokens alone
             cut = next((j for j, x in enumerate(row) if x in self.stop), len(row))
             results.append(row[:cut])
         return results
+
+    def generate(self, embeds: torch.Tensor, mask: torch.Tensor, max_new: int) -> torch.Tensor:
+        """Greedy ids [B, <= max_new] of left-padded prompt embeddings: the LLM's generate, or the fast decoder."""
+        dtype = self.model.llm_dtype
+        if self.fast:
+            if self._fast is None:
+                from .fast_decode import FastGreedy
+
+                self._fast = FastGreedy(self.model.llm, self.stop, self.pad, dtype, self.device, compile=self.fast_compile)
+            return self._fast.generate(embeds.to(dtype), mask, max_new)
+        autocast = torch.autocast(self.device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+        with autocast:
+            return self.model.llm.generate(inputs_embeds=embeds.to(dtype), attention_mask=mask, do_sample=False,
+                                           num_beams=1, max_new_tokens=max_new, eos_token_id=self.stop or None,
+                                           pad_token_id=self.pad)
 
     def prompt_embeds(self, feats: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """LFR features of each utterance -> the prompts' embeddings [B, T, D] with the audio spliced in, left

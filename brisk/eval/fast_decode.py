@@ -15,7 +15,10 @@ batch 1 the host, not the GPU, sets the pace. Here:
   checked on the device) are fed the pad token from then on. Every input of the step lives in a fixed
   buffer updated in place, so on CUDA the step is captured once a bucket and replayed; on the CPU (or with
   ``graphs=False``) the same function runs eagerly;
-- the host reads the finished mask only every ``check_every`` steps.
+- the host reads the finished mask only every ``check_every`` steps;
+- optionally (``compile="inductor"``) the step is compiled first, which fuses the decoder's many small
+  elementwise kernels (norms, rotary) before capture; the first room compiles static shapes, the second a
+  dynamic-shape version that later rooms reuse.
 
 The decode-step mask is passed to the LLM as a prepared mapping {layer type: mask} (transformers' models accept
 it and skip their own mask building, which would read values back to the host): a boolean [B, 1, 1, L] for
@@ -90,7 +93,7 @@ class FastGreedy:
     a row stops (the stop token itself is kept)."""
 
     def __init__(self, llm: torch.nn.Module, stop: list[int], pad: int, dtype: torch.dtype, device: torch.device | str,
-                 *, graphs: bool | None = None, check_every: int = 8):
+                 *, graphs: bool | None = None, check_every: int = 8, compile: str | None = None):
         self.llm, self.pad, self.dtype = llm, pad, dtype
         self.device = torch.device(device)
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
@@ -109,6 +112,8 @@ class FastGreedy:
         self.cache_kw = cache_argument(llm)
         self.rooms: dict[int, _Room] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        # compile: a torch.compile backend for the step ("inductor"; "eager" traces it with Dynamo alone).
+        self.run_step = torch.compile(self._step, backend=compile) if compile else self._step
 
     # ------------------------------------------------------------------------------------------- rooms
     def _room(self, rows: int, length: int) -> _Room:
@@ -163,13 +168,15 @@ class FastGreedy:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            self._step(r)  # the cache slot it wrote is written again, with the same values, by the first replay
+            # Compiles here, if at all. The cache slot it writes is written again, with the same values, by the
+            # first replay.
+            self.run_step(r)
         torch.cuda.current_stream(self.device).wait_stream(side)
         for t, s in zip(r.state(), saved):
             t.copy_(s)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            self._step(r)
+            self.run_step(r)
         r.graph = graph
 
     # ------------------------------------------------------------------------------------------ decode
@@ -210,7 +217,7 @@ class FastGreedy:
                 if self.graphs:
                     r.graph.replay()
                 else:
-                    self._step(r)
+                    self.run_step(r)
             done += k
         return r.out[:n, :max_new].clone()
 
