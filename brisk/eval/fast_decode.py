@@ -44,6 +44,15 @@ from ..config import ConfigError
 MAX_SMALL_BUCKET = 64
 CACHE_ROUND = 64  # cache lengths are rounded up to this, so nearby prompt lengths share one room
 DROP = "decode without --fast / train.val_decode_fast"
+_STREAMS: dict[torch.device, torch.cuda.Stream] = {}  # warm-up and capture stream, one a device for the process
+
+
+def _capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """One stream a device for every capture: cuBLAS keeps a workspace per (handle, stream) until the process
+    ends, so a fresh stream at each validation's capture would leave a workspace behind each time."""
+    if device not in _STREAMS:
+        _STREAMS[device] = torch.cuda.Stream(device)
+    return _STREAMS[device]
 
 
 def bucket(n: int) -> int:
@@ -165,7 +174,7 @@ class FastGreedy:
     def _capture(self, r: _Room) -> None:
         """Warm the step up on a side stream, put the buffers back, then capture it (capture runs nothing)."""
         saved = [t.clone() for t in r.state()]
-        side = torch.cuda.Stream(self.device)
+        side = _capture_stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             # Compiles here, if at all. The cache slot it writes is written again, with the same values, by the
@@ -175,7 +184,7 @@ class FastGreedy:
         for t, s in zip(r.state(), saved):
             t.copy_(s)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
             self.run_step(r)
         r.graph = graph
 
