@@ -56,22 +56,33 @@ def build_folder(out: Path, tiny: bool) -> float:
     return time.perf_counter() - t0
 
 
-def decode_only(rec, feats, max_new: int, repeats: int, device: str) -> tuple[float, list[list[int]]]:
-    """ms a generated token of ``rec.generate`` on one batch, median of ``repeats``; and that batch's ids."""
+def timed(fn, device: str, repeats: int):
+    """(median seconds of ``repeats`` calls, the last result)."""
+    times, out = [], None
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        out = fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def decode_only(rec, paths: list[str], max_new: int, repeats: int, device: str) -> tuple[dict, list[list[int]]]:
+    """Where one batch's time goes: features (CPU), encoder + splice, prefill (generate of 1 token), and the
+    decode steps (a full generate less the prefill, over the steps it ran); and that batch's ids."""
     import torch
 
     with torch.no_grad():
-        embeds, mask = rec.prompt_embeds(feats)
-        times, out = [], None
-        for _ in range(repeats):
-            sync(device)
-            t0 = time.perf_counter()
-            out = rec.generate(embeds, mask, max_new)
-            sync(device)
-            times.append(time.perf_counter() - t0)
+        t_feats, feats = timed(lambda: [rec.features(p)[0] for p in paths], "cpu", 1)
+        t_embeds, (embeds, mask) = timed(lambda: rec.prompt_embeds(feats), device, repeats)
+        t_prefill, _ = timed(lambda: rec.generate(embeds, mask, 1), device, repeats)
+        t_all, out = timed(lambda: rec.generate(embeds, mask, max_new), device, repeats)
     rows = out.tolist()
     steps = max(next((j + 1 for j, x in enumerate(r) if x in rec.stop), len(r)) for r in rows)
-    return 1000 * statistics.median(times) / max(steps, 1), rows
+    return {"features_ms": 1000 * t_feats, "embeds_ms": 1000 * t_embeds, "prefill_ms": 1000 * t_prefill,
+            "ms_per_token": 1000 * t_all / max(steps, 1),
+            "step_ms": 1000 * (t_all - t_prefill) / max(steps - 1, 1), "steps": steps}, rows
 
 
 def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: list[float], batch: int, a) -> dict:
@@ -85,11 +96,10 @@ def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: 
     timed_transcribe(rec, paths[:batch], batch, a.max_new)  # warm-up: capture (and compile) of this bucket
     warm = time.perf_counter() - t0
     results, seconds = timed_transcribe(rec, paths[:n], batch, a.max_new)
-    feats = [rec.features(p)[0] for p in (paths * (1 + batch // len(paths)))[:batch]]
-    ms_token, ids = decode_only(rec, feats, a.max_new, a.repeats, device)
+    profile, ids = decode_only(rec, (paths * (1 + batch // len(paths)))[:batch], a.max_new, a.repeats, device)
     rec.release()
     return {"arm": name, "batch": batch, "utterances": n, "seconds": seconds, "utts_per_s": n / seconds,
-            "rtf": seconds / sum(audio[:n]), "ms_per_token": ms_token, "warmup_s": warm,
+            "rtf": seconds / sum(audio[:n]), **profile, "warmup_s": warm,
             "ids": [r.ids for r in results], "batch_ids": ids,
             "tokens": sum(len(r.ids) for r in results)}
 
@@ -155,15 +165,21 @@ def table(rows: list[dict], skipped: dict, meta: dict) -> str:
              f"{meta['max_new']} new tokens, {meta['device']}, LLM {meta['llm_dtype']}, torch {meta['torch']}, "
              f"transformers {meta['transformers']}", "",
              "| decoder | batch | utterances | utterances/s | RTF | ms / generated token (decode only) | "
-             "warm-up s |", "|---|---|---|---|---|---|---|"]
+             "decode step ms | prefill ms | encoder + splice ms | features ms | warm-up s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     names = {"funasr": "FunASR FunASRNano.inference (AutoModel.generate, batch 1)", "plain": "brisk plain (generate)",
-             "fast": "brisk fast (static cache + CUDA graph)", "fast_compile": "brisk fast + compiled step"}
+             "fast": "brisk fast (static cache; CUDA graph on CUDA)", "fast_compile": "brisk fast + compiled step"}
     for r in rows:
         tok = f"{r['ms_per_token']:.2f}" + (" (whole call)" if r["arm"] == "funasr" else "")
+        prof = " | ".join(f"{r[k]:.1f}" if k in r else "-" for k in ("step_ms", "prefill_ms", "embeds_ms", "features_ms"))
         lines.append(f"| {names[r['arm']]} | {r['batch']} | {r['utterances']} | {r['utts_per_s']:.2f} | {r['rtf']:.4f} | "
-                     f"{tok} | {r['warmup_s']:.1f} |")
+                     f"{tok} | {prof} | {r['warmup_s']:.1f} |")
     for arm, why in skipped.items():
-        lines.append(f"| {names.get(arm, arm)} | - | - | not run: {why} | | | |")
+        lines.append(f"| {names.get(arm.split()[0], arm)} | {arm.split()[1][1:] if ' ' in arm else '-'} | - | "
+                     f"not run: {why} | | | | | | | |")
+    lines += ["", "decode step ms: (generate of the cap - generate of 1 token) / (steps - 1), one batch; prefill ms: "
+              "generate of 1 token; encoder + splice: the prompt embeddings of the batch; features: CPU fbank + LFR "
+              "of the batch."]
     return "\n".join(lines)
 
 
@@ -180,7 +196,7 @@ def main() -> int:
     ap.add_argument("--slow-utts", type=int, default=8, help="utterances of the batch-1 rows of funasr and plain")
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--budget", type=float, default=450, help="seconds; arms not started by then are skipped")
+    ap.add_argument("--budget", type=float, default=420, help="seconds; arms not started by then are skipped")
     a = ap.parse_args()
     t_start = time.perf_counter()
     out = Path(a.out).resolve()
