@@ -21,19 +21,20 @@ BATCHES = ([9, 5, 12], [7], [4, 11, 6, 8, 9, 3, 10, 5, 12, 7, 6, 9, 8, 5, 4, 11,
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_graphed_fp32_gives_generates_ids(attn):
     llm = tiny_llm(attn, "cuda")
-    graphed = FastGreedy(llm, [], PAD, torch.float32, "cuda")
-    eager = FastGreedy(llm, [], PAD, torch.float32, "cuda", graphs=False)
-    assert graphed.graphs and not eager.graphs
     for i, lengths in enumerate(BATCHES):
         embeds, mask = prompts(llm, lengths, seed=i)
-        stop = stop_tokens(llm, embeds, mask)
-        graphed.stop = eager.stop = torch.tensor(stop, device="cuda")
+        stop = stop_tokens(llm, embeds, mask)  # rows stop at different steps (the graph's stop tensor is fixed)
+        graphed = FastGreedy(llm, stop, PAD, torch.float32, "cuda")
+        eager = FastGreedy(llm, stop, PAD, torch.float32, "cuda", graphs=False)
         expected = reference_ids(llm, embeds, mask, stop, 24)
         a = graphed.generate(embeds, mask, 24)
         b = eager.generate(embeds, mask, 24)
+        assert graphed.graphs and not eager.graphs and all(r.graph is not None for r in graphed.rooms.values())
         assert torch.equal(a, b), lengths  # the replayed graph computes what the eager step computes
         assert cut(a.tolist(), stop) == expected, lengths
-    assert all(r.graph is not None for r in graphed.rooms.values()) and len(graphed.rooms) == 3
+        # A second batch of the same bucket replays the same graph.
+        embeds2, mask2 = prompts(llm, lengths, seed=100 + i)
+        assert cut(graphed.generate(embeds2, mask2, 24).tolist(), stop) == reference_ids(llm, embeds2, mask2, stop, 24)
 
 
 def test_graphed_bf16_equals_eager_bf16():
