@@ -100,6 +100,10 @@ def test_greedy_ids_match_funasr_inference(models, tokenizer, kwargs):
     fast = Recognizer(ours, tokenizer, cfg.frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW, fast=True)
     for batch_size in (1, len(paths), 4):
         assert [r.ids for r in fast.transcribe(paths, batch_size=batch_size)] == expected, batch_size
+    # Features read on a thread ahead of the decoding (the default on CUDA): the same results, in order.
+    ahead = Recognizer(ours, tokenizer, cfg.frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW,
+                       fast=True, prefetch=True)
+    assert [r.ids for r in ahead.transcribe(paths, batch_size=2)] == expected
 
 
 def test_prompt_is_funasr_get_prompt(models):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -65,7 +66,7 @@ class Recognizer:
 
     def __init__(self, model, tokenizer, frontend_cfg, *, device: torch.device | str = "cpu", sys_prompt: bool = True,
                  do_think: bool = True, prompt: str | None = None, max_new_tokens: int = 512, fast: bool = False,
-                 fast_compile: str | None = None):
+                 fast_compile: str | None = None, prefetch: bool | None = None):
         self.model, self.tok = model, tokenizer
         self.device = torch.device(device)
         self.frontend = Frontend(dataclasses.replace(frontend_cfg, dither=0.0))
@@ -83,6 +84,9 @@ class Recognizer:
         self.fast = fast or bool(fast_compile)
         self.fast_compile = fast_compile  # a torch.compile backend for the fast decoder's step ("inductor")
         self._fast = None  # the FastGreedy decoder, built on first use
+        # Features of the next batches on a thread while this one decodes; by default on CUDA only (on the CPU
+        # the thread would take the cores the decoder uses).
+        self.prefetch = self.device.type == "cuda" if prefetch is None else prefetch
 
     def release(self) -> None:
         """Give back the fast decoder's caches, buffers and CUDA graphs (built again on the next decode)."""
@@ -178,11 +182,18 @@ class Recognizer:
         return re.sub(r"\s+", " ", t.replace("/sil", " ")).strip()
 
     def transcribe(self, paths: list[str], batch_size: int = 8, max_new_tokens: int | None = None) -> list[Result]:
+        chunks = [paths[b:b + batch_size] for b in range(0, len(paths), batch_size)]
+
+        def load(chunk: list[str]) -> tuple[tuple[torch.Tensor, ...], tuple[float, ...]]:
+            return tuple(zip(*(self.features(p) for p in chunk)))
+
         out: list[Result] = []
-        for b in range(0, len(paths), batch_size):
-            feats, secs = zip(*(self.features(p) for p in paths[b:b + batch_size]))
-            for ids, s in zip(self.decode_features(list(feats), max_new_tokens), secs):
-                out.append(Result(ids, self.text(ids), s))
+        with ThreadPoolExecutor(1) if self.prefetch and len(chunks) > 1 else nullcontext() as pool:
+            # A thread reads and featurizes the next batches (the fbank's torch ops release the GIL) while this
+            # one decodes: the CPU front end would otherwise add its time to every batch's.
+            for feats, secs in (pool.map(load, chunks) if pool is not None else map(load, chunks)):
+                for ids, s in zip(self.decode_features(list(feats), max_new_tokens), secs):
+                    out.append(Result(ids, self.text(ids), s))
         return out
 
 
