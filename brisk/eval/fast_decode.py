@@ -34,12 +34,15 @@ Graphs draw on a memory pool of their own (never the training graphs' pool) and 
 from __future__ import annotations
 
 import inspect
+import logging
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
 from ..config import ConfigError
+
+log = logging.getLogger("brisk")
 
 MAX_SMALL_BUCKET = 64
 CACHE_ROUND = 64  # cache lengths are rounded up to this, so nearby prompt lengths share one room
@@ -171,9 +174,9 @@ class FastGreedy:
         r.slot.add_(1)
         r.step.add_(1)
 
-    def _capture(self, r: _Room) -> None:
-        """Warm the step up on a side stream, put the buffers back, then capture it (capture runs nothing)."""
-        saved = [t.clone() for t in r.state()]
+    def _capture(self, r: _Room, saved: list[torch.Tensor]) -> None:
+        """Warm the step up on a side stream, put its state back (``saved``), then capture it (capture runs
+        nothing)."""
         side = _capture_stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -181,8 +184,8 @@ class FastGreedy:
             # first replay.
             self.run_step(r)
         torch.cuda.current_stream(self.device).wait_stream(side)
-        for t, s in zip(r.state(), saved):
-            t.copy_(s)
+        for buf, old in zip(r.state(), saved):
+            buf.copy_(old)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
             self.run_step(r)
@@ -218,7 +221,15 @@ class FastGreedy:
         r.step.fill_(1)
         r.counters = [layer.cumulative_length for layer in r.cache.layers]
         if self.graphs and r.graph is None:
-            self._capture(r)
+            saved = [buf.clone() for buf in r.state()]
+            try:
+                self._capture(r, saved)
+            except RuntimeError as e:  # a capture CUDA refuses: the same step, eagerly, is still correct
+                log.warning("fast decode: capturing the decode step failed (%s); it runs eagerly from here",
+                            str(e).splitlines()[0] if str(e) else type(e).__name__)
+                self.graphs = False
+                for buf, old in zip(r.state(), saved):
+                    buf.copy_(old)
         done, todo = 0, max_new - 1
         while done < todo and not bool(r.finished.all()):  # the host looks every check_every tokens
             k = min(self.check_every, todo - done)
