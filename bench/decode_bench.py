@@ -129,8 +129,10 @@ def funasr_arm(folder: Path, device: str, paths: list[str], audio: list[float], 
     load_s = time.perf_counter() - t0
     generated = []  # FunASR returns text only: greedy generate runs the LLM once a generated token
     model.llm.register_forward_hook(lambda *_: generated.append(1))
-    run = lambda p, i: model.inference([p], key=[f"u{i}"], tokenizer=tok, frontend=frontend, device=device,  # noqa: E731
-                                       max_length=a.max_new)
+
+    def run(path: str, i: int) -> None:
+        model.inference([path], key=[f"u{i}"], tokenizer=tok, frontend=frontend, device=device, max_length=a.max_new)
+
     t0 = time.perf_counter()
     run(paths[0], 0)
     warm = time.perf_counter() - t0

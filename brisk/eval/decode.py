@@ -145,7 +145,8 @@ class Recognizer:
             if self._fast is None:
                 from .fast_decode import FastGreedy
 
-                self._fast = FastGreedy(self.model.llm, self.stop, self.pad, dtype, self.device, compile=self.fast_compile)
+                self._fast = FastGreedy(self.model.llm, self.stop, self.pad, dtype, self.device,
+                                        compile=self.fast_compile)
             return self._fast.generate(embeds.to(dtype), mask, max_new)
         autocast = torch.autocast(self.device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
         with autocast:
