@@ -23,8 +23,9 @@ token ids of fast and plain are compared (agreement per utterance; bf16 on the G
 differ; the fp32 equality is tests/gpu/test_fast_decode_gpu.py's). Writes decode_bench.json and
 decode_bench.md to --out and prints the table last.
 
-    python bench/decode_bench.py --out $OUT                                # GPU, ~5 minutes
-    python bench/decode_bench.py --tiny --device cpu --out bench/tmp/decode_tiny --arms plain,fast   # CPU check
+    python bench/decode_bench.py --out $OUT/decode                          # GPU, ~5 minutes
+    python bench/decode_bench.py --tiny --device cpu --out bench/tmp/decode_tiny --arms plain,fast \
+        --batches 1,4 --utts 6 --slow-utts 2 --max-new 8 --repeats 1             # CPU check of the script
 """
 
 from __future__ import annotations
@@ -189,7 +190,10 @@ def table(rows: list[dict], skipped: dict, meta: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="bench/tmp/decode_bench")
-    ap.add_argument("--model", default=None, help="a FunASR model folder (default: built by tools/make_nano_folder.py)")
+    ap.add_argument("--model", default=None, help="a FunASR model folder (default: <work>/nano, built by "
+                    "tools/make_nano_folder.py unless there)")
+    ap.add_argument("--work", default="/tmp/brisk_decode_bench", help="the built model folder and the Inductor cache "
+                    "(kept out of --out, which comes back from the GPU machine)")
     ap.add_argument("--data", default=None, help="a jsonl (default: bench/tmp/wholerun_data/valid.jsonl, else the demo's)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny model folder (CPU check of this script)")
@@ -205,7 +209,9 @@ def main() -> int:
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     # Set before torch is imported: the compiled arm's kernels land in (and come back from) this folder.
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(out.parent / f"{out.name}_inductor"))
+    work = Path(a.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "inductor"))
     import torch
     import transformers
 
@@ -214,7 +220,7 @@ def main() -> int:
     meta: dict = {"device": torch.cuda.get_device_name() if a.device.startswith("cuda") else a.device,
                   "torch": torch.__version__, "transformers": transformers.__version__, "max_new": a.max_new,
                   "inductor_cache": os.environ["TORCHINDUCTOR_CACHE_DIR"]}
-    folder = Path(a.model).resolve() if a.model else out.parent / f"{out.name}_nano{'_tiny' if a.tiny else ''}"
+    folder = Path(a.model).resolve() if a.model else work / ("nano_tiny" if a.tiny else "nano")
     if not (folder / "model.pt").exists():
         meta["folder_build_s"] = build_folder(folder, a.tiny)
     t0 = time.perf_counter()
