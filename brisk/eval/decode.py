@@ -190,12 +190,21 @@ class Recognizer:
 
         out: list[Result] = []
         with ThreadPoolExecutor(1) if self.prefetch and len(chunks) > 1 else nullcontext() as pool:
-            # A thread reads and featurizes the next batches (the fbank's torch ops release the GIL) while this
-            # one decodes: the CPU front end would otherwise add its time to every batch's.
-            for feats, secs in (pool.map(load, chunks) if pool is not None else map(load, chunks)):
+            for feats, secs in (one_ahead(pool, load, chunks) if pool is not None else map(load, chunks)):
                 for ids, s in zip(self.decode_features(list(feats), max_new_tokens), secs):
                     out.append(Result(ids, self.text(ids), s))
         return out
+
+
+def one_ahead(pool: ThreadPoolExecutor, fn, items: list):
+    """``fn`` over ``items`` with the next item's call running on ``pool`` while the caller uses this one's
+    result: a thread reads and featurizes the next batch (the fbank's torch ops release the GIL) while the GPU
+    decodes, and only one batch is ever read ahead (a long eval set is never held in memory whole)."""
+    pending = pool.submit(fn, items[0]) if items else None
+    for i in range(len(items)):
+        result = pending.result()
+        pending = pool.submit(fn, items[i + 1]) if i + 1 < len(items) else None
+        yield result
 
 
 def timed_transcribe(rec: Recognizer, paths: list[str], batch_size: int = 8,
