@@ -254,6 +254,7 @@ class TrainConfig:
     val_every: int = 0  # steps; 0: only at epoch end
     val_decode: int = 0  # >0: also decode the first N validation utterances (greedy) at each validation and
     #                      before the first step: CER/WER into history.jsonl, TensorBoard and the report
+    val_decode_fast: bool = False  # fast decoder: static KV cache, CUDA graphs in their own pool (freed after); same ids
     save_every: int = 0  # steps; 0: only at epoch end
     keep_n: int = 3  # keep the n best checkpoints (by keep_metric) plus the latest
     keep_metric: str = "loss"  # loss | acc (validation)
@@ -292,6 +293,9 @@ class TrainConfig:
             raise ConfigError(f"train.parallel={self.parallel!r}: use ddp or fsdp")
         if self.val_decode < 0:
             raise ConfigError(f"train.val_decode={self.val_decode}: give a number of validation utterances (0: off)")
+        if self.val_decode_fast and not self.val_decode:
+            raise ConfigError("train.val_decode_fast=true decodes nothing without train.val_decode: set train.val_decode=N "
+                              "(utterances to decode) or drop train.val_decode_fast")
 
 
 @dataclass

@@ -95,6 +95,13 @@ def test_greedy_ids_match_funasr_inference(models, tokenizer, kwargs):
     assert got == expected
     # Batched (left padding) gives the same ids as one at a time.
     assert [r.ids for r in rec.transcribe(paths, batch_size=len(paths))] == expected
+    # The fast decoder (static cache, the same step code that CUDA captures), single and batched: 6 rows pad to
+    # a bucket of 8; 4 + 2 take buckets of 4 and 2, their features read on a thread ahead (the default on CUDA).
+    fast = Recognizer(ours, tokenizer, cfg.frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW, fast=True)
+    for batch_size in (1, len(paths)):
+        assert [r.ids for r in fast.transcribe(paths, batch_size=batch_size)] == expected, batch_size
+    fast.prefetch = True
+    assert [r.ids for r in fast.transcribe(paths, batch_size=4)] == expected
 
 
 def test_prompt_is_funasr_get_prompt(models):

@@ -20,12 +20,14 @@ N_VAL = 6
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    """A few steps of the tiny demo model with validation decoding on (a subset of the validation set)."""
+    """A few steps of the tiny demo model with validation decoding on (a subset of the validation set), fast."""
     run = tmp_path_factory.mktemp("tiny_run")
     lines = (DEMO / "valid.jsonl").read_text(encoding="utf-8").splitlines()[:N_VAL]
     valid = run.parent / f"{run.name}_valid.jsonl"
     valid.write_text("\n".join(x.replace("!audio/", f"!{DEMO}/audio/") for x in lines) + "\n", encoding="utf-8")
-    result = run_train(run, **{"train.max_steps": 6, "train.val_decode": 4, "data.valid": str(valid),
+    # Validation decodes with the fast decoder (train.val_decode_fast); `brisk eval` below checks it against the
+    # plain one on the same run.
+    result = run_train(run, **{"train.max_steps": 6, "train.val_decode": 4, "train.val_decode_fast": True, "data.valid": str(valid),
                                "train.export": "funasr", "diagnose.report": True})
     return run, valid, result
 
@@ -68,12 +70,19 @@ def test_eval_writes_one_line_per_utterance_and_jiwer_summary(tiny_run, tmp_path
     assert summary["wer"] == pytest.approx(jiwer.wer([normalize(r) for r in refs], [normalize(h) for h in hyps]))
     assert f"{100 * summary['cer']:.2f}%" in printed and "utterances/s" in printed and "real-time factor" in printed
     assert summary["rtf"] > 0 and summary["utts_per_s"] > 0
+    # --fast: the same transcripts (the same ids, by tests/test_decode_parity.py), said in the summary.
+    fast = tmp_path / "eval_fast.jsonl"
+    assert main(["eval", str(run), str(valid), "--out", str(fast), "--batch-size", "4", "--max-new-tokens", "16",
+                 "--fast"]) == 0
+    assert [json.loads(x)["hyp"] for x in fast.read_text(encoding="utf-8").splitlines()] == hyps
+    assert json.loads(fast.with_suffix(".summary.json").read_text())["decoder"] == "fast decoder"
+    assert "fast decoder" in capsys.readouterr().out and summary["decoder"] == "generate"
 
 
 def test_transcribe_prints_a_line_per_file(tiny_run):
     run, _, _ = tiny_run
     wavs = [str(p) for p in sorted((DEMO / "audio" / "valid").glob("*.flac"))[:3]]
-    cmd = [sys.executable, "-m", "brisk", "transcribe", str(run), *wavs, "--max-new-tokens", "12"]
+    cmd = [sys.executable, "-m", "brisk", "transcribe", str(run), *wavs, "--max-new-tokens", "12", "--fast"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = [x for x in out.stdout.splitlines() if x.strip()]

@@ -15,6 +15,9 @@ Decoding is the LLM's own ``generate(inputs_embeds=...)``: greedy, KV cache, sto
 eos and at ``<|im_end|>``. Several utterances decode together, left-padded (FunASR's batched path does the
 same); positions then come from the attention mask, so each utterance's tokens keep positions 0, 1, 2, ...
 
+With ``fast=True`` the same prompt embeddings go to brisk.eval.fast_decode.FastGreedy instead (static KV cache,
+the decode step a CUDA graph on CUDA); it gives the same ids (tests/test_decode_parity.py).
+
 Features are computed without dither (FunASR's frontend dithers unless its config sets dither: 0), so a
 transcript is the same on every run.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -61,7 +65,8 @@ class Recognizer:
     """Audio files (or LFR features) -> token ids and text, with a SpeechLLM and its tokenizer."""
 
     def __init__(self, model, tokenizer, frontend_cfg, *, device: torch.device | str = "cpu", sys_prompt: bool = True,
-                 do_think: bool = True, prompt: str | None = None, max_new_tokens: int = 512):
+                 do_think: bool = True, prompt: str | None = None, max_new_tokens: int = 512, fast: bool = False,
+                 fast_compile: str | None = None, prefetch: bool | None = None):
         self.model, self.tok = model, tokenizer
         self.device = torch.device(device)
         self.frontend = Frontend(dataclasses.replace(frontend_cfg, dither=0.0))
@@ -76,6 +81,18 @@ class Recognizer:
         eos = list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
         self.stop = sorted({*eos, *([im_end] if isinstance(im_end, int) and im_end >= 0 else [])})
         self.pad = llm_cfg.pad_token_id if llm_cfg.pad_token_id is not None else (self.stop[0] if self.stop else 0)
+        self.fast = fast or bool(fast_compile)
+        self.fast_compile = fast_compile  # a torch.compile backend for the fast decoder's step ("inductor")
+        self._fast = None  # the FastGreedy decoder, built on first use
+        # Features of the next batches on a thread while this one decodes; by default on CUDA only (on the CPU
+        # the thread would take the cores the decoder uses).
+        self.prefetch = self.device.type == "cuda" if prefetch is None else prefetch
+
+    def release(self) -> None:
+        """Give back the fast decoder's caches, buffers and CUDA graphs (built again on the next decode)."""
+        if self._fast is not None:
+            self._fast.release()
+            self._fast = None
 
     # ------------------------------------------------------------------------------------- prompt
     def prompt_ids(self, n_audio: int) -> tuple[list[int], int]:
@@ -113,6 +130,33 @@ class Recognizer:
             model.train(was_training)
 
     def _decode(self, feats: list[torch.Tensor], max_new_tokens: int | None) -> list[list[int]]:
+        embeds, mask = self.prompt_embeds(feats)
+        out = self.generate(embeds, mask, max_new_tokens or self.max_new_tokens)
+        results = []
+        for row in out.tolist():  # with inputs_embeds only, generate returns the new tokens alone
+            cut = next((j for j, x in enumerate(row) if x in self.stop), len(row))
+            results.append(row[:cut])
+        return results
+
+    def generate(self, embeds: torch.Tensor, mask: torch.Tensor, max_new: int) -> torch.Tensor:
+        """Greedy ids [B, <= max_new] of left-padded prompt embeddings: the LLM's generate, or the fast decoder."""
+        dtype = self.model.llm_dtype
+        if self.fast:
+            if self._fast is None:
+                from .fast_decode import FastGreedy
+
+                self._fast = FastGreedy(self.model.llm, self.stop, self.pad, dtype, self.device,
+                                        compile=self.fast_compile)
+            return self._fast.generate(embeds.to(dtype), mask, max_new)
+        autocast = torch.autocast(self.device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+        with autocast:
+            return self.model.llm.generate(inputs_embeds=embeds.to(dtype), attention_mask=mask, do_sample=False,
+                                           num_beams=1, max_new_tokens=max_new, eos_token_id=self.stop or None,
+                                           pad_token_id=self.pad)
+
+    def prompt_embeds(self, feats: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """LFR features of each utterance -> the prompts' embeddings [B, T, D] with the audio spliced in, left
+        padded with zeros, and their mask [B, T] (long)."""
         model = self.model
         speech = pad_sequence(feats, batch_first=True).to(self.device)  # [N, F, D]
         lengths = torch.tensor([f.shape[0] for f in feats], device=self.device)
@@ -131,17 +175,7 @@ class Recognizer:
         for i, r in enumerate(rows):
             embeds[i, t - r.shape[0]:] = r
             mask[i, t - r.shape[0]:] = 1
-        dtype = model.llm_dtype
-        autocast = torch.autocast(self.device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
-        with autocast:
-            out = model.llm.generate(inputs_embeds=embeds.to(dtype), attention_mask=mask, do_sample=False, num_beams=1,
-                                     max_new_tokens=max_new_tokens or self.max_new_tokens, eos_token_id=self.stop or None,
-                                     pad_token_id=self.pad)
-        results = []
-        for row in out.tolist():  # with inputs_embeds only, generate returns the new tokens alone
-            cut = next((j for j, x in enumerate(row) if x in self.stop), len(row))
-            results.append(row[:cut])
-        return results
+        return embeds, mask
 
     def text(self, ids: list[int]) -> str:
         """FunASR's post-processing: special tokens dropped, /sil and runs of whitespace to one space."""
@@ -149,12 +183,28 @@ class Recognizer:
         return re.sub(r"\s+", " ", t.replace("/sil", " ")).strip()
 
     def transcribe(self, paths: list[str], batch_size: int = 8, max_new_tokens: int | None = None) -> list[Result]:
+        chunks = [paths[b:b + batch_size] for b in range(0, len(paths), batch_size)]
+
+        def load(chunk: list[str]) -> tuple[tuple[torch.Tensor, ...], tuple[float, ...]]:
+            return tuple(zip(*(self.features(p) for p in chunk)))
+
         out: list[Result] = []
-        for b in range(0, len(paths), batch_size):
-            feats, secs = zip(*(self.features(p) for p in paths[b:b + batch_size]))
-            for ids, s in zip(self.decode_features(list(feats), max_new_tokens), secs):
-                out.append(Result(ids, self.text(ids), s))
+        with ThreadPoolExecutor(1) if self.prefetch and len(chunks) > 1 else nullcontext() as pool:
+            for feats, secs in (one_ahead(pool, load, chunks) if pool is not None else map(load, chunks)):
+                for ids, s in zip(self.decode_features(list(feats), max_new_tokens), secs):
+                    out.append(Result(ids, self.text(ids), s))
         return out
+
+
+def one_ahead(pool: ThreadPoolExecutor, fn, items: list):
+    """``fn`` over ``items`` with the next item's call running on ``pool`` while the caller uses this one's
+    result: a thread reads and featurizes the next batch (the fbank's torch ops release the GIL) while the GPU
+    decodes, and only one batch is ever read ahead (a long eval set is never held in memory whole)."""
+    pending = pool.submit(fn, items[0]) if items else None
+    for i in range(len(items)):
+        result = pending.result()
+        pending = pool.submit(fn, items[i + 1]) if i + 1 < len(items) else None
+        yield result
 
 
 def timed_transcribe(rec: Recognizer, paths: list[str], batch_size: int = 8,

@@ -82,13 +82,20 @@ def evaluate(rec: Recognizer, keys: list[str], paths: list[str], refs: list[str]
     rows, summary = score(keys, refs, [r.text for r in results])
     audio = sum(r.audio_seconds for r in results)
     summary.update(seconds=seconds, audio_seconds=audio, utts_per_s=len(rows) / max(seconds, 1e-9),
-                   rtf=seconds / max(audio, 1e-9), device=str(rec.device), batch_size=batch_size)
+                   rtf=seconds / max(audio, 1e-9), device=str(rec.device), batch_size=batch_size,
+                   decoder=decoder_name(rec))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("w", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
     return rows, summary
+
+
+def decoder_name(rec: Recognizer) -> str:
+    if not rec.fast:
+        return "generate"
+    return "fast decoder" + (f" (step compiled, {rec.fast_compile})" if rec.fast_compile else "")
 
 
 def summary_table(s: dict) -> str:
@@ -112,12 +119,14 @@ def eval_main(args) -> int:
     cfg, model, tok, w = load_run(args.model, args.weights, device)
     keys, paths, refs = read_eval_set(args.data, cfg)
     out = Path(args.out) if args.out else (Path(args.model) / "eval" / f"{Path(args.data).stem}.jsonl")
-    rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens)
+    rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
+                     fast_compile=args.fast_compile)
     rows, s = evaluate(rec, keys, paths, refs, out, args.batch_size)
     print(f"model: {args.model} (weights {w}); data: {args.data}")
     print(summary_table(s))
     print(f"decoding: {s['utts_per_s']:.2f} utterances/s, real-time factor {s['rtf']:.4f} "
-          f"({s['seconds']:.1f} s for {s['audio_seconds']:.1f} s of audio, batch {s['batch_size']}, greedy)")
+          f"({s['seconds']:.1f} s for {s['audio_seconds']:.1f} s of audio, batch {s['batch_size']}, greedy, "
+          f"{s['decoder']})")
     print(f"per utterance: {out}")
     (out.with_suffix(".summary.json")).write_text(json.dumps(s, indent=1) + "\n", encoding="utf-8")
     return 0
@@ -126,7 +135,8 @@ def eval_main(args) -> int:
 def transcribe_main(args) -> int:
     device = pick_device(args.device)
     cfg, model, tok, _ = load_run(args.model, args.weights, device)
-    rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens)
+    rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
+                     fast_compile=args.fast_compile)
     for path, r in zip(args.audio, rec.transcribe(args.audio, args.batch_size)):
         print(f"{path}\t{r.text}")
     return 0
@@ -139,6 +149,10 @@ def add_verbs(sub) -> None:
         p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
         p.add_argument("--batch-size", type=int, default=8, help="utterances decoded together (left padding)")
         p.add_argument("--max-new-tokens", type=int, default=512, help="FunASR's max_length (default 512)")
+        p.add_argument("--fast", action="store_true",
+                       help="static KV cache; on CUDA each batch bucket's decode step is a CUDA graph (same ids)")
+        p.add_argument("--fast-compile", action="store_const", const="inductor", default=None,
+                       help="--fast with the decode step compiled by torch.compile before capture (CUDA; compiles once)")
 
     e = sub.add_parser("eval", help="decode a jsonl, CER/WER with jiwer, one line per utterance")
     e.add_argument("model", help="a brisk run folder or a FunASR model folder")

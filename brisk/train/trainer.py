@@ -70,7 +70,8 @@ class Trainer:
                                tensorboard=c.train.tensorboard, rank=self.rank)
         if self.probe is not None:
             self.monitor.listeners.append(self.probe.on_metrics)
-        self.decoder = ValDecoder(self.valid, self.run_dir, c.train.val_decode, self.device) if c.train.val_decode else None
+        self.decoder = (ValDecoder(self.valid, self.run_dir, c.train.val_decode, self.device, fast=c.train.val_decode_fast)
+                        if c.train.val_decode else None)
 
     # The parts the loop reads, by name.
     model = property(lambda self: self.parts.model)  # the plain model (unwrapped)

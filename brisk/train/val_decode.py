@@ -3,6 +3,10 @@
 Kept cheap: N utterances only, decoded in batches of 8, at most 2 x the longest reference (in tokens) + 8
 new tokens each, so an untrained model that never emits <|im_end|> cannot run to FunASR's 512. Each
 validation appends its transcripts (with the step) to valid_decode.jsonl in the run folder.
+
+With train.val_decode_fast the fast decoder (brisk/eval/fast_decode.py) decodes; its caches, buffers and CUDA
+graphs (captured in a memory pool of their own, apart from the training step's graphs) are given back after
+each validation, so training keeps its memory between validations.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from ..eval.evaluate import score
 
 
 class ValDecoder:
-    def __init__(self, valid, run_dir: Path, n: int, device: torch.device):
-        self.valid, self.run_dir, self.n, self.device = valid, run_dir, n, device
+    def __init__(self, valid, run_dir: Path, n: int, device: torch.device, fast: bool = False):
+        self.valid, self.run_dir, self.n, self.device, self.fast = valid, run_dir, n, device, fast
         self.rec: Recognizer | None = None
         self.last_rows: list[dict] = []
         if valid is not None:
@@ -35,10 +39,13 @@ class ValDecoder:
         if self.rec is None:
             b = ds.builder
             self.rec = Recognizer(model, b.tok, ds.frontend.cfg, device=self.device, sys_prompt=b.sys_prompt,
-                                  do_think=b.do_think)
+                                  do_think=b.do_think, fast=self.fast)
             self.max_new = 2 * max(len(b.tok.encode(r)) for r in self.refs) + 8
         t0 = time.perf_counter()
-        results = self.rec.transcribe(self.paths, batch_size=8, max_new_tokens=self.max_new)
+        try:
+            results = self.rec.transcribe(self.paths, batch_size=8, max_new_tokens=self.max_new)
+        finally:
+            self.rec.release()
         seconds = time.perf_counter() - t0
         rows, summary = score(self.keys, self.refs, [r.text for r in results])
         self.last_rows = rows

@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""Greedy decoding speed (issue 25): FunASR's own inference, brisk's plain decoder and brisk's fast decoder.
+
+One call: a real-size random Fun-ASR-Nano folder (tools/make_nano_folder.py, on the GPU) unless --model names
+one; the 40 validation utterances of the whole-run set (bench/tmp/wholerun_data/valid.jsonl, made by
+tools/make_wholerun_data.py) or, where that is missing, the bundled demo's 40; at most --max-new (64) new
+tokens. Random weights rarely emit a stop token, so every row runs to the cap and every decoder generates the
+same number of tokens.
+
+Arms (each warmed once on its first batch: graph capture and compile are reported, not timed):
+- funasr: FunASR 1.4.16's ``FunASRNano.inference`` one utterance at a time, the call ``AutoModel.generate``
+  makes at its default batch 1, on FunASR's own model built from the folder (skipped, and said so, when
+  funasr cannot be imported);
+- plain: brisk's Recognizer (``llm.generate``, dynamic cache), batches 1, 16, 64;
+- fast: the same with ``fast=True`` (static KV cache, the decode step a CUDA graph a batch bucket);
+- fast_compile: the same with the step compiled by Inductor before capture.
+
+Per arm and batch: utterances/s and RTF of the whole transcribe (audio reading, features, encoder, decode;
+what `brisk eval` reports), and ms a generated token of the decode alone (prompt embeddings ready; the time
+of one ``generate`` of a full batch divided by the tokens it ran, the median of --repeats). Batch-1 rows of
+the slow arms (funasr, plain) decode only the first --slow-utts utterances, to keep the call short. The
+token ids of fast and plain are compared (agreement per utterance; bf16 on the GPU, so rare near-ties may
+differ; the fp32 equality is tests/gpu/test_fast_decode_gpu.py's). Writes decode_bench.json and
+decode_bench.md to --out and prints the table last.
+
+    python bench/decode_bench.py --out $OUT/decode                          # GPU, ~5 minutes
+    python bench/decode_bench.py --tiny --device cpu --out bench/tmp/decode_tiny --arms plain,fast \
+        --batches 1,4 --utts 6 --slow-utts 2 --max-new 8 --repeats 1             # CPU check of the script
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def build_folder(out: Path, tiny: bool) -> float:
+    t0 = time.perf_counter()
+    cmd = [sys.executable, str(REPO / "tools" / "make_nano_folder.py"), "--out", str(out)] + (["--tiny"] if tiny else [])
+    subprocess.run(cmd, check=True, cwd=REPO)
+    return time.perf_counter() - t0
+
+
+def timed(fn, device: str, repeats: int):
+    """(median seconds of ``repeats`` calls, the last result)."""
+    times, out = [], None
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        out = fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def decode_only(rec, paths: list[str], max_new: int, repeats: int, device: str) -> tuple[dict, list[list[int]]]:
+    """Where one batch's time goes: features (CPU), encoder + splice, prefill (generate of 1 token), and the
+    decode steps (a full generate less the prefill, over the steps it ran); and that batch's ids."""
+    import torch
+
+    with torch.no_grad():
+        t_feats, feats = timed(lambda: [rec.features(p)[0] for p in paths], "cpu", 1)
+        t_embeds, (embeds, mask) = timed(lambda: rec.prompt_embeds(feats), device, repeats)
+        t_prefill, _ = timed(lambda: rec.generate(embeds, mask, 1), device, repeats)
+        t_all, out = timed(lambda: rec.generate(embeds, mask, max_new), device, repeats)
+    rows = out.tolist()
+    steps = max(next((j + 1 for j, x in enumerate(r) if x in rec.stop), len(r)) for r in rows)
+    return {"features_ms": 1000 * t_feats, "embeds_ms": 1000 * t_embeds, "prefill_ms": 1000 * t_prefill,
+            "ms_per_token": 1000 * t_all / max(steps, 1),
+            "step_ms": 1000 * (t_all - t_prefill) / max(steps - 1, 1), "steps": steps}, rows
+
+
+def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: list[float], batch: int, a) -> dict:
+    from brisk.eval.decode import timed_transcribe
+    from brisk.eval.evaluate import recognizer
+
+    kw = {"fast": name != "plain", "fast_compile": "inductor" if name == "fast_compile" else None}
+    rec = recognizer(cfg, model, tok, device, max_new_tokens=a.max_new, **kw)
+    n = a.slow_utts if (name == "plain" and batch == 1) else len(paths)
+    t0 = time.perf_counter()
+    timed_transcribe(rec, paths[:batch], batch, a.max_new)  # warm-up: capture (and compile) of this bucket
+    warm = time.perf_counter() - t0
+    results, seconds = timed_transcribe(rec, paths[:n], batch, a.max_new)
+    profile, ids = decode_only(rec, (paths * (1 + batch // len(paths)))[:batch], a.max_new, a.repeats, device)
+    rec.release()
+    return {"arm": name, "batch": batch, "utterances": n, "seconds": seconds, "utts_per_s": n / seconds,
+            "rtf": seconds / sum(audio[:n]), **profile, "warmup_s": warm,
+            "ids": [r.ids for r in results], "batch_ids": ids,
+            "tokens": sum(len(r.ids) for r in results)}
+
+
+def funasr_arm(folder: Path, device: str, paths: list[str], audio: list[float], a) -> dict:
+    """FunASR's FunASRNano.inference at batch 1 on its own model built from the folder's config.yaml."""
+    import torch
+    import yaml
+
+    t0 = time.perf_counter()
+    import funasr.models.llm_asr.adaptor  # noqa: F401  (registers the adaptor class)
+    import funasr.models.sense_voice.model  # noqa: F401
+    from funasr.frontends.wav_frontend import WavFrontend
+    from funasr.models.fun_asr_nano.model import FunASRNano
+    from transformers import AutoTokenizer
+
+    conf = yaml.safe_load((folder / "config.yaml").read_text())
+    llm_conf = dict(conf["llm_conf"], init_param_path=str(folder / conf["llm_conf"]["init_param_path"]))
+    model = FunASRNano(audio_encoder=conf["audio_encoder"], audio_encoder_conf=conf["audio_encoder_conf"],
+                       audio_adaptor=conf["audio_adaptor"], audio_adaptor_conf=conf["audio_adaptor_conf"],
+                       llm=conf["llm"], llm_conf=llm_conf, input_size=560)
+    state = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)["state_dict"]
+    missing, unexpected = model.load_state_dict(state, strict=False)  # FunASR's own loader is not strict either
+    model = model.to(device).eval()
+    tok = AutoTokenizer.from_pretrained(llm_conf["init_param_path"], local_files_only=True)
+    frontend = WavFrontend(**conf["frontend_conf"], dither=0.0)
+    load_s = time.perf_counter() - t0
+    generated = []  # FunASR returns text only: greedy generate runs the LLM once a generated token
+    model.llm.register_forward_hook(lambda *_: generated.append(1))
+
+    def run(path: str, i: int) -> None:
+        model.inference([path], key=[f"u{i}"], tokenizer=tok, frontend=frontend, device=device, max_length=a.max_new)
+
+    t0 = time.perf_counter()
+    run(paths[0], 0)
+    warm = time.perf_counter() - t0
+    generated.clear()
+    n = a.slow_utts
+    sync(device)
+    t0 = time.perf_counter()
+    for i, p in enumerate(paths[:n]):
+        run(p, i)
+    sync(device)
+    seconds = time.perf_counter() - t0
+    return {"arm": "funasr", "batch": 1, "utterances": n, "seconds": seconds, "utts_per_s": n / seconds,
+            "rtf": seconds / sum(audio[:n]), "ms_per_token": 1000 * seconds / max(sum(generated), 1),
+            "warmup_s": warm, "load_s": load_s, "tokens": sum(generated), "missing_keys": len(missing),
+            "unexpected_keys": len(unexpected),
+            "note": "per token: whole inference time / generated tokens (features and encoder included)"}
+
+
+def agreement(rows: list[dict]) -> dict:
+    """Per batch size, the share of utterances whose fast ids equal the plain ids."""
+    out = {}
+    for r in rows:
+        if r["arm"] in ("fast", "fast_compile"):
+            ref = next((p for p in rows if p["arm"] == "plain" and p["batch"] == r["batch"]), None)
+            if ref is not None:
+                pairs = list(zip(ref["ids"], r["ids"]))
+                out[f"{r['arm']} b{r['batch']}"] = sum(x == y for x, y in pairs) / max(len(pairs), 1)
+    return out
+
+
+def table(rows: list[dict], skipped: dict, meta: dict) -> str:
+    lines = [f"Greedy decoding, {meta['utterances']} utterances ({meta['audio_s']:.1f} s of audio), at most "
+             f"{meta['max_new']} new tokens, {meta['device']}, LLM {meta['llm_dtype']}, torch {meta['torch']}, "
+             f"transformers {meta['transformers']}", "",
+             "| decoder | batch | utterances | utterances/s | RTF | ms / generated token (decode only) | "
+             "decode step ms | prefill ms | encoder + splice ms | features ms | warm-up s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    names = {"funasr": "FunASR FunASRNano.inference (AutoModel.generate, batch 1)", "plain": "brisk plain (generate)",
+             "fast": "brisk fast (static cache; CUDA graph on CUDA)", "fast_compile": "brisk fast + compiled step"}
+    for r in rows:
+        tok = f"{r['ms_per_token']:.2f}" + (" (whole call)" if r["arm"] == "funasr" else "")
+        prof = " | ".join(f"{r[k]:.1f}" if k in r else "-" for k in ("step_ms", "prefill_ms", "embeds_ms", "features_ms"))
+        lines.append(f"| {names[r['arm']]} | {r['batch']} | {r['utterances']} | {r['utts_per_s']:.2f} | {r['rtf']:.4f} | "
+                     f"{tok} | {prof} | {r['warmup_s']:.1f} |")
+    for arm, why in skipped.items():
+        lines.append(f"| {names.get(arm.split()[0], arm)} | {arm.split()[1][1:] if ' ' in arm else '-'} | - | "
+                     f"not run: {why} | | | | | | | |")
+    lines += ["", "decode step ms: (generate of the cap - generate of 1 token) / (steps - 1), one batch; prefill ms: "
+              "generate of 1 token; encoder + splice: the prompt embeddings of the batch; features: CPU fbank + LFR "
+              "of the batch."]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="bench/tmp/decode_bench")
+    ap.add_argument("--model", default=None, help="a FunASR model folder (default: <work>/nano, built by "
+                    "tools/make_nano_folder.py unless there)")
+    ap.add_argument("--work", default="/tmp/brisk_decode_bench", help="the built model folder and the Inductor cache "
+                    "(kept out of --out, which comes back from the GPU machine)")
+    ap.add_argument("--data", default=None, help="a jsonl (default: bench/tmp/wholerun_data/valid.jsonl, else the demo's)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="tiny model folder (CPU check of this script)")
+    ap.add_argument("--arms", default="funasr,plain,fast,fast_compile")
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--utts", type=int, default=40)
+    ap.add_argument("--slow-utts", type=int, default=8, help="utterances of the batch-1 rows of funasr and plain")
+    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--budget", type=float, default=420, help="seconds; arms not started by then are skipped")
+    a = ap.parse_args()
+    t_start = time.perf_counter()
+    out = Path(a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    # Set before torch is imported: the compiled arm's kernels land in (and come back from) this folder.
+    work = Path(a.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "inductor"))
+    import torch
+    import transformers
+
+    from brisk.eval.evaluate import load_run, read_eval_set
+
+    meta: dict = {"device": torch.cuda.get_device_name() if a.device.startswith("cuda") else a.device,
+                  "torch": torch.__version__, "transformers": transformers.__version__, "max_new": a.max_new,
+                  "inductor_cache": os.environ["TORCHINDUCTOR_CACHE_DIR"]}
+    folder = Path(a.model).resolve() if a.model else work / ("nano_tiny" if a.tiny else "nano")
+    if not (folder / "model.pt").exists():
+        meta["folder_build_s"] = build_folder(folder, a.tiny)
+    t0 = time.perf_counter()
+    cfg, model, tok, _ = load_run(folder, device=a.device)
+    meta["load_s"] = time.perf_counter() - t0
+    meta["llm_dtype"] = str(model.llm_dtype).replace("torch.", "")
+    data = a.data or next((str(p) for p in (REPO / "bench" / "tmp" / "wholerun_data" / "valid.jsonl",
+                                             REPO / "data" / "demo" / "valid.jsonl") if p.exists()))
+    meta["data"] = data
+    _, paths, _ = read_eval_set(data, cfg)
+    paths = (paths * (1 + a.utts // len(paths)))[:a.utts]
+    from brisk.data.audio import read_audio
+
+    audio = [read_audio(p, cfg.model.frontend.fs).numel() / cfg.model.frontend.fs for p in paths]
+    meta.update(utterances=len(paths), audio_s=sum(audio))
+    rows, skipped = [], {}
+    arms = a.arms.split(",")
+    for arm in arms:
+        if time.perf_counter() - t_start > a.budget:
+            skipped[arm] = f"over the {a.budget:.0f} s budget"
+            continue
+        if arm == "funasr":
+            try:
+                rows.append(funasr_arm(folder, a.device, paths, audio, a))
+            except Exception as e:  # noqa: BLE001 - funasr missing or failing: said in the table
+                skipped[arm] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+            if a.device.startswith("cuda"):
+                torch.cuda.empty_cache()  # FunASR's model is gone: its memory back before brisk's arms
+            continue
+        for b in (int(x) for x in a.batches.split(",")):
+            if time.perf_counter() - t_start > a.budget:
+                skipped[f"{arm} b{b}"] = f"over the {a.budget:.0f} s budget"
+                continue
+            rows.append(brisk_arm(arm, cfg, model, tok, a.device, paths, audio, b, a))
+            print(json.dumps({k: v for k, v in rows[-1].items() if "ids" not in k}), flush=True)
+    meta["fast_equals_plain"] = agreement(rows)
+    meta["seconds"] = time.perf_counter() - t_start
+    md = table(rows, skipped, meta)
+    md += "\n\nfast ids == plain ids (share of utterances): " + json.dumps(meta["fast_equals_plain"])
+    (out / "decode_bench.json").write_text(json.dumps({"meta": meta, "rows": rows, "skipped": skipped}, indent=1))
+    (out / "decode_bench.md").write_text(md + "\n")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""Greedy decoding at the GPU's pace: a static KV cache, one decode step captured as a CUDA graph a batch bucket.
+
+The LLM's own ``generate`` launches every kernel of every token from Python and grows a dynamic cache: at
+batch 1 the host, not the GPU, sets the pace. Here:
+
+- the batch is padded to a bucket (1, 2, 4, ... 64, then multiples of 64) with copies of its first row that
+  start finished, so a few shapes serve every batch;
+- transformers' ``StaticCache`` holds the keys and values, sized (bucket, cache length); the cache length is
+  the prompt plus the new tokens, rounded up, and grows (a new room) only when a batch needs more;
+- the prefill (the left-padded prompt with the spliced audio) is one eager pass of the LLM, its mask built by
+  transformers from the 2-D padding mask, as ``generate`` does;
+- each decode step feeds the last token with its position (real tokens count from 0 in every row, as
+  ``generate`` derives them from the mask), marks its cache slot in the padding mask, takes the argmax and
+  writes it into an output buffer at a step counter held on the device; finished rows (eos or <|im_end|>,
+  checked on the device) are fed the pad token from then on. Every input of the step lives in a fixed
+  buffer updated in place, so on CUDA the step is captured once a bucket and replayed; on the CPU (or with
+  ``graphs=False``) the same function runs eagerly;
+- the host reads the finished mask only every ``check_every`` steps;
+- optionally (``compile="inductor"``) the step is compiled first, which fuses the decoder's many small
+  elementwise kernels (norms, rotary) before capture; the first room compiles static shapes, the second a
+  dynamic-shape version that later rooms reuse.
+
+The decode-step mask is passed to the LLM as a prepared mapping {layer type: mask} (transformers' models accept
+it and skip their own mask building, which would read values back to the host): a boolean [B, 1, 1, L] for
+SDPA, an additive float one for eager attention. Other attention implementations and sliding-window layers are
+refused. transformers 5.17 names the cache argument ``past_key_values``, 5.24 ``cache``; both keep the static
+cache's write position in a device tensor (``cumulative_length``) that each update advances, which is what makes
+the step capturable. A model it cannot decode raises ConfigError naming the switch (``--fast``,
+``train.val_decode_fast``), so the command line prints one line.
+
+Graphs draw on a memory pool of their own (never the training graphs' pool) and are dropped by ``release``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import ConfigError
+
+log = logging.getLogger("brisk")
+
+MAX_SMALL_BUCKET = 64
+CACHE_ROUND = 64  # cache lengths are rounded up to this, so nearby prompt lengths share one room
+DROP = "decode without --fast / train.val_decode_fast"
+_STREAMS: dict[torch.device, torch.cuda.Stream] = {}  # warm-up and capture stream, one a device for the process
+
+
+def _capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """One stream a device for every capture: cuBLAS keeps a workspace per (handle, stream) until the process
+    ends, so a fresh stream at each validation's capture would leave a workspace behind each time."""
+    if device not in _STREAMS:
+        _STREAMS[device] = torch.cuda.Stream(device)
+    return _STREAMS[device]
+
+
+def bucket(n: int) -> int:
+    """The padded batch size for ``n`` rows: the next power of two up to 64, then the next multiple of 64."""
+    if n <= MAX_SMALL_BUCKET:
+        return 1 << max(n - 1, 0).bit_length()
+    return -(-n // MAX_SMALL_BUCKET) * MAX_SMALL_BUCKET
+
+
+def cache_argument(llm: torch.nn.Module) -> str:
+    """The keyword the LLM takes its KV cache by: ``cache`` (transformers 5.24) or ``past_key_values`` (5.17)."""
+    for m in llm.modules():
+        params = inspect.signature(type(m).forward).parameters
+        for name in ("cache", "past_key_values"):
+            if name in params:
+                return name
+    raise ConfigError(f"fast decode: {type(llm).__name__} takes no KV cache argument (cache or past_key_values); "
+                      f"{DROP}")
+
+
+@dataclass
+class _Room:
+    """The fixed buffers of one batch bucket: the graph reads and writes only these."""
+
+    cache: object  # transformers.StaticCache
+    length: int  # cache slots
+    tok: torch.Tensor  # [B, 1] the token fed next
+    pos: torch.Tensor  # [B, 1] its position (real tokens of the row count from 0)
+    slot: torch.Tensor  # [1] its cache slot, the same for every row (left padding)
+    step: torch.Tensor  # [1] where its successor goes in ``out``
+    mask: torch.Tensor  # [B, L] bool, the slots each row attends to
+    finished: torch.Tensor  # [B] bool
+    out: torch.Tensor  # [B, L] generated ids
+    graph: torch.cuda.CUDAGraph | None = None
+    counters: list = field(default_factory=list)  # the cache layers' write positions
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [self.tok, self.pos, self.slot, self.step, self.mask, self.finished, self.out]
+
+    def state(self) -> list[torch.Tensor]:
+        """Everything one step changes."""
+        return [*self.buffers(), *self.counters]
+
+
+class FastGreedy:
+    """Greedy decoding of left-padded prompt embeddings; ``generate`` returns [B, max_new] ids, ``pad`` after
+    a row stops (the stop token itself is kept)."""
+
+    def __init__(self, llm: torch.nn.Module, stop: list[int], pad: int, dtype: torch.dtype, device: torch.device | str,
+                 *, graphs: bool | None = None, check_every: int = 8, compile: str | None = None):
+        self.llm, self.pad, self.dtype = llm, pad, dtype
+        self.device = torch.device(device)
+        self.graphs = self.device.type == "cuda" if graphs is None else graphs
+        if self.graphs and self.device.type != "cuda":
+            raise ValueError("fast decode: CUDA graphs need a CUDA device")
+        self.check_every = max(1, check_every)
+        self.stop = torch.tensor(stop, dtype=torch.long, device=self.device)
+        text = llm.config.get_text_config() if hasattr(llm.config, "get_text_config") else llm.config
+        self.config = text
+        kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+        if kinds != {"full_attention"}:
+            raise ConfigError(f"fast decode: layer types {sorted(kinds)}, only full attention is supported; {DROP}")
+        self.attn = llm.config._attn_implementation
+        if self.attn not in ("sdpa", "eager"):
+            raise ConfigError(f"fast decode needs sdpa or eager attention, this LLM uses {self.attn!r}; {DROP}")
+        self.cache_kw = cache_argument(llm)
+        self.rooms: dict[int, _Room] = {}
+        self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        # compile: a torch.compile backend for the step ("inductor"; "eager" traces it with Dynamo alone).
+        self.run_step = torch.compile(self._step, backend=compile) if compile else self._step
+
+    # ------------------------------------------------------------------------------------------- rooms
+    def _room(self, rows: int, length: int) -> _Room:
+        room = self.rooms.get(rows)
+        if room is not None and room.length >= length:
+            return room
+        from transformers import StaticCache
+
+        self.rooms.pop(rows, None)  # a longer one replaces it (its graph and cache go with it)
+        length = -(-length // CACHE_ROUND) * CACHE_ROUND
+        d = self.device
+        long = dict(dtype=torch.long, device=d)
+        room = _Room(cache=StaticCache(config=self.config, max_cache_len=length), length=length,
+                     tok=torch.zeros(rows, 1, **long), pos=torch.zeros(rows, 1, **long), slot=torch.zeros(1, **long),
+                     step=torch.zeros(1, **long), mask=torch.zeros(rows, length, dtype=torch.bool, device=d),
+                     finished=torch.zeros(rows, dtype=torch.bool, device=d), out=torch.zeros(rows, length, **long))
+        self.rooms[rows] = room
+        return room
+
+    def _autocast(self):
+        if self.dtype == torch.float32:
+            return nullcontext()
+        # No cast cache: a graph must not keep pointers to casts made outside it.
+        return torch.autocast(self.device.type, dtype=self.dtype, cache_enabled=False)
+
+    # ---------------------------------------------------------------------------------------- the step
+    def _step_mask(self, mask: torch.Tensor):
+        m = mask[:, None, None, :]  # [B, 1, 1, L]
+        if self.attn == "eager":
+            zero = torch.zeros((), dtype=self.dtype, device=mask.device)
+            m = torch.where(m, zero, torch.finfo(self.dtype).min)
+        return {"full_attention": m}
+
+    def _step(self, r: _Room) -> None:
+        """One token for every row of the room, all in place on its buffers (capturable: no host reads)."""
+        r.mask.scatter_(1, r.slot.expand(r.mask.shape[0], 1), True)  # the fed token's own slot
+        with self._autocast():
+            out = self.llm(input_ids=r.tok, attention_mask=self._step_mask(r.mask), position_ids=r.pos, use_cache=True,
+                           logits_to_keep=1, **{self.cache_kw: r.cache})
+        nxt = out.logits[:, -1].argmax(-1)  # [B]
+        nxt = torch.where(r.finished, self.pad, nxt)
+        r.out.index_copy_(1, r.step, nxt[:, None])
+        r.finished.logical_or_(torch.isin(nxt, self.stop))
+        r.tok.copy_(nxt[:, None])
+        r.pos.add_(1)
+        r.slot.add_(1)
+        r.step.add_(1)
+
+    def _capture(self, r: _Room, saved: list[torch.Tensor]) -> None:
+        """Warm the step up on a side stream, put its state back (``saved``), then capture it (capture runs
+        nothing)."""
+        side = _capture_stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            # Compiles here, if at all. The cache slot it writes is written again, with the same values, by the
+            # first replay.
+            self.run_step(r)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        for buf, old in zip(r.state(), saved):
+            buf.copy_(old)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
+            self.run_step(r)
+        r.graph = graph
+
+    # ------------------------------------------------------------------------------------------ decode
+    @torch.no_grad()
+    def generate(self, embeds: torch.Tensor, mask: torch.Tensor, max_new: int) -> torch.Tensor:
+        """embeds [B, T, D] and mask [B, T] (left padded) -> generated ids [B, max_new]."""
+        n, t = mask.shape
+        rows = bucket(n)
+        if rows > n:  # bucket padding: copies of row 0, finished from the start
+            embeds = torch.cat([embeds, embeds[:1].expand(rows - n, -1, -1)])
+            mask = torch.cat([mask, mask[:1].expand(rows - n, -1)])
+        r = self._room(rows, t + max_new)
+        r.cache.reset()  # zeros in place: the graph's pointers stay valid
+        for b in r.buffers():
+            b.zero_()
+        r.mask[:, :t] = mask.bool()
+        # Positions as generate derives them from the mask: 0, 1, ... over each row's real tokens.
+        positions = mask.long().cumsum(-1) - 1
+        positions.masked_fill_(mask == 0, 1)
+        with self._autocast():
+            out = self.llm(inputs_embeds=embeds, attention_mask=r.mask.long(), position_ids=positions, use_cache=True,
+                           logits_to_keep=1, **{self.cache_kw: r.cache})
+        first = out.logits[:, -1].argmax(-1)  # [B]
+        r.out[:, 0] = first
+        r.finished.copy_(torch.isin(first, self.stop))
+        r.finished[n:] = True
+        r.tok.copy_(first[:, None])
+        r.pos.copy_(positions[:, -1:] + 1)
+        r.slot.fill_(t)
+        r.step.fill_(1)
+        r.counters = [layer.cumulative_length for layer in r.cache.layers]
+        if self.graphs and r.graph is None:
+            saved = [buf.clone() for buf in r.state()]
+            try:
+                self._capture(r, saved)
+            except RuntimeError as e:  # a capture CUDA refuses: the same step, eagerly, is still correct
+                log.warning("fast decode: capturing the decode step failed (%s); it runs eagerly from here",
+                            str(e).splitlines()[0] if str(e) else type(e).__name__)
+                self.graphs = False
+                for buf, old in zip(r.state(), saved):
+                    buf.copy_(old)
+        done, todo = 0, max_new - 1
+        while done < todo and not bool(r.finished.all()):  # the host looks every check_every tokens
+            k = min(self.check_every, todo - done)
+            for _ in range(k):
+                if self.graphs:
+                    r.graph.replay()
+                else:
+                    self.run_step(r)
+            done += k
+        return r.out[:n, :max_new].clone()
+
+    def release(self) -> None:
+        """Drop every room (caches, buffers, graphs) and the graphs' memory pool."""
+        self.rooms.clear()
+        self.pool = torch.cuda.graph_pool_handle() if self.graphs else None

@@ -1,0 +1,138 @@
+"""The fast greedy decoder on CUDA (skipped without it): the captured step against the same step run eagerly and
+against the LLM's own generate, the compiled step, a training graph's pool left alone, and brisk's Recognizer.
+
+    python -m pytest tests/gpu/test_fast_decode_gpu.py -q        # on the GPU machine
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from brisk.eval.fast_decode import FastGreedy
+
+from ..test_fast_decode import PAD, cut, prompts, reference_ids, stop_tokens, tiny_llm
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+BATCHES = ([9, 5, 12], [7], [4, 11, 6, 8, 9, 3, 10, 5, 12, 7, 6, 9, 8, 5, 4, 11, 10])  # buckets 4, 1, 32
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_graphed_fp32_gives_generates_ids(attn):
+    llm = tiny_llm(attn, "cuda")
+    for i, lengths in enumerate(BATCHES):
+        embeds, mask = prompts(llm, lengths, seed=i)
+        stop = stop_tokens(llm, embeds, mask)  # rows stop at different steps (the graph's stop tensor is fixed)
+        graphed = FastGreedy(llm, stop, PAD, torch.float32, "cuda")
+        eager = FastGreedy(llm, stop, PAD, torch.float32, "cuda", graphs=False)
+        expected = reference_ids(llm, embeds, mask, stop, 24)
+        a = graphed.generate(embeds, mask, 24)
+        b = eager.generate(embeds, mask, 24)
+        assert graphed.graphs and not eager.graphs and all(r.graph is not None for r in graphed.rooms.values())
+        assert torch.equal(a, b), lengths  # the replayed graph computes what the eager step computes
+        assert cut(a.tolist(), stop) == expected, lengths
+        # A second batch of the same bucket replays the same graph.
+        embeds2, mask2 = prompts(llm, lengths, seed=100 + i)
+        assert cut(graphed.generate(embeds2, mask2, 24).tolist(), stop) == reference_ids(llm, embeds2, mask2, stop, 24)
+
+
+def test_graphed_bf16_equals_eager_bf16():
+    llm = tiny_llm("sdpa", "cuda").to(torch.bfloat16)
+    embeds, mask = prompts(llm, BATCHES[2], seed=7)
+    embeds = embeds.to(torch.bfloat16)
+    a = FastGreedy(llm, [], PAD, torch.bfloat16, "cuda").generate(embeds, mask, 32)
+    b = FastGreedy(llm, [], PAD, torch.bfloat16, "cuda", graphs=False).generate(embeds, mask, 32)
+    assert torch.equal(a, b)
+
+
+def test_compiled_step_gives_the_same_ids():
+    torch._dynamo.reset()
+    llm = tiny_llm("sdpa", "cuda")
+    dec = FastGreedy(llm, [], PAD, torch.float32, "cuda", compile="inductor")
+    for i, lengths in enumerate(BATCHES):  # three rooms: static compile, then one dynamic-shape compile
+        embeds, mask = prompts(llm, lengths, seed=10 + i)
+        assert dec.generate(embeds, mask, 16).tolist() == reference_ids(llm, embeds, mask, [], 16), lengths
+    torch._dynamo.reset()
+
+
+def test_decoding_leaves_a_training_graph_and_its_pool_alone():
+    """A captured 'training step' (its own pool) replays the same before and after the decoder captured, replayed
+    and released its graphs; a released decoder gives its memory back (the second round ends where the first did:
+    what stays is cuBLAS's workspace for the capture stream, made once a process)."""
+    torch.manual_seed(0)
+    w = torch.randn(256, 256, device="cuda", requires_grad=True)
+    x = torch.randn(64, 256, device="cuda")
+
+    def step():
+        loss = (x @ w).tanh().square().mean()
+        loss.backward()
+        return loss
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    w.grad = None
+    pool = torch.cuda.graph_pool_handle()
+    train = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(train, pool=pool):
+        loss = step()
+    train.replay()
+    before = (loss.clone(), w.grad.clone())
+
+    llm = tiny_llm("sdpa", "cuda")
+    embeds, mask = prompts(llm, BATCHES[0], seed=3)
+    ends = []
+    for _ in range(2):
+        dec = FastGreedy(llm, [], PAD, torch.float32, "cuda")
+        assert dec.pool != pool
+        first = dec.generate(embeds, mask, 16)
+        train.replay()  # interleaved with the decoder's graphs
+        assert dec.generate(embeds, mask, 16).tolist() == first.tolist()
+        del first
+        dec.release()
+        del dec
+        torch.cuda.synchronize()
+        ends.append(torch.cuda.memory_allocated())
+    assert ends[1] <= ends[0], ends
+    w.grad.zero_()
+    train.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(loss, before[0]) and torch.equal(w.grad, before[1])
+
+
+def test_recognizer_fast_equals_plain_on_cuda_fp32(tmp_path, tokenizer):
+    """brisk's whole decode path (features, encoder, splice, decode) with --fast against the plain one."""
+    from transformers import AutoConfig
+
+    from brisk.config import AdaptorConfig, EncoderConfig, FrontendConfig, LLMConfig, ModelConfig
+    from brisk.eval.decode import Recognizer
+    from brisk.models.build import build_model
+
+    from ..conftest import DEMO, TINY_QWEN3
+    from ..test_funasr_parity import AD, ENC
+
+    extra = {**TINY_QWEN3, "vocab_size": len(tokenizer), "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    AutoConfig.for_model(extra.pop("model_type"), **extra).save_pretrained(tmp_path)
+    cfg = ModelConfig(frontend=FrontendConfig(dither=0.0), encoder=EncoderConfig(**ENC, freeze=True),
+                      adaptor=AdaptorConfig(**AD, freeze=True), llm=LLMConfig(path=str(tmp_path), dtype="fp32"))
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(1)
+        for p in model.llm.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
+    model = model.cuda()
+    paths = [str(p) for p in sorted((DEMO / "audio" / "valid").glob("*.flac"))[:6]]
+    plain = Recognizer(model, tokenizer, cfg.frontend, device="cuda", max_new_tokens=16)
+    fast = Recognizer(model, tokenizer, cfg.frontend, device="cuda", max_new_tokens=16, fast=True)
+    expected = [r.ids for r in plain.transcribe(paths, batch_size=1)]
+    assert len({tuple(e) for e in expected}) > 1
+    for batch_size in (1, 6):
+        assert [r.ids for r in fast.transcribe(paths, batch_size=batch_size)] == expected, batch_size
+    assert fast._fast.graphs
+    fast.release()
+    assert fast._fast is None

@@ -1,0 +1,155 @@
+"""brisk.eval.fast_decode: the static-cache greedy decoder against the LLM's own generate, on a tiny random Qwen3.
+
+FunASR parity of the whole Recognizer path is in tests/test_decode_parity.py; here the decoder alone, on random
+left-padded prompt embeddings: same ids as ``generate`` (SDPA and eager attention), the stop check every k
+tokens, rooms reused and grown, buckets, and the refusals. tests/gpu/test_fast_decode_gpu.py reuses
+``tiny_llm`` and ``reference_ids`` for the graphed path.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from brisk.eval.fast_decode import FastGreedy, bucket, cache_argument
+
+from .conftest import TINY_QWEN3
+
+PAD = 0
+
+
+def tiny_llm(attn: str = "sdpa", device: str = "cpu", **extra):
+    """A tiny random Qwen3 whose greedy output changes with its input (weights of std 1/sqrt(fan_in))."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kw = {**TINY_QWEN3, **extra}
+    cfg = AutoConfig.for_model(kw.pop("model_type"), **kw)
+    cfg._attn_implementation = attn
+    torch.manual_seed(0)
+    llm = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(1)
+        for p in llm.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
+    return llm.to(device).eval()
+
+
+def prompts(llm, lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded random prompt embeddings [B, T, D] (zeros in the padding) and their mask [B, T]."""
+    g = torch.Generator().manual_seed(seed)
+    d = llm.config.hidden_size
+    t = max(lengths)
+    embeds = torch.zeros(len(lengths), t, d)
+    mask = torch.zeros(len(lengths), t, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        embeds[i, t - n:] = torch.randn(n, d, generator=g)
+        mask[i, t - n:] = 1
+    dev = llm.device
+    return embeds.to(dev), mask.to(dev)
+
+
+def cut(rows: list[list[int]], stop: list[int]) -> list[list[int]]:
+    return [r[:next((j for j, x in enumerate(r) if x in stop), len(r))] for r in rows]
+
+
+@torch.no_grad()
+def reference_ids(llm, embeds, mask, stop: list[int], max_new: int) -> list[list[int]]:
+    """What brisk's plain decoder does: the LLM's own greedy generate."""
+    out = llm.generate(inputs_embeds=embeds, attention_mask=mask, do_sample=False, num_beams=1, max_new_tokens=max_new,
+                       eos_token_id=stop, pad_token_id=PAD)
+    return cut(out.tolist(), stop)
+
+
+def stop_tokens(llm, embeds, mask) -> list[int]:
+    """A stop token that some rows emit early and others never: the ids then stop at different steps."""
+    free = reference_ids(llm, embeds, mask, [], 16)
+    return [free[0][3]]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_same_ids_as_generate(attn):
+    llm = tiny_llm(attn)
+    embeds, mask = prompts(llm, [9, 5, 12])  # a bucket of 4: one row of bucket padding
+    stop = stop_tokens(llm, embeds, mask)
+    expected = reference_ids(llm, embeds, mask, stop, 20)
+    assert len({len(e) for e in expected}) > 1  # rows stop at different steps, or run to the cap
+    dec = FastGreedy(llm, stop, PAD, torch.float32, "cpu")
+    got = cut(dec.generate(embeds, mask, 20).tolist(), stop)
+    assert got == expected
+    # The host's look at the finished mask every k tokens changes nothing.
+    assert cut(FastGreedy(llm, stop, PAD, torch.float32, "cpu", check_every=1).generate(embeds, mask, 20).tolist(),
+               stop) == expected
+
+
+def test_rooms_are_reused_grown_and_released():
+    llm = tiny_llm()
+    dec = FastGreedy(llm, [], PAD, torch.float32, "cpu")
+    embeds, mask = prompts(llm, [7, 4], seed=1)
+    first = dec.generate(embeds, mask, 10)
+    room = dec.rooms[2]
+    cache_keys = room.cache.layers[0].keys
+    # A second batch of the same bucket: the same room (cache tensors kept), fresh results.
+    embeds2, mask2 = prompts(llm, [3, 6], seed=2)
+    assert dec.generate(embeds2, mask2, 10).tolist() == reference_ids(llm, embeds2, mask2, [], 10)
+    assert dec.rooms[2] is room and room.cache.layers[0].keys is cache_keys
+    # The first batch again: the stale slots of the second are masked out.
+    assert dec.generate(embeds, mask, 10).tolist() == first.tolist()
+    # A batch that needs more slots than the room has replaces it with a longer one.
+    embeds3, mask3 = prompts(llm, [5, 2], seed=3)
+    long = room.length + 5
+    assert dec.generate(embeds3, mask3, long).tolist() == reference_ids(llm, embeds3, mask3, [], long)
+    assert dec.rooms[2] is not room and dec.rooms[2].length >= 5 + long
+    dec.release()
+    assert dec.rooms == {}
+
+
+def test_stops_early_when_every_row_is_finished():
+    llm = tiny_llm()
+    embeds, mask = prompts(llm, [6, 6], seed=4)
+    free = reference_ids(llm, embeds, mask, [], 4)
+    stop = sorted({free[0][1], free[1][1]})  # both rows finish by their second token
+    dec = FastGreedy(llm, stop, PAD, torch.float32, "cpu", check_every=2)
+    out = dec.generate(embeds, mask, 40)
+    assert cut(out.tolist(), stop) == reference_ids(llm, embeds, mask, stop, 40)
+    assert int(dec.rooms[2].step) <= 4  # not 40: the host saw every row finished after the first check
+    assert (out[:, 4:] == 0).all()
+
+
+def test_buckets_and_refusals():
+    assert [bucket(n) for n in (1, 2, 3, 5, 16, 17, 64, 65, 130)] == [1, 2, 4, 8, 16, 32, 64, 128, 192]
+    llm = tiny_llm()
+    import transformers
+
+    known = {"5.17": "past_key_values", "5.24": "cache"}  # the two versions brisk runs on
+    expected = known.get(".".join(transformers.__version__.split(".")[:2]))
+    assert cache_argument(llm) in ("cache", "past_key_values")
+    assert expected is None or cache_argument(llm) == expected
+    with pytest.raises(ValueError, match="CUDA"):
+        FastGreedy(llm, [], PAD, torch.float32, "cpu", graphs=True)
+    sliding = tiny_llm(layer_types=["full_attention", "sliding_attention"], use_sliding_window=True, sliding_window=8)
+    with pytest.raises(ValueError, match="only full attention"):
+        FastGreedy(sliding, [], PAD, torch.float32, "cpu")
+
+
+def test_val_decode_fast_needs_val_decode():
+    from brisk.config import ConfigError, TrainConfig
+
+    assert TrainConfig(val_decode=4, val_decode_fast=True).val_decode_fast
+    with pytest.raises(ConfigError, match="train.val_decode_fast"):
+        TrainConfig(val_decode_fast=True)
+
+
+def test_the_step_is_one_dynamo_graph():
+    """What ``compile="inductor"`` compiles on CUDA: traced here with Dynamo alone, the step has no graph break
+    (so it compiles whole) and gives the same ids."""
+    from torch._dynamo.utils import counters
+
+    llm = tiny_llm()
+    embeds, mask = prompts(llm, [9, 5, 12], seed=6)
+    torch._dynamo.reset()
+    counters.clear()
+    dec = FastGreedy(llm, [], PAD, torch.float32, "cpu", compile="eager")
+    assert dec.generate(embeds, mask, 8).tolist() == reference_ids(llm, embeds, mask, [], 8)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    torch._dynamo.reset()
