@@ -33,6 +33,7 @@ class Accelerated:
     loss: Callable | None = None  # StepHooks.loss (speed.label_head)
     train_mode: Callable[[], None] | None = None  # puts the model in training mode (frozen parts stay in eval)
     eval_context: Callable[[], ContextManager] = nullcontext  # around validation and decoding
+    decode_context: Callable[[], ContextManager] = nullcontext  # around greedy decoding (padded rows, a KV cache)
 
 
 def accelerate(model, plan: SpeedPlan) -> Accelerated:
@@ -51,9 +52,10 @@ def accelerate(model, plan: SpeedPlan) -> Accelerated:
             out.notes.append("encoder_cache: audio rows kept per utterance and reused in later epochs")
     if s.packing:
         if plan.device == "cuda":
-            from .varlen import apply_varlen_attention
+            from .varlen import apply_varlen_attention, padded_attention
 
             out.notes.append(apply_varlen_attention(model.llm))
+            out.decode_context = lambda: padded_attention(model.llm)
         else:
             out.notes.append("packing: one row per batch; CPU attention gets transformers' block-diagonal mask")
     if s.fuse_projections:

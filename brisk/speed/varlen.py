@@ -11,6 +11,7 @@ has no fp32 kernel).
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +66,19 @@ def register() -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register(NAME, varlen_attention)
+
+
+@contextmanager
+def padded_attention(llm):
+    """Decoding runs left-padded rows with a KV cache, which brisk_varlen does not take (and transformers builds
+    no padding mask for it): for its duration the LLM runs transformers' sdpa attention with its mask, then goes
+    back to brisk_varlen. Captured training graphs keep their kernels; compiled layers run eagerly there."""
+    previous = llm.config._attn_implementation
+    llm.set_attn_implementation("sdpa")
+    try:
+        yield
+    finally:
+        llm.set_attn_implementation(previous)
 
 
 def apply_varlen_attention(llm) -> str:

@@ -226,7 +226,8 @@ class Trainer:
         n = max(int(count), 1)
         val = {"loss": float(loss_sum) / n, "acc": int(correct) / n, "tokens": int(count)}
         if self.cfg.train.val_decode and self.rank == 0:
-            val.update(self.decoder.run(self.model, self.pos.step))
+            with self.parts.accel.decode_context():  # packed training: decoding takes padded rows
+                val.update(self.decoder.run(self.model, self.pos.step))
         self.pos.history.append({"step": self.pos.step, **val})
         if self.rank == 0:
             with (self.run_dir / "history.jsonl").open("a", encoding="utf-8") as f:

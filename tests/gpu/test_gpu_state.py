@@ -268,3 +268,21 @@ def test_graphed_probe_module_norms_are_before_clipping(tmp_path):
         parts = [v for (st, m), v in rec.items() if st == s and m.startswith("grad_norm.")]
         assert total > 10 * clip and len(parts) > 3
         assert sum(v * v for v in parts) == pytest.approx(total * total, rel=1e-3)
+
+
+# ------------------------------------------------------------------------------ decoding while training
+@pytest.mark.parametrize("fast", [False, True], ids=["generate", "fast_decoder"])
+def test_val_decode_on_the_packed_cuda_path(tmp_path, fast):
+    """Packed CUDA training rows run brisk_varlen attention; validation decoding runs left-padded rows with a KV
+    cache, under sdpa for its duration (Accelerated.decode_context), with either decoder; the run goes on."""
+    from brisk.config import load_config
+    from brisk.train.run import train
+
+    cfg = load_config(REPO / "configs" / "demo.yaml", [
+        *RUN, "train.device=cuda", "speed.packing=true", "train.max_steps=2", "train.val_decode=4",
+        f"train.val_decode_fast={str(fast).lower()}", "data.num_workers=0", "train.save_final=false",
+        f"train.output_dir={tmp_path}"])
+    result = train(cfg)
+    decoded = [h for h in result["history"] if "cer" in h]
+    assert len(decoded) == 2 and all(h["decoded"] == 4 for h in decoded)  # before step 1 and at the end
+    assert result["step"] == 2
