@@ -147,8 +147,15 @@ class DataConfig:
     # config.yaml sets MultiContextPrompt): a context header before the first user prompt.
     prompt_class: str | None = None  # MultiContextPrompt (FunASR's context header) or null (no header)
     prompt_conf: dict = field(default_factory=dict)  # FunASR prompt_conf: use_hotwords, use_hist, ... (see docs/export.md)
+    max_len: int = 2048  # task chat: tokens of one conversation at most (see data.overlong)
+    overlong: str = "truncate"  # task chat: a conversation over data.max_len is truncated (its end dropped) or skipped
+    chat_template: str | None = None  # task chat: a jinja chat template with {% generation %} markers; none: the tokenizer's own, or the training twin of a known one
 
     def __post_init__(self):
+        if self.overlong not in ("truncate", "skip"):
+            raise ConfigError(f"data.overlong={self.overlong!r}: use truncate or skip")
+        if self.max_len < 2:
+            raise ConfigError(f"data.max_len={self.max_len}: must be at least 2 tokens")
         if self.prompt_class not in (None, "MultiContextPrompt"):
             raise ConfigError(f"data.prompt_class={self.prompt_class!r}: brisk reproduces MultiContextPrompt (or null: no header)")
         for k in ("batch_tokens", "max_utts", "sort_size"):
@@ -309,6 +316,7 @@ class BenchConfig:
 
 @dataclass
 class Config:
+    task: str = "speech"  # speech: a speech-LLM on FunASR jsonl | chat: a causal LM on chat jsonl (assistant-only loss)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -318,6 +326,21 @@ class Config:
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
 
+    def __post_init__(self):
+        if self.task not in ("speech", "chat"):
+            raise ConfigError(f"task={self.task!r}: use speech or chat")
+        if self.task == "chat":
+            if self.train.export == "funasr":
+                raise ConfigError("train.export=funasr is a speech-LLM folder; with task: chat use train.export=hf or none")
+            if self.train.val_decode:
+                raise ConfigError("train.val_decode decodes speech; with task: chat use train.val_decode=0 "
+                                  "(brisk eval gives greedy answers)")
+            if self.model.path:
+                raise ConfigError("model.path is a speech-LLM folder; with task: chat give the causal LM's folder as "
+                                  "model.llm.path (or model.llm.config for a random one)")
+            if self.data.profile:
+                raise ConfigError("data.profile makes synthetic speech batches; with task: chat give data.train (chat jsonl)")
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -325,7 +348,7 @@ class Config:
 # Keys that hold file or folder paths, resolved against the folder of the YAML file they appear in.
 PATH_KEYS = {
     "model.path", "model.init", "model.frontend.cmvn_file", "model.llm.path",
-    "data.train", "data.valid", "data.tokenizer", "data.profile",
+    "data.train", "data.valid", "data.tokenizer", "data.profile", "data.chat_template",
     "train.output_dir", "train.resume_from", "speed.inductor_cache_dir",
 }
 # Run folders are where the user is, not where the config file is: a relative train.output_dir, in a YAML

@@ -63,7 +63,7 @@ class Runner:
 def build_runner(cfg: Config) -> Runner:
     t0 = time.perf_counter()
     device = pick_device(cfg.train.device)
-    model = build_model(cfg.model, device)
+    model = build_model(cfg.model, device, task=cfg.task)
     torch.manual_seed(cfg.train.seed)
     model.train()
     plan = apply_speed(model, cfg, device)

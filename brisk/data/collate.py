@@ -56,6 +56,8 @@ class Collator:
     # ----------------------------------------------------------------------------------- speech side
     def _speech(self, good: list[Sample]):
         feats = [f for s in good for f in s.feats]
+        if not feats:  # text only (task: chat)
+            return None, None, 0
         lengths = torch.tensor([f.shape[0] for f in feats], dtype=torch.long)
         speech = pad_sequence(feats, batch_first=True)  # [N, F, D]
         if self.static:

@@ -39,7 +39,7 @@ def build_llm(cfg: ModelConfig) -> nn.Module:
     return AutoModelForCausalLM.from_config(hf_cfg)
 
 
-def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> SpeechLLM:
+def build_model(cfg: ModelConfig, device: torch.device | str | None = None, task: str = "speech") -> nn.Module:
     """The model with its random initialisation (seeded), then any weights the config names.
 
     With ``device`` the parameters are created there directly (a 0.8B model initialises on a GPU in a
@@ -48,6 +48,10 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> S
     all be overwritten: the parameters are then made without values (meta), allocated once in their
     final dtype on ``device`` and filled from the file (see build_from_file).
     """
+    if task == "chat":
+        from .causal_lm import build_chat_model
+
+        return build_chat_model(cfg, device)
     full = Path(cfg.init) if cfg.init else (Path(cfg.path) / "model.pt" if cfg.path else None)
     if full is not None and full.is_file():
         model = build_from_file(cfg, full, device)

@@ -47,8 +47,11 @@ def export_folder(model, cfg: Config, out: str | Path, fmt: str = "funasr", dtyp
             tokenizer = load_tokenizer(cfg)
         state = _converted_state(model, DTYPES[dtype], state)
         ensure_free(out.parent, tensor_bytes(state), f"the {fmt} export")
+        writer = _write_funasr if fmt == "funasr" else _write_hf
+        if cfg.task == "chat":  # a plain causal LM: its own save_pretrained layout
+            from .chat_export import write_chat_hf as writer
         with no_crc32():
-            (_write_funasr if fmt == "funasr" else _write_hf)(model, cfg, state, tmp, dtype, tokenizer)
+            writer(model, cfg, state, tmp, dtype, tokenizer)
         _write_readme(tmp, fmt, dtype, cfg)
         if sync:  # torch.save and save_file do not fsync: the data is on disk before the rename
             for f in tmp.rglob("*"):
@@ -212,6 +215,11 @@ def _write_hf(model, cfg: Config, state: dict, out: Path, dtype: str, tokenizer)
 
 # ------------------------------------------------------------------------------------------ README
 def _write_readme(out: Path, fmt: str, dtype: str, cfg: Config) -> None:
+    if cfg.task == "chat":
+        from .chat_export import chat_readme
+
+        (out / "README.md").write_text(chat_readme(dtype), encoding="utf-8")
+        return
     header = "with the context header (" + cfg.data.prompt_class + ")" if cfg.data.prompt_class else "without a context header"
     if fmt == "funasr":
         body = f"""# Fun-ASR-Nano model folder (FunASR layout), exported by brisk
@@ -294,7 +302,7 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", ove
     kind = folder_kind(path)
     if kind == "run":
         cfg = load_config(path / "config.yaml", overrides, check_paths=False)  # its data may have moved
-        model = build_model(cfg.model)
+        model = build_model(cfg.model, task=cfg.task)
         weights = run_weights(path, weights, cfg.train.keep_metric)
         if weights is not None:
             state = read_state_dict(weights)

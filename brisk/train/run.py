@@ -172,7 +172,7 @@ def build_trainer(cfg: Config) -> Trainer:
         save_config(cfg, run_dir / "config.yaml")
 
     t0 = time.perf_counter()
-    model = build_model(cfg.model, device)
+    model = build_model(cfg.model, device, task=cfg.task)
     torch.manual_seed(cfg.train.seed + rank)  # training randomness (dropout), separate from the init
     log.info("model: %s parameters, %s trainable (built in %.1f s)", human(param_count(model)),
              human(param_count(model, trainable=True)), time.perf_counter() - t0)
