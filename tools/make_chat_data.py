@@ -19,9 +19,12 @@ ultrachat: random words, with the lengths of ultrachat_200k conversations. Publi
     Conversations", arXiv:2305.14233, Table 1 statistics): 3.85 rounds (user + assistant) a dialogue on
     average, 1,467.4 tokens a dialogue, 309.3 tokens an utterance. A copy of the full set on the hub
     (metythorn/ultrachat's card) counts 7.7 turns (utterances) a conversation, the same 3.85 rounds.
-Only means are published; the shapes are our assumption: rounds = 1 + Poisson(2.85) capped at 12 (mean
-~3.85), utterance tokens log-normal with sigma 0.8 and mean 309.3 (the median is then ~224), cut to
-[4, 4096]. The token counts are exact for the bundled tokenizer (each word is one token with its space).
+Only means are published, and the three UltraChat figures do not agree with two utterances a round
+(3.85 x 2 x 309.3 = 2,382, not 1,467.4). We keep the rounds and the dialogue length: rounds = 1 +
+Poisson(2.85) capped at 12 (mean ~3.85), utterance tokens log-normal with sigma 0.8 and mean
+1,467.4 / (2 x 3.85) = 190.6 (median ~138), cut to [4, 4096]; the shapes are our assumption. Utterance
+token counts are exact for the bundled tokenizer (only words that are one token, with or without their
+space); the chat template adds ~15 tokens a round.
 """
 
 from __future__ import annotations
@@ -38,12 +41,14 @@ DEMO_TOKENIZER = ROOT / "data" / "demo" / "tokenizer" / "tokenizer.json"
 QWEN3_TEMPLATE = ROOT / "brisk" / "data" / "chat_templates" / "qwen3.jinja"
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "red", "green", "blue",
          "black", "white", "cat", "dog", "bird", "fish", "house", "tree", "sun", "moon", "star")
+ONE_TOKEN = WORDS[:19]  # one token each in the bundled tokenizer, with or without a leading space
 NUMBER = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 SYSTEM = "You are a helpful assistant."
 
 # ultrachat statistics (see the docstring for the sources)
 MEAN_ROUNDS = 3.85
-MEAN_UTT_TOKENS = 309.3
+MEAN_DIALOG_TOKENS = 1467.4
+MEAN_UTT_TOKENS = MEAN_DIALOG_TOKENS / (2 * MEAN_ROUNDS)
 UTT_SIGMA = 0.8
 
 
@@ -107,7 +112,7 @@ def ultrachat_conversation(rng: random.Random) -> list[dict]:
     for _ in range(rounds):
         for role in ("user", "assistant"):
             n = utterance_tokens(rng)
-            messages.append({"role": role, "content": " ".join(rng.choice(WORDS) for _ in range(n))})
+            messages.append({"role": role, "content": " ".join(rng.choice(ONE_TOKEN) for _ in range(n))})
     return messages
 
 
