@@ -113,3 +113,11 @@ def test_config_rules():
         load_config(ROOT / "configs" / "sft_demo.yaml", ["data.overlong=cut"])
     with pytest.raises(ConfigError, match="task="):
         load_config(ROOT / "configs" / "sft_demo.yaml", ["task=vision"])
+
+
+@pytest.mark.parametrize("name", ["sft_qwen3_5_0p8b", "sft_qwen3_5_2b", "sft_qwen3_5_9b", "sft_qwen3_5_27b",
+                                  "sft_qwen3_1p7b", "sft_qwen3_8b"])
+def test_sft_configs_load(name):
+    cfg = load_config(ROOT / "configs" / f"{name}.yaml")
+    assert cfg.task == "chat" and cfg.train.export == "hf" and cfg.model.llm.dtype == "bf16"
+    assert (cfg.train.parallel == "fsdp") == name.endswith("27b")
