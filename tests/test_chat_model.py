@@ -103,3 +103,111 @@ def test_hf_export_round_trip(arch, samples, tmp_path):
         ours = model(batch)
         theirs = loaded(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     assert torch.equal(ours, theirs)
+
+
+def fake_fla(monkeypatch):
+    """fla's two entry points as brisk calls them, computed per sequence with transformers' torch reference: the
+    plumbing around the kernels (projections, heads, gates, norm, varlen boundaries) is then checked on the CPU;
+    the Triton kernels themselves are checked in tests/gpu/test_llm_kernels_cuda.py."""
+    import sys
+    import types
+
+    import torch.nn.functional as F
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as q35
+
+    def segments(t, cu):
+        bounds = cu.tolist() if cu is not None else [0, t]
+        return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+    def causal_conv1d(x, weight, bias=None, activation=None, cu_seqlens=None, **kw):
+        out = []
+        for a, b in segments(x.shape[1], cu_seqlens):
+            seg = x[:, a:b].transpose(1, 2)
+            y = F.conv1d(seg, weight.unsqueeze(1), bias, padding=weight.shape[-1] - 1, groups=weight.shape[0])
+            out.append(y[..., : b - a].transpose(1, 2))
+        y = torch.cat(out, dim=1)
+        return (F.silu(y) if activation == "silu" else y), None
+
+    def chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kw):
+        reference = getattr(q35.torch_chunk_gated_delta_rule, "__wrapped__", q35.torch_chunk_gated_delta_rule)
+        out = [reference(q[:, a:b], k[:, a:b], v[:, a:b], g=g[:, a:b], beta=beta[:, a:b],
+                         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)[0] for a, b in segments(q.shape[1], cu_seqlens)]
+        return torch.cat(out, dim=1), None
+
+    mods = {"fla": types.ModuleType("fla"), "fla.modules": types.ModuleType("fla.modules"),
+            "fla.modules.causal_conv1d": types.ModuleType("fla.modules.causal_conv1d"),
+            "fla.modules.causal_conv1d.ops": types.ModuleType("fla.modules.causal_conv1d.ops"),
+            "fla.ops": types.ModuleType("fla.ops"), "fla.ops.gated_delta_rule": types.ModuleType("fla.ops.gated_delta_rule")}
+    mods["fla.modules.causal_conv1d.ops"].causal_conv1d = causal_conv1d
+    mods["fla.ops.gated_delta_rule"].chunk_gated_delta_rule = chunk_gated_delta_rule
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+def test_fla_swap_computes_the_layer_on_packed_and_padded_rows(samples, monkeypatch):
+    from brisk.speed.llm_kernels import apply_fla_linear_attention
+
+    fake_fla(monkeypatch)
+    ref = build_model(chat_cfg(QWEN3_5).model, task="chat")
+    fast = build_model(chat_cfg(QWEN3_5).model, task="chat")
+    apply_linear_attention_per_sequence(ref)
+    assert "2 Gated DeltaNet" in apply_fla_linear_attention(fast)
+    assert list(fast.state_dict()) == list(ref.state_dict())
+    padded, packed = Collator()(samples), Collator(packed=True, token_buckets=(512,))(samples)
+    l0, g0, _ = loss_and_grads(ref, padded)
+    for batch in (padded, packed):
+        l1, g1, _ = loss_and_grads(fast, batch)
+        assert torch.allclose(l0, l1, rtol=1e-5, atol=1e-6), (l0, l1)
+        for n in g0:
+            assert torch.allclose(g0[n], g1[n], rtol=1e-4, atol=1e-6), n
+
+
+def fake_liger(monkeypatch):
+    """liger's RMSNorm and SiLU-mul as brisk calls them, in plain torch (the kernels: tests/gpu)."""
+    import sys
+    import types
+
+    import torch.nn.functional as F
+
+    class RMSNorm:
+        @staticmethod
+        def apply(x, w, eps, offset, casting_mode, in_place):
+            xf = x.float()
+            y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+            return (y * (offset + w.float())).to(x.dtype)
+
+    class SiLUMul:
+        @staticmethod
+        def apply(a, b):
+            return F.silu(a) * b
+
+    mods = {"liger_kernel": types.ModuleType("liger_kernel"), "liger_kernel.ops": types.ModuleType("liger_kernel.ops"),
+            "liger_kernel.ops.rms_norm": types.ModuleType("liger_kernel.ops.rms_norm"),
+            "liger_kernel.ops.swiglu": types.ModuleType("liger_kernel.ops.swiglu")}
+    mods["liger_kernel.ops.rms_norm"].LigerRMSNormFunction = RMSNorm
+    mods["liger_kernel.ops.swiglu"].LigerSiLUMulFunction = SiLUMul
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_liger_swaps_find_every_norm_and_mlp_and_keep_the_numbers(arch, samples, monkeypatch):
+    from brisk.speed.llm_kernels import apply_liger_kernels
+
+    fake_liger(monkeypatch)
+    over = QWEN3 if arch == "qwen3" else QWEN3_5
+    ref, fast = build_model(chat_cfg(over).model, task="chat"), build_model(chat_cfg(over).model, task="chat")
+    with torch.no_grad():  # Qwen3.5 norms start at 0 (weight + 1): move them off it, so a wrong offset shows
+        for m in (ref, fast):
+            for n, p in m.named_parameters():
+                if n.endswith("norm.weight"):
+                    p.copy_(torch.linspace(-0.5, 0.5, p.numel()))
+    note = apply_liger_kernels(fast)
+    layers = 2 if arch == "qwen3" else 4
+    qk_norms = 2 * (2 if arch == "qwen3" else 2)  # q_norm and k_norm of each full-attention layer
+    assert note.startswith(f"liger: {2 * layers + 1 + qk_norms} RMSNorms and {layers} SwiGLU MLPs"), note
+    assert list(fast.state_dict()) == list(ref.state_dict())
+    batch = Collator()(samples)
+    l0, g0, _ = loss_and_grads(ref, batch)
+    l1, g1, _ = loss_and_grads(fast, batch)
+    assert torch.allclose(l0, l1, rtol=1e-6) and all(torch.allclose(g0[n], g1[n], atol=1e-6) for n in g0)

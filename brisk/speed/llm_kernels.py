@@ -56,6 +56,11 @@ def _swap_all(llm: nn.Module, layers, mixin: type) -> int:
     return len(layers)
 
 
+def _cached(args, kwargs) -> bool:
+    """Called with a decoding cache (transformers 5.24 names it cache, 5.17 cache_params; or positionally)."""
+    return (args and args[0] is not None) or kwargs.get("cache") is not None or kwargs.get("cache_params") is not None
+
+
 # --------------------------------------------------------------------------- packing, reference path
 class PerSequence:
     """Gated DeltaNet on a packed row: each sequence of cu_seqlens through the layer's own forward."""
@@ -64,7 +69,7 @@ class PerSequence:
         cu = kwargs.pop("cu_seq_lens_q", None)
         for k in ("cu_seq_lens_k", "max_length_q", "max_length_k"):
             kwargs.pop(k, None)
-        if cu is None or hidden_states.shape[0] != 1 or kwargs.get("cache") is not None:
+        if cu is None or hidden_states.shape[0] != 1 or _cached(args, kwargs):
             return super().forward(hidden_states, *args, **kwargs)
         bounds = cu.tolist()  # a host read: this is the reference path, not the fast one
         pieces = [super(PerSequence, self).forward(hidden_states[:, a:b], *args, **kwargs)
@@ -90,7 +95,7 @@ class FlaVarlen:
         from fla.modules.causal_conv1d.ops import causal_conv1d
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-        if kwargs.get("cache") is not None or (args and args[0] is not None):  # decoding keeps transformers' path
+        if _cached(args, kwargs):  # decoding keeps transformers' own path
             return super().forward(hidden_states, *args, **kwargs)
         cu = kwargs.get("cu_seq_lens_q")
         mask = kwargs.get("attention_mask")
