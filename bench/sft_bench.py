@@ -40,7 +40,9 @@ REPO = Path(__file__).resolve().parent.parent
 ARMS = ("a_loop", "k_loop_kernels", "p_loop_packed", "b_trl_liger", "c_brisk_default", "d_brisk_fast")
 FLA_ARMS = {"k_loop_kernels", "p_loop_packed", "b_trl_liger", "d_brisk_fast"}
 MODELS = {"qwen3_5_2b": "configs/sft_qwen3_5_2b.yaml", "qwen3_1p7b": "configs/sft_qwen3_1p7b.yaml",
-          "qwen3_5_9b": "configs/sft_qwen3_5_9b.yaml", "qwen3_8b": "configs/sft_qwen3_8b.yaml"}
+          "qwen3_5_9b": "configs/sft_qwen3_5_9b.yaml", "qwen3_8b": "configs/sft_qwen3_8b.yaml",
+          "tiny": "configs/sft_demo.yaml"}  # tiny: a smoke test of this script (--device cpu)
+DEVICE = "cuda"
 PROFILED = {"a_loop", "d_brisk_fast"}
 
 
@@ -49,8 +51,10 @@ def load_cfg(model: str, data: Path, extra: list[str]):
     sys.path.insert(0, str(REPO))
     from brisk.config import load_config
 
+    tiny = ["model.llm.config.vocab_size=392", "data.max_len=1024", "data.batch_tokens=2048"] if model == "tiny" else []
     return load_config(REPO / MODELS[model], [f"data.train={data / 'train.jsonl'}", "data.valid=null",
-                                               f"data.tokenizer={data / 'tokenizer'}", "train.device=cuda", *extra])
+                                               f"data.tokenizer={data / 'tokenizer'}", f"train.device={DEVICE}",
+                                               *tiny, *extra])
 
 
 def groups(cfg, n: int):
@@ -63,25 +67,32 @@ def groups(cfg, n: int):
     return [[split.dataset[(i, 0)] for i in idx] for idx in (batches * (1 + n // len(batches)))[:n]]
 
 
-def timed(run_step, batches, warmup: int, profile_to: Path | None):
+def sync() -> None:
     import torch
 
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(run_step, batches, warmup: int, profile_to: Path | None):
     times, tokens = [], []
     for i, (batch, n_tokens) in enumerate(batches):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         run_step(batch)
-        torch.cuda.synchronize()
+        sync()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
             tokens.append(n_tokens)
     if profile_to is not None:
         from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        cuda = DEVICE == "cuda"
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
             run_step(batches[-1][0])
-            torch.cuda.synchronize()
-        profile_to.write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25), encoding="utf-8")
+            sync()
+        profile_to.write_text(prof.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total",
+                                                        row_limit=25), encoding="utf-8")
     return times, tokens
 
 
@@ -115,13 +126,13 @@ def worker(args) -> dict:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         c = dict(cfg.model.llm.config)
-        with torch.device("cuda"):
+        with torch.device(DEVICE):
             model = AutoModelForCausalLM.from_config(AutoConfig.for_model(c.pop("model_type"), **c),
                                                      dtype=torch.bfloat16)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
         packed = arm == "p_loop_packed"
         collate = Collator(packed=True, token_buckets=(1024,)) if packed else Collator()
-        batches = [(collate(g).to("cuda"), sum(len(s.tokens.input_ids) for s in g)) for g in sample_groups]
+        batches = [(collate(g).to(DEVICE), sum(len(s.tokens.input_ids) for s in g)) for g in sample_groups]
 
         def step(batch):
             loss = model(**hf_inputs(batch, packed), use_cache=False).loss
@@ -139,16 +150,16 @@ def worker(args) -> dict:
         extra = [] if arm == "c_brisk_default" else ["speed.packing=true", "speed.label_head=true",
                                                       "speed.fused_adamw=true", "speed.pack_buckets=[1024]"]
         cfg = load_cfg(args.model, Path(args.data), extra)
-        device = torch.device("cuda")
+        device = torch.device(DEVICE)
         model = build_model(cfg.model, device, task="chat")
         plan = apply_speed(model, cfg, device)
         notes = list(plan.notes)
-        if arm == "d_brisk_fast":
+        if arm == "d_brisk_fast" and DEVICE == "cuda":  # Triton kernels (the CPU smoke test runs the rest)
             from brisk.speed.llm_kernels import apply_fla_linear_attention, apply_liger_kernels
 
             notes += [apply_fla_linear_attention(model), apply_liger_kernels(model)]
         _, _, train_step = build_step(cfg, model, plan)
-        batches = [(plan.collator(g).to("cuda"), sum(len(s.tokens.input_ids) for s in g)) for g in sample_groups]
+        batches = [(plan.collator(g).to(DEVICE), sum(len(s.tokens.input_ids) for s in g)) for g in sample_groups]
         times, tokens = timed(lambda b: train_step([b]), batches, args.warmup, prof)
         note = "; ".join(notes) or "no switch"
     else:  # b_trl_liger
@@ -156,7 +167,7 @@ def worker(args) -> dict:
     per_s = [k / t for k, t in zip(tokens, times)]
     return {"model": args.model, "arm": arm, "steps": len(times), "tokens_per_s": sum(tokens) / sum(times),
             "tps_steps": per_s, "ms_per_step": 1000 * statistics.mean(times), "tokens_per_step": statistics.mean(tokens),
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "note": note}
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else 0.0, "note": note}
 
 
 def trl_arm(args, cfg, sample_groups):
@@ -172,18 +183,18 @@ def trl_arm(args, cfg, sample_groups):
     n = args.warmup + args.steps
     tok = AutoTokenizer.from_pretrained(str(Path(args.data) / "tokenizer"), local_files_only=True)
     c = dict(cfg.model.llm.config)
-    with torch.device("cuda"):
+    with torch.device(DEVICE):
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(c.pop("model_type"), **c), dtype=torch.bfloat16)
     ds = Dataset.from_list([{"messages": conv.messages} for conv in convs[: per_batch * n]])
     marks: list[float] = []
 
     class Clock(TrainerCallback):
         def on_step_begin(self, a, state, control, **kw):
-            torch.cuda.synchronize()
+            sync()
             marks.append(time.perf_counter())
 
         def on_step_end(self, a, state, control, **kw):
-            torch.cuda.synchronize()
+            sync()
             marks.append(time.perf_counter())
 
     counts: list[int] = []
@@ -195,8 +206,8 @@ def trl_arm(args, cfg, sample_groups):
 
     targs = SFTConfig(output_dir=str(Path(args.out) / "trl"), assistant_only_loss=True, padding_free=True,
                       use_liger_kernel=True, bf16=True, per_device_train_batch_size=per_batch, max_steps=n,
-                      max_length=cfg.data.max_len, learning_rate=1e-5, logging_steps=1000, save_strategy="no",
-                      report_to=[], dataloader_num_workers=0)
+                      max_length=None, learning_rate=1e-5,  # padding_free without packing: TRL refuses a max_length logging_steps=1000, save_strategy="no",
+                      report_to=[], dataloader_num_workers=0, use_cpu=DEVICE == "cpu")
     Counting(model=model, args=targs, train_dataset=ds, processing_class=tok, callbacks=[Clock()]).train()
     times = [marks[2 * i + 1] - marks[2 * i] for i in range(len(marks) // 2)][args.warmup:]
     return times, counts[args.warmup:len(times) + args.warmup], f"{per_batch} conversations a step (padding_free row)"
@@ -247,7 +258,7 @@ def driver(args) -> None:
             paths = [str(REPO)] + ([str(trl)] if arm == "b_trl_liger" and trl else [str(fla)] if arm in FLA_ARMS and fla else [])
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "TOKENIZERS_PARALLELISM": "false"}
             cmd = [sys.executable, __file__, "--worker", "--arm", arm, "--model", model, "--data", str(data),
-                   "--out", str(out), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+                   "--out", str(out), "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
             t0 = time.time()
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
                                   timeout=max(30, deadline - time.time()))
@@ -278,7 +289,10 @@ def main() -> None:
     ap.add_argument("--wheels", help="folder with the wheels (fla_core, liger_kernel, trl, datasets, dill, multiprocess)")
     ap.add_argument("--budget-s", type=float, default=500, help="no new arm starts after this many seconds")
     ap.add_argument("--out")
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (--models tiny)")
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
     if args.worker:
         sys.path.insert(0, str(REPO))
         print("RESULT " + json.dumps(worker(args)), flush=True)

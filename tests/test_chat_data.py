@@ -121,3 +121,16 @@ def test_sft_configs_load(name):
     cfg = load_config(ROOT / "configs" / f"{name}.yaml")
     assert cfg.task == "chat" and cfg.train.export == "hf" and cfg.model.llm.dtype == "bf16"
     assert (cfg.train.parallel == "fsdp") == name.endswith("27b")
+
+
+def test_static_packed_text_batches_pad_to_a_common_shape(tok, tmp_path):
+    from brisk.data.collate import pad_static, static_needs
+
+    ds, _ = build_chat_dataset(str(write(tmp_path, conversations()[:4])), tok, max_len=512, overlong="truncate",
+                               skip_bad=False)
+    batch = Collator(packed=True, token_buckets=(256, 512), pad_utts=6, static=True)([ds[i] for i in range(3)])
+    need = static_needs(batch)
+    assert need[1:3] == [0, 0] and need[3] == 8
+    grown = pad_static(batch, 1024, 0, 0, 10)
+    assert grown.input_ids.shape == (1, 1024) and grown.speech is None and grown.cu_seqlens.numel() == 10
+    assert torch.equal(grown.labels[0, : batch.input_ids.shape[1]], batch.labels[0])

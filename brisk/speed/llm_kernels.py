@@ -121,13 +121,14 @@ class FlaVarlen:
 
 
 def apply_fla_linear_attention(model, cfg=None) -> str:
+    layers = linear_attention_layers(model.llm)
+    if not layers:
+        return "fla kernels: no linear-attention layer in this model (nothing swapped)"
     try:
         import fla  # noqa: F401
     except ImportError:
         raise ConfigError("speed.fla_kernels needs flash-linear-attention (pip install fla-core)") from None
-    n = _swap_all(model.llm, linear_attention_layers(model.llm), FlaVarlen)
-    if not n:
-        return "fla kernels: no linear-attention layer in this model (nothing swapped)"
+    n = _swap_all(model.llm, layers, FlaVarlen)
     return f"fla kernels: {n} Gated DeltaNet layers run flash-linear-attention's varlen conv + chunked delta rule"
 
 
