@@ -22,7 +22,8 @@ Every arm but TRL trains on the same batches in the same order (groups of conver
 budget); TRL batches its own way (per_device_train_batch_size = the mean conversations of those groups).
 Op tables (torch.profiler, top CUDA kernels of one step) for a_loop and d_brisk_fast go to $OUT/ops_*.txt.
 Wheels: fla-core (fla arms), liger-kernel, trl, datasets, dill, multiprocess (TRL arm), installed with
---no-deps into private folders under the output folder, so the torch-path arms never see them.
+--no-deps into private folders under --work (with the generated data), so the torch-path arms never
+see them. Results, logs and op tables go to --out ($OUT).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-ARMS = ("a_loop", "k_loop_kernels", "p_loop_packed", "b_trl_liger", "c_brisk_default", "d_brisk_fast")
+# Run in this order (every model's arm before the next arm), so a short time budget keeps the main comparison.
+ARMS = ("a_loop", "d_brisk_fast", "b_trl_liger", "k_loop_kernels", "p_loop_packed", "c_brisk_default")
 FLA_ARMS = {"k_loop_kernels", "p_loop_packed", "b_trl_liger", "d_brisk_fast"}
 MODELS = {"qwen3_5_2b": "configs/sft_qwen3_5_2b.yaml", "qwen3_1p7b": "configs/sft_qwen3_1p7b.yaml",
           "qwen3_5_9b": "configs/sft_qwen3_5_9b.yaml", "qwen3_8b": "configs/sft_qwen3_8b.yaml",
@@ -241,17 +243,18 @@ def table(rows: list[dict]) -> str:
 def driver(args) -> None:
     out = Path(args.out or os.environ.get("OUT") or REPO / "bench/tmp/sft_bench")
     out.mkdir(parents=True, exist_ok=True)
-    data = out / "data"
+    work = Path(args.work)  # data and wheel folders: large, and not results
+    data = work / "data"
     if not (data / "train.jsonl").is_file():
         subprocess.run([sys.executable, str(REPO / "tools/make_chat_data.py"), "ultrachat", "--out", str(data),
                         "--n", str(args.conversations), "--n-valid", "8", "--seed", "7"], check=True)
     wheels = Path(args.wheels) if args.wheels else None
-    fla = install(wheels, out / "site_fla", ["fla_core", "liger_kernel"]) if wheels else None
-    trl = install(wheels, out / "site_trl", ["fla_core", "liger_kernel", "trl", "datasets", "dill", "multiprocess"]) \
+    fla = install(wheels, work / "site_fla", ["fla_core", "liger_kernel"]) if wheels else None
+    trl = install(wheels, work / "site_trl", ["fla_core", "liger_kernel", "trl", "datasets", "dill", "multiprocess"]) \
         if wheels else None
     rows, deadline = [], time.time() + args.budget_s
-    for model in args.models.split(","):
-        for arm in args.arms.split(","):
+    for arm in args.arms.split(","):
+        for model in args.models.split(","):
             if time.time() > deadline:
                 rows.append({"model": model, "arm": arm, "error": "skipped: out of the time budget"})
                 continue
@@ -260,15 +263,20 @@ def driver(args) -> None:
             cmd = [sys.executable, __file__, "--worker", "--arm", arm, "--model", model, "--data", str(data),
                    "--out", str(out), "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
             t0 = time.time()
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                                  timeout=max(30, deadline - time.time()))
-            (out / f"log_{model}_{arm}.txt").write_text(proc.stdout + proc.stderr, encoding="utf-8")
-            line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith("RESULT ")), None)
-            row = json.loads(line[7:]) if line else {"model": model, "arm": arm,
-                                                       "error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
+            try:
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                      timeout=max(30, deadline + 60 - time.time()))
+                log_text, err = proc.stdout + proc.stderr, (proc.stderr.strip().splitlines() or ["?"])[-1]
+                line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith("RESULT ")), None)
+            except subprocess.TimeoutExpired as e:
+                log_text, err, line = str(e.stdout or "") + str(e.stderr or ""), "timed out", None
+            (out / f"log_{model}_{arm}.txt").write_text(log_text, encoding="utf-8")
+            row = json.loads(line[7:]) if line else {"model": model, "arm": arm, "error": err}
             row["wall_s"] = time.time() - t0
             rows.append(row)
             print(json.dumps(row), flush=True)
+    order = {a: i for i, a in enumerate(args.arms.split(","))}
+    rows.sort(key=lambda r: (args.models.split(",").index(r["model"]), order[r["arm"]]))
     (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     for f in sorted(out.glob("ops_*.txt")):
         print(f"\n### {f.name} (top CUDA kernels of one step)\n```\n" + "\n".join(f.read_text().splitlines()[:18]) + "\n```")
@@ -289,6 +297,7 @@ def main() -> None:
     ap.add_argument("--wheels", help="folder with the wheels (fla_core, liger_kernel, trl, datasets, dill, multiprocess)")
     ap.add_argument("--budget-s", type=float, default=500, help="no new arm starts after this many seconds")
     ap.add_argument("--out")
+    ap.add_argument("--work", default="/tmp/sft_bench_work", help="generated data and wheel installs")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (--models tiny)")
     args = ap.parse_args()
     global DEVICE
