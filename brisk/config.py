@@ -213,8 +213,15 @@ class DataConfig:
     prompt_class: str | None = None  # MultiContextPrompt (FunASR's context header) or null (no header)
     prompt_conf: dict = field(default_factory=dict)  # FunASR prompt_conf: use_hotwords, use_hist, ... (see docs/export.md)
     auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
+    max_len: int = 2048  # task chat: tokens of one conversation at most (see data.overlong)
+    overlong: str = "truncate"  # task chat: a conversation over data.max_len is truncated (its end dropped) or skipped
+    chat_template: str | None = None  # task chat: a jinja chat template with {% generation %} markers; none: the tokenizer's own, or the training twin of a known one
 
     def __post_init__(self):
+        if self.overlong not in ("truncate", "skip"):
+            raise ConfigError(f"data.overlong={self.overlong!r}: use truncate or skip")
+        if self.max_len < 2:
+            raise ConfigError(f"data.max_len={self.max_len}: must be at least 2 tokens")
         if self.prompt_class not in (None, "MultiContextPrompt"):
             raise ConfigError(f"data.prompt_class={self.prompt_class!r}: brisk reproduces MultiContextPrompt (or null: no header)")
         for k in ("batch_tokens", "max_utts", "sort_size"):
@@ -324,6 +331,9 @@ class SpeedConfig:
     label_rows_frac: float = 0.5  # with cuda_graph: rows gathered per bucket, as a fraction of its length
     fresh_grads: bool = False  # with cuda_graph: backward writes new gradients, no zeroing + adding into buffers
     fuse_projections: bool = False  # one GEMM for q/k/v and one for gate/up in each decoder layer (same parameters)
+    fla_kernels: bool = False  # task chat: flash-linear-attention's Triton kernels for Gated DeltaNet layers (Qwen3.5), packed rows too (CUDA, fla-core)
+    liger: bool = False  # task chat: liger-kernel's fused RMSNorm and SwiGLU on the same parameters (CUDA, liger-kernel)
+    liger_loss: bool = False  # task chat: liger-kernel's fused linear cross-entropy, no full logits (CUDA; not with label_head)
 
     def __post_init__(self):
         valid = {"flash", "efficient", "math", "cudnn"}
@@ -377,6 +387,7 @@ class BenchConfig:
 
 @dataclass
 class Config:
+    task: str = "speech"  # speech: a speech-LLM on FunASR jsonl | chat: a causal LM on chat jsonl (assistant-only loss)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -386,6 +397,10 @@ class Config:
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
 
+    def __post_init__(self):
+        if self.task not in ("speech", "chat"):
+            raise ConfigError(f"task={self.task!r}: use speech or chat")
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -393,7 +408,7 @@ class Config:
 # Keys that hold file or folder paths, resolved against the folder of the YAML file they appear in.
 PATH_KEYS = {
     "model.path", "model.init", "model.frontend.cmvn_file", "model.llm.path", "model.llm.lora.init_path",
-    "data.train", "data.valid", "data.tokenizer", "data.profile",
+    "data.train", "data.valid", "data.tokenizer", "data.profile", "data.chat_template",
     "train.output_dir", "train.resume_from", "speed.inductor_cache_dir", "data.auto_batch.cache",
 }
 # Run folders are where the user is, not where the config file is: a relative train.output_dir, in a YAML

@@ -47,6 +47,9 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("fresh_grads", "step", True, "the graphed backward writes new gradients (no zeroing, no adding)"),
     Switch("fused_adamw", "optimizer", True, "torch's fused AdamW; non-finite steps skipped on the device"),
     Switch("tf32", "process", True, "TF32 matmuls and convolutions for fp32 work (process-wide, restored after)"),
+    Switch("fla_kernels", "model", True, "flash-linear-attention's kernels for Gated DeltaNet layers (task chat)"),
+    Switch("liger", "model", True, "liger-kernel's fused RMSNorm and SwiGLU (task chat)"),
+    Switch("liger_loss", "step", True, "liger-kernel's fused linear cross-entropy (task chat)"),
 )
 SWITCH_KEYS = tuple(s.key for s in SWITCHES)
 
@@ -54,11 +57,17 @@ SWITCH_KEYS = tuple(s.key for s in SWITCHES)
 # on a device without CUDA the gpu_only switches stay off, and the frozen-audio switches need a frozen encoder
 # and adaptor (the plan's notes say what was left off and why). Each value is proven by a probe against the
 # shipped kernel_noise tolerances on the GPU: bench/results (docs/finetune-speed.md names the run).
-PRESETS: dict[str, dict[str, Any]] = {
-    "fast": {"packing": True, "cuda_graph": True, "frozen_eval": True, "encoder_dtype": "bf16", "compile": True,
-             "fused_adamw": True, "sdpa_backends": ["flash", "efficient", "math"], "label_head": True,
-             "label_rows_frac": 0.3, "fresh_grads": True, "fuse_projections": True},
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {  # name -> task -> values
+    "fast": {
+        "speech": {"packing": True, "cuda_graph": True, "frozen_eval": True, "encoder_dtype": "bf16", "compile": True,
+                   "fused_adamw": True, "sdpa_backends": ["flash", "efficient", "math"], "label_head": True,
+                   "label_rows_frac": 0.3, "fresh_grads": True, "fuse_projections": True},
+        "chat": {"packing": True, "fused_adamw": True, "label_head": True, "fla_kernels": True},
+    },
 }
+PACKAGES = {"fla_kernels": "fla", "liger": "liger_kernel", "liger_loss": "liger_kernel"}  # a preset skips them if missing
+SPEECH_ONLY = ("frozen_eval", "encoder_dtype", "encoder_cache", "cuda_graph", "fresh_grads")
+CHAT_ONLY = ("fla_kernels", "liger", "liger_loss")
 FROZEN_AUDIO = ("frozen_eval", "encoder_dtype", "encoder_cache", "cuda_graph", "fresh_grads")  # need frozen audio
 
 
@@ -71,7 +80,8 @@ class Rule:
 
     def check(self, cfg, device: str = "", world: int = 1) -> None:
         if self.broken(cfg, device, world):
-            raise ConfigError(self.message.format(world=world, device=device, cfg=cfg))
+            speech_on = ", ".join(f"speed.{k}" for k in switches_on(cfg.speed) if k in SPEECH_ONLY)
+            raise ConfigError(self.message.format(world=world, device=device, cfg=cfg, speech_on=speech_on))
 
 
 RULES: tuple[Rule, ...] = (
@@ -107,12 +117,35 @@ RULES: tuple[Rule, ...] = (
          lambda c, d, w: c.model.llm.lora.enabled and c.train.parallel == "fsdp",
          "model.llm.lora.enabled with train.parallel=fsdp is not supported (the adapters would not be synchronised); "
          "use train.parallel=ddp (LoRA leaves little to shard)"),
+    Rule("speed.label_head, speed.liger_loss", "config", lambda c, d, w: c.speed.label_head and c.speed.liger_loss,
+         "speed.label_head and speed.liger_loss are two ways to compute the loss without full logits; use one"),
+    Rule("task, speech switches", "config",
+         lambda c, d, w: c.task == "chat" and any(k in switches_on(c.speed) for k in SPEECH_ONLY),
+         "task chat: {speech_on} act on the audio path or the speech fast path's graphs; set them false "
+         "(the chat path takes packing, compile, fused_adamw, label_head, fla_kernels, liger, liger_loss)"),
+    Rule("task, chat switches", "config",
+         lambda c, d, w: c.task == "speech" and any(k in switches_on(c.speed) for k in CHAT_ONLY),
+         "speed.fla_kernels, speed.liger and speed.liger_loss are for task: chat (the speech-LLM's Qwen3 decoder has "
+         "neither linear attention nor a liger path here); set them false"),
+    Rule("task, train.export", "config", lambda c, d, w: c.task == "chat" and c.train.export == "funasr",
+         "train.export=funasr is a speech-LLM folder; with task: chat use train.export=hf or none"),
+    Rule("task, train.val_decode", "config", lambda c, d, w: c.task == "chat" and c.train.val_decode,
+         "train.val_decode decodes speech; with task: chat use train.val_decode=0 (brisk eval gives greedy answers)"),
+    Rule("task, model.path", "config", lambda c, d, w: c.task == "chat" and c.model.path,
+         "model.path is a speech-LLM folder; with task: chat give the causal LM's folder as model.llm.path (or "
+         "model.llm.config for a random one)"),
+    Rule("task, data.profile", "config", lambda c, d, w: c.task == "chat" and c.data.profile,
+         "data.profile makes synthetic speech batches; with task: chat give data.train (chat jsonl)"),
     Rule("speed.cuda_graph, train.device", "device", lambda c, d, w: c.speed.cuda_graph and d != "cuda",
          "speed.cuda_graph needs a CUDA device (this run's is {device})"),
     Rule("speed.cuda_graph, train.parallel", "ranks",
          lambda c, d, w: w > 1 and c.speed.cuda_graph and c.train.parallel != "ddp",
          "train.parallel={cfg.train.parallel} with speed.cuda_graph: the graphed step averages gradients DDP-style "
          "only; use train.parallel=ddp"),
+    Rule("speed.fla_kernels, speed.liger, speed.liger_loss, train.device", "device",
+         lambda c, d, w: d != "cuda" and (c.speed.fla_kernels or c.speed.liger or c.speed.liger_loss),
+         "speed.fla_kernels, speed.liger and speed.liger_loss run Triton kernels: they need a CUDA device (this run's "
+         "is {device})"),
     Rule("speed.fresh_grads, ranks", "ranks", lambda c, d, w: w > 1 and c.speed.fresh_grads,
          "speed.fresh_grads with {world} ranks: the in-graph all-reduce needs persistent gradient buffers; "
          "set speed.fresh_grads=false"),
@@ -139,12 +172,12 @@ def switches_on(speed) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ presets
-def preset_values(name: str, frozen_audio: bool, lora: bool = False) -> dict[str, Any]:
-    """The preset's values for a model whose encoder and adaptor are (or are not) both frozen, with or without
-    LoRA adapters (the fused projections would skip them)."""
+def preset_values(name: str, frozen_audio: bool, lora: bool = False, task: str = "speech") -> dict[str, Any]:
+    """The preset's values for a task, for a model whose encoder and adaptor are (or are not) both frozen, with
+    or without LoRA adapters (the fused projections would skip them)."""
     if name not in PRESETS:
         raise ConfigError(f"speed.preset={name!r}: use one of {', '.join(sorted(PRESETS))} (or leave it unset)")
-    values = dict(PRESETS[name])
+    values = dict(PRESETS[name][task])
     for k in (() if frozen_audio else FROZEN_AUDIO) + (("fuse_projections",) if lora else ()):
         values.pop(k, None)
     return values
@@ -162,8 +195,15 @@ def expand_preset(tree: dict) -> dict:
     frozen = all((model.get(part) or {}).get("freeze", True) for part in ("encoder", "adaptor"))
     lora = bool(((model.get("llm") or {}).get("lora") or {}).get("enabled", False))
     out = dict(tree)
-    out["speed"] = {**preset_values(name, frozen, lora), **speed}
+    out["speed"] = {**preset_values(name, frozen, lora, tree.get("task", "speech")), **speed}
     return out
+
+
+def _installed(package: str) -> bool:
+    import importlib.util
+    import sys
+
+    return package in sys.modules or importlib.util.find_spec(package) is not None
 
 
 # ------------------------------------------------------------------------------------------- the plan
@@ -176,6 +216,7 @@ class SpeedPlan:
     world: int = 1
     notes: tuple[str, ...] = ()
     on: tuple[str, ...] = field(default=())
+    task: str = "speech"
 
     def __contains__(self, key: str) -> bool:
         return key in self.on
@@ -205,8 +246,8 @@ def make_plan(cfg: "Config", device: str, world: int = 1) -> tuple["Config", Spe
     speed, notes = cfg.speed, []
     if speed.preset:
         frozen = cfg.model.encoder.freeze and cfg.model.adaptor.freeze
-        values = preset_values(speed.preset, frozen, cfg.model.llm.lora.enabled)
-        off = {}
+        values = preset_values(speed.preset, frozen, cfg.model.llm.lora.enabled, cfg.task)
+        off = {k: f"{p} is not installed" for k, p in PACKAGES.items() if k in values and not _installed(p)}
         if device != "cuda":
             off.update({s.key: "needs CUDA" for s in SWITCHES if s.gpu_only and s.key in values})
         if world > 1:
@@ -220,9 +261,9 @@ def make_plan(cfg: "Config", device: str, world: int = 1) -> tuple["Config", Spe
         on = [k for k in switches_on(speed) if k in values]
         notes.append(f"preset {speed.preset}: on {', '.join(on) or 'nothing'}" +
                      "".join(f"; left off {k} ({why})" for k, why in off.items() if k in changes))
-        if not frozen:
+        if not frozen and cfg.task == "speech":
             notes.append(f"preset {speed.preset}: the frozen-audio switches ({', '.join(FROZEN_AUDIO)}) stay off: "
                          "model.encoder.freeze and model.adaptor.freeze are not both true")
         cfg = dataclasses.replace(cfg, speed=speed)
     check_rules(cfg, ("config", "device", "ranks"), device, world)
-    return cfg, SpeedPlan(speed, device, world, tuple(notes), tuple(switches_on(speed)))
+    return cfg, SpeedPlan(speed, device, world, tuple(notes), tuple(switches_on(speed)), cfg.task)

@@ -20,7 +20,7 @@ def test_every_switch_is_a_speed_key_and_defaults_are_off():
     fields = {f.name for f in dataclasses.fields(SpeedConfig)}
     assert set(SWITCH_KEYS) <= fields
     assert switches_on(SpeedConfig()) == []
-    assert all(set(values) <= fields for values in PRESETS.values())
+    assert all(set(values) <= fields for tasks in PRESETS.values() for values in tasks.values())
     assert all(r.when in ("config", "device", "ranks") for r in RULES)
 
 
@@ -54,8 +54,8 @@ def test_device_and_rank_rules_fire_in_make_plan(tmp_path):
 def test_the_fast_preset_on_a_gpu_is_the_whole_set(tmp_path):
     cfg = tiny_config(tmp_path, **{"speed.preset": "fast", **FROZEN})
     cfg, plan = make_plan(cfg, "cuda", 1)
-    assert set(plan.on) == {k for k in SWITCH_KEYS if k != "tf32" and k != "encoder_cache"}
-    assert cfg.speed.label_rows_frac == PRESETS["fast"]["label_rows_frac"]
+    assert set(plan.on) == set(SWITCH_KEYS) - {"tf32", "encoder_cache", "fla_kernels", "liger", "liger_loss"}
+    assert cfg.speed.label_rows_frac == PRESETS["fast"]["speech"]["label_rows_frac"]
     assert plan.persistent_grads is False and plan.on_device_skip and plan.capturable
     assert plan.notes and plan.notes[0].startswith("preset fast: on ")
 
@@ -119,3 +119,22 @@ def test_a_bench_arm_takes_a_preset_over_the_base_config(tmp_path):
     assert arm.speed.cuda_graph and arm.speed.label_head and not arm.speed.fresh_grads
     with pytest.raises(ConfigError, match="needs speed.packing"):
         with_overrides(base, ["speed.cuda_graph=true"])
+
+
+def test_chat_switches_and_rules(tmp_path):
+    from .conftest import REPO
+    from brisk.config import load_config
+
+    demo = REPO / "configs" / "sft_demo.yaml"
+    with pytest.raises(ConfigError, match="task chat: speed.frozen_eval"):
+        load_config(demo, [f"train.output_dir={tmp_path}", "speed.frozen_eval=true"])
+    with pytest.raises(ConfigError, match="are for task: chat"):
+        tiny_config(tmp_path, **{"speed.liger": True})
+    with pytest.raises(ConfigError, match="two ways to compute the loss"):
+        load_config(demo, [f"train.output_dir={tmp_path}", "speed.label_head=true", "speed.liger_loss=true"])
+    cfg = load_config(demo, [f"train.output_dir={tmp_path}", "speed.fla_kernels=true"])
+    with pytest.raises(ConfigError, match="need a CUDA device"):
+        make_plan(cfg, "cpu", 1)
+    cfg, plan = make_plan(load_config(demo, [f"train.output_dir={tmp_path}", "speed.preset=fast"]), "cpu", 1)
+    assert set(plan.on) == {"packing", "label_head"} and "frozen_eval" not in cfg.speed.__dict__.get("on", ())
+    assert "left off fla_kernels" in plan.notes[0] and "frozen-audio" not in " ".join(plan.notes)

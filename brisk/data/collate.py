@@ -56,6 +56,8 @@ class Collator:
     # ----------------------------------------------------------------------------------- speech side
     def _speech(self, good: list[Sample]):
         feats = [f for s in good for f in s.feats]
+        if not feats:  # text only (task: chat)
+            return None, None, 0
         lengths = torch.tensor([f.shape[0] for f in feats], dtype=torch.long)
         speech = pad_sequence(feats, batch_first=True)  # [N, F, D]
         if self.static:
@@ -139,6 +141,8 @@ def static_needs(batch: Batch) -> list[int]:
     so the maximum is one too)."""
     if batch.n_utts == 0 or batch.layout != "packed":
         return [0, 0, 0, 0]
+    if batch.speech is None:  # text only (task: chat)
+        return [batch.input_ids.shape[1], 0, 0, batch.cu_seqlens.numel()]
     return [batch.input_ids.shape[1], batch.speech.shape[1], batch.speech.shape[0], batch.cu_seqlens.numel()]
 
 
@@ -150,7 +154,7 @@ def pad_static(batch: Batch, tokens: int, frames: int, segments: int, cu_len: in
     scratch position (= the new row length); new speech segments are one zero frame, as in collation.
     """
     t = batch.input_ids.shape[1]
-    n, f, d = batch.speech.shape
+    n, f, d = batch.speech.shape if batch.speech is not None else (0, 0, 0)
     if (tokens, frames, segments, cu_len) == (t, f, n, batch.cu_seqlens.numel()):
         return batch
     if tokens < t or frames < f or segments < n or cu_len < batch.cu_seqlens.numel():
@@ -171,9 +175,11 @@ def pad_static(batch: Batch, tokens: int, frames: int, segments: int, cu_len: in
     audio_pos = torch.cat([audio_pos, audio_pos.new_full((extra,), tokens)])
     audio_utt = torch.cat([batch.audio_utt, batch.audio_utt.new_zeros(extra)])
     audio_frame = torch.cat([batch.audio_frame, batch.audio_frame.new_zeros(extra)])
-    speech = batch.speech.new_zeros(segments, frames, d)
-    speech[:n, :f] = batch.speech
-    lengths = torch.cat([batch.speech_lengths, batch.speech_lengths.new_ones(segments - n)])
+    speech, lengths = batch.speech, batch.speech_lengths
+    if speech is not None:
+        speech = batch.speech.new_zeros(segments, frames, d)
+        speech[:n, :f] = batch.speech
+        lengths = torch.cat([batch.speech_lengths, batch.speech_lengths.new_ones(segments - n)])
     out = dataclasses.replace(batch, input_ids=ids, labels=labels, position_ids=pos_ids, cu_seqlens=cu,
                               audio_pos=audio_pos, audio_utt=audio_utt, audio_frame=audio_frame, speech=speech,
                               speech_lengths=lengths)

@@ -49,7 +49,17 @@ def build_split(cfg: Config, which: str, collator: Collator, vocab_size: int, ra
     d = cfg.data
     path = d.train if which == "train" else d.valid
     skipped: list[str] = []
-    if path:
+    if cfg.task == "chat":
+        if not path:
+            if which == "train":
+                raise ConfigError("data.train: give a chat jsonl (one {\"messages\": [...]} a line)")
+            return None
+        from .chat import build_chat_dataset
+
+        dataset, skipped = build_chat_dataset(path, tokenizer if tokenizer is not None else load_tokenizer(cfg),
+                                              max_len=d.max_len, overlong=d.overlong, skip_bad=d.skip_bad,
+                                              template_path=d.chat_template)
+    elif path:
         index = read_jsonl(path, max_speech_length=d.max_speech_length, max_text_length=d.max_text_length,
                            skip_bad=d.skip_bad)
         skipped = index.skipped

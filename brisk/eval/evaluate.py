@@ -117,6 +117,10 @@ def pick_device(name: str) -> str:
 def eval_main(args) -> int:
     device = pick_device(args.device)
     cfg, model, tok, w = load_run(args.model, args.weights, device)
+    if cfg.task == "chat":
+        from .chat_eval import chat_eval_main
+
+        return chat_eval_main(args, cfg, model, tok, w, device)
     keys, paths, refs = read_eval_set(args.data, cfg)
     out = Path(args.out) if args.out else (Path(args.model) / "eval" / f"{Path(args.data).stem}.jsonl")
     rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
@@ -154,10 +158,12 @@ def add_verbs(sub) -> None:
         p.add_argument("--fast-compile", action="store_const", const="inductor", default=None,
                        help="--fast with the decode step compiled by torch.compile before capture (CUDA; compiles once)")
 
-    e = sub.add_parser("eval", help="decode a jsonl, CER/WER with jiwer, one line per utterance")
+    e = sub.add_parser("eval", help="decode a jsonl, CER/WER with jiwer, one line per utterance "
+                                    "(task chat: loss, perplexity and greedy answers)")
     e.add_argument("model", help="a brisk run folder or a FunASR model folder")
     e.add_argument("data", help="a FunASR jsonl with references")
     e.add_argument("--out", help="per-utterance jsonl (default: MODEL/eval/<data>.jsonl)")
+    e.add_argument("--answers", type=int, default=3, help="task chat: conversations answered greedily (default 3)")
     common(e)
     e.set_defaults(fn=eval_main)
     t = sub.add_parser("transcribe", help="print the transcript of each audio file")

@@ -18,6 +18,7 @@ from ..config import ConfigError, ModelConfig
 from ..files import file_sha256
 from ..formats.hf import is_hf_folder
 from .hf_native import from_hf, load_hf_weights
+from .causal_lm import ChatLM
 from .speech_llm import SpeechLLM
 
 log = logging.getLogger("brisk")
@@ -40,7 +41,7 @@ def build_llm(cfg: ModelConfig) -> nn.Module:
     return AutoModelForCausalLM.from_config(hf_cfg)
 
 
-def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> SpeechLLM:
+def build_model(cfg: ModelConfig, device: torch.device | str | None = None, task: str = "speech") -> nn.Module:
     """The model with its random initialisation (seeded), then any weights the config names.
 
     With ``device`` the parameters are created there directly (a 0.8B model initialises on a GPU in a
@@ -49,6 +50,8 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> S
     all be overwritten: the parameters are then made without values (meta), allocated once in their
     final dtype on ``device`` and filled from the file (see build_from_file).
     """
+    if task == "chat":
+        return build_chat_model(cfg, device)
     full = Path(cfg.init) if cfg.init else (Path(cfg.path) / "model.pt" if cfg.path else None)
     if full is not None and full.is_file():
         model = build_from_file(cfg, full, device)
@@ -88,6 +91,20 @@ def _after_loading(model: SpeechLLM, cfg: ModelConfig) -> SpeechLLM:
     if cfg.llm.activation_checkpoint or cfg.encoder.activation_checkpoint:
         log.info(note)
     return model
+
+
+def build_chat_model(cfg: ModelConfig, device: torch.device | str | None = None) -> ChatLM:
+    """A ChatLM: seeded random initialisation (from model.llm.config, or model.llm.path's config.json), then the
+    folder's *.safetensors (when model.llm.load_weights), then model.init (a brisk checkpoint or .safetensors)."""
+    torch.manual_seed(cfg.seed)
+    with torch.device(device or "cpu"):
+        model = ChatLM(cfg, build_llm(cfg))
+    if cfg.llm.path and cfg.llm.load_weights and _has_hf_weights(Path(cfg.llm.path)):
+        _load_hf_llm_weights(model, Path(cfg.llm.path))
+    if cfg.init:
+        load_weights(model, Path(cfg.init))
+    return model
+
 
 
 @contextlib.contextmanager

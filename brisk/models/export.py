@@ -47,8 +47,11 @@ def export_folder(model, cfg: Config, out: str | Path, fmt: str = "funasr", dtyp
             tokenizer = load_tokenizer(cfg)
         state = _converted_state(model, DTYPES[dtype], state)
         ensure_free(out.parent, tensor_bytes(state), f"the {fmt} export")
+        writer = _write_funasr if fmt == "funasr" else _write_hf
+        if cfg.task == "chat":  # a plain causal LM: its own save_pretrained layout
+            from .chat_export import write_chat_hf as writer
         with no_crc32():
-            (_write_funasr if fmt == "funasr" else _write_hf)(model, cfg, state, tmp, dtype, tokenizer)
+            writer(model, cfg, state, tmp, dtype, tokenizer)
         _write_readme(tmp, fmt, dtype, cfg)
         if sync:  # torch.save and save_file do not fsync: the data is on disk before the rename
             for f in tmp.rglob("*"):
@@ -225,6 +228,11 @@ def _write_hf(model, cfg: Config, state: dict, out: Path, dtype: str, tokenizer)
 
 # ------------------------------------------------------------------------------------------ README
 def _write_readme(out: Path, fmt: str, dtype: str, cfg: Config) -> None:
+    if cfg.task == "chat":
+        from .chat_export import chat_readme
+
+        (out / "README.md").write_text(chat_readme(dtype), encoding="utf-8")
+        return
     header = "with the context header (" + cfg.data.prompt_class + ")" if cfg.data.prompt_class else "without a context header"
     if fmt == "funasr":
         body = f"""# Fun-ASR-Nano model folder (FunASR layout), exported by brisk
@@ -250,9 +258,5 @@ the adaptor). The native processor differs from training: it inserts one audio t
 feature extractor uses unit-scale audio. The model was trained {header}.
 """
     (out / "README.md").write_text(body, encoding="utf-8")
-
-
-
-
 
 

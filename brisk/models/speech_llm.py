@@ -91,15 +91,19 @@ class SpeechLLM(nn.Module):
         """``module`` (the causal LM, or its decoder stack) on the batch's spliced embeddings."""
         if audio_rows is None and batch.speech is not None:
             audio_rows = self.audio_rows(batch)
-        embeds = self.embed(batch, audio_rows)
-        attn_kwargs = {}
-        if batch.layout == "packed":
-            attn_kwargs = dict(cu_seq_lens_q=batch.cu_seqlens, cu_seq_lens_k=batch.cu_seqlens)
-        autocast = (torch.autocast(embeds.device.type, dtype=self.llm_dtype)
-                    if self.llm_dtype != torch.float32 else nullcontext())
-        with autocast:
-            return module(inputs_embeds=embeds.to(self.llm_dtype), attention_mask=batch.attention_mask,
-                          position_ids=batch.position_ids, use_cache=False, **attn_kwargs)
+        return run_causal_lm(module, self.embed(batch, audio_rows), batch, self.llm_dtype)
+
+
+def run_causal_lm(module: nn.Module, embeds: torch.Tensor, batch: Batch, dtype: torch.dtype):
+    """A causal LM (or its decoder stack) on input embeddings in the batch's layout: the attention mask when
+    padded; per-sequence position_ids and cu_seqlens (varlen attention kernels read them) when packed."""
+    attn_kwargs = {}
+    if batch.layout == "packed":
+        attn_kwargs = dict(cu_seq_lens_q=batch.cu_seqlens, cu_seq_lens_k=batch.cu_seqlens)
+    autocast = torch.autocast(embeds.device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    with autocast:
+        return module(inputs_embeds=embeds.to(dtype), attention_mask=batch.attention_mask,
+                      position_ids=batch.position_ids, use_cache=False, **attn_kwargs)
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -50,6 +50,8 @@ def accelerate(model, plan: SpeedPlan) -> Accelerated:
             out.notes.append("encoder_dtype: frozen encoder and adaptor run as bf16 copies (the fp32 originals are saved)")
         if s.encoder_cache:
             out.notes.append("encoder_cache: audio rows kept per utterance and reused in later epochs")
+    if plan.task == "chat":
+        out.notes += _chat_kernels(model, plan)
     if s.packing:
         if plan.device == "cuda":
             from .varlen import apply_varlen_attention, padded_attention
@@ -85,6 +87,27 @@ def accelerate(model, plan: SpeedPlan) -> Accelerated:
 
         out.loss, note = apply_label_head(s)
         out.notes.append(note)
+    if s.liger_loss:
+        from .llm_kernels import liger_loss
+
+        out.loss = liger_loss()
+        out.notes.append("liger_loss: LM head and cross-entropy fused by liger-kernel (no full logits)")
     if s.tf32:
         out.notes.append("tf32: TF32 matmuls/convolutions for fp32 work during training (process-wide, restored after)")
     return out
+
+
+def _chat_kernels(model, plan: SpeedPlan) -> list[str]:
+    """A plain causal LM's layers: Gated DeltaNet layers under packing (each packed conversation on its own,
+    or flash-linear-attention's varlen kernels), liger-kernel's fused norms and MLPs."""
+    from .llm_kernels import (apply_fla_linear_attention, apply_liger_kernels, apply_linear_attention_per_sequence,
+                              linear_attention_layers)
+
+    s, notes = plan.speed, []
+    if s.fla_kernels:
+        notes.append(apply_fla_linear_attention(model))
+    elif s.packing and linear_attention_layers(model.llm):
+        notes.append(apply_linear_attention_per_sequence(model))
+    if s.liger:
+        notes.append(apply_liger_kernels(model))
+    return notes

@@ -76,7 +76,7 @@ def assemble(cfg: Config, ranks: Ranks) -> Parts:
     for note in plan.notes:
         log.info("speed %s", note)
     t0 = time.perf_counter()
-    model = build_model(cfg.model, ranks.device)
+    model = build_model(cfg.model, ranks.device, task=cfg.task)
     torch.manual_seed(cfg.train.seed + ranks.rank)  # training randomness (dropout), separate from the init
     log.info("model: %s parameters, %s trainable (built in %.1f s)", human(param_count(model)),
              human(param_count(model, trainable=True)), time.perf_counter() - t0)

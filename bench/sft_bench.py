@@ -1,0 +1,313 @@
+"""Chat SFT on one GPU: the seed's loop, its stages, TRL + Liger, brisk's defaults and brisk's fast path, on the
+same model (random init), the same data (ultrachat-like lengths) and the same GPU, in one call.
+
+    python bench/sft_bench.py --wheels /path/to/.whl --out $OUT                  # everything, table printed last
+    python bench/sft_bench.py --models qwen3_5_2b --arms a_loop,d_brisk_fast --steps 4
+
+Arms (each a fresh process; real tokens/s = non-pad tokens of the timed steps over their time):
+  a_loop          the seed's baseline: a plain transformers loop (bf16 weights, AdamW), padded batches,
+                  default kernels (flash-linear-attention NOT importable: transformers' torch fallback)
+  k_loop_kernels  the seed's stage 1: the same loop with flash-linear-attention importable (transformers
+                  picks it up by itself)
+  p_loop_packed   the seed's stage 2: kernels + packing (one row, per-conversation position_ids and
+                  cu_seq_lens, as TRL's padding-free collator passes them). Without the causal-conv1d CUDA
+                  package (no wheel) transformers' short conv ignores the boundaries (3 tokens of leak a
+                  boundary): the same work, so the speed is comparable; brisk's fla swap keeps them apart
+  b_trl_liger     TRL SFTTrainer as its users run it: assistant_only_loss, padding_free=True,
+                  use_liger_kernel=True, bf16 (fla importable)
+  c_brisk_default brisk's step with every switch off (padded, eager)
+  d_brisk_fast    brisk's step: packing (varlen attention), fla varlen kernels for Gated DeltaNet, liger
+                  RMSNorm/SwiGLU, label_head (LM head + loss on labelled rows), fused AdamW
+Every arm but TRL trains on the same batches in the same order (groups of conversations under a padded-token
+budget); TRL batches its own way (per_device_train_batch_size = the mean conversations of those groups).
+Op tables (torch.profiler, top CUDA kernels of one step) for a_loop and d_brisk_fast go to $OUT/ops_*.txt.
+Wheels: fla-core (fla arms), liger-kernel, trl, datasets, dill, multiprocess (TRL arm), installed with
+--no-deps into private folders under --work (with the generated data), so the torch-path arms never
+see them. Results, logs and op tables go to --out ($OUT).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# Run in this order (every model's arm before the next arm), so a short time budget keeps the main comparison.
+ARMS = ("a_loop", "d_brisk_fast", "b_trl_liger", "k_loop_kernels", "p_loop_packed", "c_brisk_default")
+FLA_ARMS = {"k_loop_kernels", "p_loop_packed", "b_trl_liger", "d_brisk_fast"}
+MODELS = {"qwen3_5_2b": "configs/sft_qwen3_5_2b.yaml", "qwen3_1p7b": "configs/sft_qwen3_1p7b.yaml",
+          "qwen3_5_9b": "configs/sft_qwen3_5_9b.yaml", "qwen3_8b": "configs/sft_qwen3_8b.yaml",
+          "tiny": "configs/sft_demo.yaml"}  # tiny: a smoke test of this script (--device cpu)
+DEVICE = "cuda"
+PROFILED = {"a_loop", "d_brisk_fast"}
+
+
+# ------------------------------------------------------------------------------------------ worker
+def load_cfg(model: str, data: Path, extra: list[str]):
+    sys.path.insert(0, str(REPO))
+    from brisk.config import load_config
+
+    tiny = ["model.llm.config.vocab_size=392", "data.max_len=1024", "data.batch_tokens=2048"] if model == "tiny" else []
+    return load_config(REPO / MODELS[model], [f"data.train={data / 'train.jsonl'}", "data.valid=null",
+                                               f"data.tokenizer={data / 'tokenizer'}", f"train.device={DEVICE}",
+                                               *tiny, *extra])
+
+
+def groups(cfg, n: int):
+    """The first n batches of the sampler, as lists of samples (identical in every arm)."""
+    from brisk.data.collate import Collator
+    from brisk.data.loader import build_split
+
+    split = build_split(cfg, "train", Collator(), int(cfg.model.llm.config["vocab_size"]))
+    batches = split.sampler.batches(0)
+    return [[split.dataset[(i, 0)] for i in idx] for idx in (batches * (1 + n // len(batches)))[:n]]
+
+
+def sync() -> None:
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(run_step, batches, warmup: int, profile_to: Path | None):
+    times, tokens = [], []
+    for i, (batch, n_tokens) in enumerate(batches):
+        sync()
+        t0 = time.perf_counter()
+        run_step(batch)
+        sync()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+            tokens.append(n_tokens)
+    if profile_to is not None:
+        from torch.profiler import ProfilerActivity, profile
+
+        cuda = DEVICE == "cuda"
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            run_step(batches[-1][0])
+            sync()
+        profile_to.write_text(prof.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total",
+                                                        row_limit=25), encoding="utf-8")
+    return times, tokens
+
+
+def hf_inputs(batch, packed: bool):
+    if not packed:
+        return dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels)
+    cu = batch.cu_seqlens
+    return dict(input_ids=batch.input_ids, position_ids=batch.position_ids, labels=batch.labels,
+                cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=int((cu[1:] - cu[:-1]).max()),
+                max_length_k=int((cu[1:] - cu[:-1]).max()))
+
+
+def linear_attention_impl() -> str:
+    """Which gated delta rule transformers bound (it decides at import time; fla-core when importable)."""
+    return "flash-linear-attention" if "fla" in sys.modules else "transformers' torch fallback"
+
+
+def worker(args) -> dict:
+    import torch
+
+    from brisk.data.collate import Collator
+
+    cfg = load_cfg(args.model, Path(args.data), [])
+    n = args.warmup + args.steps
+    sample_groups = groups(cfg, n)
+    torch.manual_seed(0)
+    arm, out = args.arm, Path(args.out)
+    prof = out / f"ops_{args.model}_{arm}.txt" if arm in PROFILED else None
+    note = ""
+    if arm in ("a_loop", "k_loop_kernels", "p_loop_packed"):
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        c = dict(cfg.model.llm.config)
+        with torch.device(DEVICE):
+            model = AutoModelForCausalLM.from_config(AutoConfig.for_model(c.pop("model_type"), **c),
+                                                     dtype=torch.bfloat16)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        packed = arm == "p_loop_packed"
+        collate = Collator(packed=True, token_buckets=(1024,)) if packed else Collator()
+        batches = [(collate(g).to(DEVICE), sum(len(s.tokens.input_ids) for s in g)) for g in sample_groups]
+
+        def step(batch):
+            loss = model(**hf_inputs(batch, packed), use_cache=False).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        times, tokens = timed(step, batches, args.warmup, prof)
+        note = f"gated delta rule from {linear_attention_impl()}"
+    elif arm in ("c_brisk_default", "d_brisk_fast"):
+        from brisk.models.build import build_model
+        from brisk.speed import apply_speed
+        from brisk.train.run import build_step
+
+        extra = [] if arm == "c_brisk_default" else ["speed.packing=true", "speed.label_head=true",
+                                                      "speed.fused_adamw=true", "speed.pack_buckets=[1024]"]
+        cfg = load_cfg(args.model, Path(args.data), extra)
+        device = torch.device(DEVICE)
+        model = build_model(cfg.model, device, task="chat")
+        plan = apply_speed(model, cfg, device)
+        notes = list(plan.notes)
+        if arm == "d_brisk_fast" and DEVICE == "cuda":  # Triton kernels (the CPU smoke test runs the rest)
+            from brisk.speed.llm_kernels import apply_fla_linear_attention, apply_liger_kernels
+
+            notes += [apply_fla_linear_attention(model), apply_liger_kernels(model)]
+        _, _, train_step = build_step(cfg, model, plan)
+        batches = [(plan.collator(g).to(DEVICE), sum(len(s.tokens.input_ids) for s in g)) for g in sample_groups]
+        times, tokens = timed(lambda b: train_step([b]), batches, args.warmup, prof)
+        note = "; ".join(notes) or "no switch"
+    else:  # b_trl_liger
+        times, tokens, note = trl_arm(args, cfg, sample_groups)
+    per_s = [k / t for k, t in zip(tokens, times)]
+    return {"model": args.model, "arm": arm, "steps": len(times), "tokens_per_s": sum(tokens) / sum(times),
+            "tps_steps": per_s, "ms_per_step": 1000 * statistics.mean(times), "tokens_per_step": statistics.mean(tokens),
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else 0.0, "note": note}
+
+
+def trl_arm(args, cfg, sample_groups):
+    import torch
+    from datasets import Dataset
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    from brisk.data.chat import read_chat_jsonl
+
+    convs, _ = read_chat_jsonl(Path(args.data) / "train.jsonl", skip_bad=False)
+    per_batch = max(1, round(statistics.mean(len(g) for g in sample_groups)))
+    n = args.warmup + args.steps
+    tok = AutoTokenizer.from_pretrained(str(Path(args.data) / "tokenizer"), local_files_only=True)
+    c = dict(cfg.model.llm.config)
+    with torch.device(DEVICE):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(c.pop("model_type"), **c), dtype=torch.bfloat16)
+    ds = Dataset.from_list([{"messages": conv.messages} for conv in convs[: per_batch * n]])
+    marks: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, a, state, control, **kw):
+            sync()
+            marks.append(time.perf_counter())
+
+        def on_step_end(self, a, state, control, **kw):
+            sync()
+            marks.append(time.perf_counter())
+
+    counts: list[int] = []
+
+    class Counting(SFTTrainer):
+        def training_step(self, model, inputs, *a, **kw):
+            counts.append(int(inputs["input_ids"].numel()))  # padding-free: one row of real tokens
+            return super().training_step(model, inputs, *a, **kw)
+
+    targs = SFTConfig(output_dir=str(Path(args.out) / "trl"), assistant_only_loss=True, padding_free=True,
+                      use_liger_kernel=True, bf16=True, per_device_train_batch_size=per_batch, max_steps=n,
+                      max_length=None, learning_rate=1e-5,  # padding_free without packing: TRL refuses a max_length logging_steps=1000, save_strategy="no",
+                      report_to=[], dataloader_num_workers=0, use_cpu=DEVICE == "cpu")
+    Counting(model=model, args=targs, train_dataset=ds, processing_class=tok, callbacks=[Clock()]).train()
+    times = [marks[2 * i + 1] - marks[2 * i] for i in range(len(marks) // 2)][args.warmup:]
+    return times, counts[args.warmup:len(times) + args.warmup], f"{per_batch} conversations a step (padding_free row)"
+
+
+# ------------------------------------------------------------------------------------------ driver
+def install(wheels: Path, target: Path, names: list[str]) -> Path:
+    if target.is_dir():
+        return target
+    files = [str(f) for n in names for f in sorted(wheels.glob(f"{n}-*.whl"))]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), *files],
+                   check=True)
+    return target
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| model | arm | real tokens/s (mean ± sd over steps) | vs a_loop | ms/step | tokens/step | peak GiB |",
+           "|---|---|---|---|---|---|---|"]
+    base = {r["model"]: r["tokens_per_s"] for r in rows if r["arm"] == "a_loop" and "tokens_per_s" in r}
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['model']} | {r['arm']} | failed: {r['error'][:80]} | | | | |")
+            continue
+        sd = statistics.pstdev(r["tps_steps"]) if len(r["tps_steps"]) > 1 else 0.0
+        ratio = f"{r['tokens_per_s'] / base[r['model']]:.2f}x" if r["model"] in base else "-"
+        out.append(f"| {r['model']} | {r['arm']} | {r['tokens_per_s']:,.0f} ± {sd:,.0f} | {ratio} | "
+                   f"{r['ms_per_step']:.0f} | {r['tokens_per_step']:,.0f} | {r['peak_gib']:.1f} |")
+    return "\n".join(out)
+
+
+def driver(args) -> None:
+    out = Path(args.out or os.environ.get("OUT") or REPO / "bench/tmp/sft_bench")
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work)  # data and wheel folders: large, and not results
+    data = work / "data"
+    if not (data / "train.jsonl").is_file():
+        subprocess.run([sys.executable, str(REPO / "tools/make_chat_data.py"), "ultrachat", "--out", str(data),
+                        "--n", str(args.conversations), "--n-valid", "8", "--seed", "7"], check=True)
+    wheels = Path(args.wheels) if args.wheels else None
+    fla = install(wheels, work / "site_fla", ["fla_core", "liger_kernel"]) if wheels else None
+    trl = install(wheels, work / "site_trl", ["fla_core", "liger_kernel", "trl", "datasets", "dill", "multiprocess"]) \
+        if wheels else None
+    rows, deadline = [], time.time() + args.budget_s
+    for arm in args.arms.split(","):
+        for model in args.models.split(","):
+            if time.time() > deadline:
+                rows.append({"model": model, "arm": arm, "error": "skipped: out of the time budget"})
+                continue
+            paths = [str(REPO)] + ([str(trl)] if arm == "b_trl_liger" and trl else [str(fla)] if arm in FLA_ARMS and fla else [])
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "TOKENIZERS_PARALLELISM": "false"}
+            cmd = [sys.executable, __file__, "--worker", "--arm", arm, "--model", model, "--data", str(data),
+                   "--out", str(out), "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
+            t0 = time.time()
+            try:
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                      timeout=max(30, deadline + 60 - time.time()))
+                log_text, err = proc.stdout + proc.stderr, (proc.stderr.strip().splitlines() or ["?"])[-1]
+                line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith("RESULT ")), None)
+            except subprocess.TimeoutExpired as e:
+                log_text, err, line = str(e.stdout or "") + str(e.stderr or ""), "timed out", None
+            (out / f"log_{model}_{arm}.txt").write_text(log_text, encoding="utf-8")
+            row = json.loads(line[7:]) if line else {"model": model, "arm": arm, "error": err}
+            row["wall_s"] = time.time() - t0
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    order = {a: i for i, a in enumerate(args.arms.split(","))}
+    rows.sort(key=lambda r: (args.models.split(",").index(r["model"]), order[r["arm"]]))
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    for f in sorted(out.glob("ops_*.txt")):
+        print(f"\n### {f.name} (top CUDA kernels of one step)\n```\n" + "\n".join(f.read_text().splitlines()[:18]) + "\n```")
+    print("\n" + table(rows))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--arm")
+    ap.add_argument("--model", default="qwen3_5_2b")
+    ap.add_argument("--data")
+    ap.add_argument("--models", default="qwen3_5_2b,qwen3_1p7b")
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--steps", type=int, default=6, help="timed steps an arm")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--conversations", type=int, default=600)
+    ap.add_argument("--wheels", help="folder with the wheels (fla_core, liger_kernel, trl, datasets, dill, multiprocess)")
+    ap.add_argument("--budget-s", type=float, default=500, help="no new arm starts after this many seconds")
+    ap.add_argument("--out")
+    ap.add_argument("--work", default="/tmp/sft_bench_work", help="generated data and wheel installs")
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (--models tiny)")
+    args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    if args.worker:
+        sys.path.insert(0, str(REPO))
+        print("RESULT " + json.dumps(worker(args)), flush=True)
+    else:
+        driver(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Chat SFT data: a jsonl of conversations -> samples with assistant-only labels, for ``task: chat``.
+
+One conversation a line, in the format ultrachat / OpenAI-style sets already have::
+
+    {"messages": [{"role": "system", "content": "..."},      # optional
+                  {"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}, ...]}
+
+Tokens come from the model folder's own chat template, rendered by ``tokenizer.apply_chat_template`` with
+``return_assistant_tokens_mask=True``; labels are the token ids where that mask is 1 and -100 elsewhere,
+which is how TRL's SFTTrainer builds assistant-only labels. The mask needs ``{% generation %}`` markers in
+the template; most model templates lack them, so, as TRL does, a known template is swapped for its
+training twin (the twins TRL ships, vendored in ``chat_templates/``), or ``data.chat_template`` names one.
+A conversation longer than ``data.max_len`` is truncated at the end (TRL's keep_start) or skipped
+(``data.overlong``), and counted; one left without a labelled token is dropped, as TRL drops it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..config import ConfigError
+from .dataset import Sample
+from .jsonl import DataError
+from .prompt import Tokens
+
+log = logging.getLogger("brisk")
+
+TEMPLATES = Path(__file__).parent / "chat_templates"
+# Model templates (as their folders ship them) whose training twin brisk knows: TRL's list for the Qwen3 family.
+KNOWN = ("qwen3", "qwen3_5_think", "qwen3_5_nothink", "qwen3_6", "qwen3_8")
+ROLES = ("system", "user", "assistant")
+
+
+def has_generation_markers(template: str) -> bool:
+    return "{%- generation %}" in template or "{% generation %}" in template
+
+
+def training_template(tokenizer, path: str | None = None) -> str:
+    """The chat template whose ``{% generation %}`` markers give the assistant mask.
+
+    ``path`` (data.chat_template) wins; else the tokenizer's own if it has markers; else the training twin of
+    a known model template; else a ConfigError that says how to give one."""
+    if path:
+        text = Path(path).read_text(encoding="utf-8")
+        if not has_generation_markers(text):
+            raise ConfigError(f"data.chat_template={path}: has no {{% generation %}} markers, so no assistant-only "
+                              "labels can come from it; wrap the assistant output in {% generation %}...{% endgeneration %}")
+        return text
+    own = getattr(tokenizer, "chat_template", None)
+    if not own:
+        raise ConfigError("data.tokenizer: the tokenizer folder has no chat template (chat_template.jinja or "
+                          "tokenizer_config.json's chat_template); give one with data.chat_template=FILE")
+    if isinstance(own, dict):
+        own = own.get("default", "")
+    if has_generation_markers(own):
+        return own
+    for name in KNOWN:
+        if own == (TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8"):
+            return (TEMPLATES / f"{name}_training.jinja").read_text(encoding="utf-8")
+    raise ConfigError("data.chat_template: the tokenizer's chat template has no {% generation %} markers and is not "
+                      f"one brisk knows ({', '.join(KNOWN)}); give a template with markers: data.chat_template=FILE")
+
+
+@dataclass
+class Conversation:
+    key: str
+    source: str  # "file:line"
+    messages: list[dict]
+
+
+def parse_chat_line(text: str, where: str) -> Conversation:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        msg = e.msg[:-3] if e.msg.endswith(" at") else e.msg
+        raise DataError(f"{where}: not valid JSON ({msg}, column {e.colno})") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list) or not obj["messages"]:
+        raise DataError(f"{where}: expected an object with a non-empty 'messages' list")
+    messages = []
+    for i, msg in enumerate(obj["messages"]):
+        if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
+            raise DataError(f"{where}: messages[{i}] needs 'role' and 'content'")
+        if msg["role"] not in ROLES:
+            raise DataError(f"{where}: messages[{i}] has role {msg['role']!r}; use one of {', '.join(ROLES)}")
+        if not isinstance(msg["content"], str):
+            raise DataError(f"{where}: messages[{i}].content must be a string")
+        if msg["role"] == "system" and i > 0:
+            raise DataError(f"{where}: messages[{i}]: a system message may only come first")
+        messages.append({"role": msg["role"], "content": msg["content"]})
+    if not any(m["role"] == "assistant" for m in messages):
+        raise DataError(f"{where}: no assistant message, so nothing to learn from")
+    key = obj.get("key", obj.get("prompt_id", where))
+    return Conversation(str(key), where, messages)
+
+
+def read_chat_jsonl(path: str | Path, skip_bad: bool) -> tuple[list[Conversation], list[str]]:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data file {path} does not exist")
+    convs, skipped = [], []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                convs.append(parse_chat_line(line, f"{path}:{n}"))
+            except DataError as e:
+                if not skip_bad:
+                    raise DataError(f"{e} (set data.skip_bad=true to skip and count such lines)") from None
+                skipped.append(str(e))
+    if skipped:
+        log.warning("%s: skipped %d bad lines (data.skip_bad=true), first: %s", path, len(skipped), skipped[0])
+    return convs, skipped
+
+
+class ChatEncoder:
+    """Conversation -> (input_ids, labels) with the training template; ``None`` for one that is dropped."""
+
+    def __init__(self, tokenizer, template: str, max_len: int, overlong: str):
+        self.tok, self.template = tokenizer, template
+        self.max_len, self.overlong = max_len, overlong
+
+    def render(self, messages: list[dict]) -> tuple[list[int], list[int]]:
+        out = self.tok.apply_chat_template(messages, tokenize=True, return_dict=True, chat_template=self.template,
+                                           return_assistant_tokens_mask=True)
+        ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
+        return ids, [t if m else -100 for t, m in zip(ids, mask)]
+
+    def encode(self, conv: Conversation) -> tuple[Tokens | None, str]:
+        """(tokens, what happened): '' kept as is, 'truncated', 'skipped' (too long), 'unlabelled'."""
+        ids, labels = self.render(conv.messages)
+        what = ""
+        if len(ids) > self.max_len:
+            if self.overlong == "skip":
+                return None, "skipped"
+            ids, labels, what = ids[: self.max_len], labels[: self.max_len], "truncated"
+        if all(x == -100 for x in labels):
+            return None, "unlabelled"
+        if labels[0] != -100:  # the shifted loss and packing need it: no target crosses conversations
+            raise DataError(f"{conv.source}: the chat template starts with an assistant token; a conversation must "
+                            "open with a system or user turn")
+        return Tokens(ids, labels), what
+
+
+@dataclass
+class ChatDataset(torch.utils.data.Dataset):
+    """Tokenised up front: the sampler batches by real token counts, and every count is known before step 1."""
+
+    tokens: list[Tokens]
+    keys: list[str]
+    counts: dict[str, int] = field(default_factory=dict)  # truncated / skipped / unlabelled conversations
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def lengths(self) -> list[int]:
+        return [len(t.input_ids) for t in self.tokens]
+
+    def __getitem__(self, item: tuple[int, int] | int) -> Sample:
+        index, _ = item if isinstance(item, tuple) else (item, 0)
+        return Sample(self.keys[index], [], self.tokens[index])
+
+
+def build_chat_dataset(path: str, tokenizer, *, max_len: int, overlong: str, skip_bad: bool,
+                       template_path: str | None = None) -> tuple[ChatDataset, list[str]]:
+    convs, skipped = read_chat_jsonl(path, skip_bad)
+    encoder = ChatEncoder(tokenizer, training_template(tokenizer, template_path), max_len, overlong)
+    tokens, keys, counts = [], [], {"truncated": 0, "skipped": 0, "unlabelled": 0}
+    for conv in convs:
+        t, what = encoder.encode(conv)
+        if what:
+            counts[what] += 1
+        if t is not None:
+            tokens.append(t)
+            keys.append(conv.key)
+    if counts["truncated"] or counts["skipped"]:
+        log.info("%s: %d conversations over data.max_len=%d %s", path, counts["truncated"] + counts["skipped"],
+                 max_len, "truncated" if overlong == "truncate" else "skipped (data.overlong=skip)")
+    if counts["unlabelled"]:
+        log.info("%s: %d conversations dropped: no assistant token left within data.max_len", path, counts["unlabelled"])
+    if not tokens:
+        raise DataError(f"{path}: no usable conversations")
+    return ChatDataset(tokens, keys, counts), skipped

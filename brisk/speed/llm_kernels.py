@@ -1,0 +1,210 @@
+"""Switches for plain causal LMs (``task: chat``): linear-attention layers under packing, flash-linear-attention
+kernels, liger-kernel fused RMSNorm / SwiGLU and its fused linear cross-entropy.
+
+Each is ``apply_<switch>(model, cfg) -> note`` and swaps child modules of the model's LLM for instances of a
+subclass of their own class that share the same parameters (the state dict, optimizer state, checkpoints and
+exports are unchanged); nothing is patched at class or module level.
+
+Why the linear-attention layers need a swap for packing: Gated DeltaNet (Qwen3.5 / Qwen3-Next) runs a short
+causal convolution and a recurrence along the row. In a packed row both would carry state from one
+conversation into the next. transformers' torch fallback ignores cu_seqlens for the convolution and, in
+5.24, refuses cu_seqlens for the recurrence; ``apply_linear_attention_per_sequence`` runs each packed
+sequence through the layer's own forward on its own (exact, one host read of cu_seqlens a layer: CPU and
+reference use), and ``apply_fla_linear_attention`` runs flash-linear-attention's varlen Triton kernels
+(short conv and chunked gated delta rule, both given cu_seqlens) on the whole row (GPU).
+
+Note on defaults: transformers 5.24 binds flash-linear-attention at import time when the package is
+installed, for every model in the process; brisk's default (no swap) is then transformers' choice. The
+benchmark keeps the package off the path of its torch-path arms.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ConfigError
+
+
+def available(package: str) -> bool:
+    """Importable (or already imported), without importing it."""
+    return package in sys.modules or importlib.util.find_spec(package) is not None
+
+
+def linear_attention_layers(llm: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, attribute, module) of every Gated DeltaNet layer (recognised by its parameters)."""
+    out = []
+    for parent in llm.modules():
+        for name, child in parent.named_children():
+            if hasattr(child, "A_log") and hasattr(child, "dt_bias") and hasattr(child, "in_proj_qkv"):
+                out.append((parent, name, child))
+    return out
+
+
+_SUBCLASSES: dict[tuple[type, type], type] = {}
+
+
+def swap_class(module: nn.Module, mixin: type) -> nn.Module:
+    """A new instance of (mixin, type(module)) holding the very same parameters, buffers and submodules."""
+    key = (mixin, type(module))
+    if key not in _SUBCLASSES:
+        _SUBCLASSES[key] = type(f"{mixin.__name__}{type(module).__name__}", (mixin, type(module)), {})
+    new = _SUBCLASSES[key].__new__(_SUBCLASSES[key])
+    new.__dict__.update(module.__dict__)
+    return new
+
+
+def _swap_all(llm: nn.Module, layers, mixin: type) -> int:
+    for parent, name, child in layers:
+        setattr(parent, name, swap_class(child, mixin))
+    return len(layers)
+
+
+def _cached(args, kwargs) -> bool:
+    """Called with a decoding cache (transformers 5.24 names it cache, 5.17 cache_params; or positionally)."""
+    return (args and args[0] is not None) or kwargs.get("cache") is not None or kwargs.get("cache_params") is not None
+
+
+# --------------------------------------------------------------------------- packing, reference path
+class PerSequence:
+    """Gated DeltaNet on a packed row: each sequence of cu_seqlens through the layer's own forward."""
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        cu = kwargs.pop("cu_seq_lens_q", None)
+        for k in ("cu_seq_lens_k", "max_length_q", "max_length_k"):
+            kwargs.pop(k, None)
+        if cu is None or hidden_states.shape[0] != 1 or _cached(args, kwargs):
+            return super().forward(hidden_states, *args, **kwargs)
+        bounds = cu.tolist()  # a host read: this is the reference path, not the fast one
+        pieces = [super(PerSequence, self).forward(hidden_states[:, a:b], *args, **kwargs)
+                  for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        return torch.cat(pieces, dim=1)
+
+
+def apply_linear_attention_per_sequence(model, cfg=None) -> str:
+    n = _swap_all(model.llm, linear_attention_layers(model.llm), PerSequence)
+    if not n:
+        return "linear attention per sequence: no linear-attention layer in this model (nothing swapped)"
+    return (f"linear attention per sequence: {n} Gated DeltaNet layers run each packed sequence on its own "
+            "(the layer's own forward; exact, one host read of cu_seqlens a layer)")
+
+
+# ------------------------------------------------------------------------- flash-linear-attention
+class FlaVarlen:
+    """Gated DeltaNet through flash-linear-attention's Triton kernels: the short causal conv and the chunked
+    gated delta rule, both varlen (cu_seqlens) on a packed row, batched on a padded one. Computes what the
+    layer's own forward computes (same parameters, same order of operations outside the kernels)."""
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        from fla.modules.causal_conv1d.ops import causal_conv1d
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+        if _cached(args, kwargs):  # decoding keeps transformers' own path
+            return super().forward(hidden_states, *args, **kwargs)
+        cu = kwargs.get("cu_seq_lens_q")
+        mask = kwargs.get("attention_mask")
+        if mask is not None and cu is None:
+            hidden_states = hidden_states * mask[:, :, None].to(hidden_states.dtype)
+        b, t, _ = hidden_states.shape
+        cu = cu.long() if cu is not None else None
+        qkv, _ = causal_conv1d(self.in_proj_qkv(hidden_states), weight=self.conv1d.weight.squeeze(1),
+                               bias=self.conv1d.bias, activation=self.activation, cu_seqlens=cu)
+        q, k, v = torch.split(qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(b, t, -1, self.head_k_dim)
+        k = k.reshape(b, t, -1, self.head_k_dim)
+        v = v.reshape(b, t, -1, self.head_v_dim)
+        if self.num_v_heads > self.num_k_heads:
+            q = q.repeat_interleave(self.num_v_heads // self.num_k_heads, dim=2)
+            k = k.repeat_interleave(self.num_v_heads // self.num_k_heads, dim=2)
+        beta = self.in_proj_b(hidden_states).sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(hidden_states).float() + self.dt_bias)
+        out, _ = chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+        z = self.in_proj_z(hidden_states).reshape(-1, self.head_v_dim)
+        out = self.norm(out.reshape(-1, self.head_v_dim), z).reshape(b, t, -1)
+        return self.out_proj(out)
+
+
+def apply_fla_linear_attention(model, cfg=None) -> str:
+    layers = linear_attention_layers(model.llm)
+    if not layers:
+        return "fla kernels: no linear-attention layer in this model (nothing swapped)"
+    if not available("fla"):
+        raise ConfigError("speed.fla_kernels needs flash-linear-attention (pip install fla-core)")
+    n = _swap_all(model.llm, layers, FlaVarlen)
+    return f"fla kernels: {n} Gated DeltaNet layers run flash-linear-attention's varlen conv + chunked delta rule"
+
+
+# --------------------------------------------------------------------------------------- liger
+def _rmsnorm_offset(norm: nn.Module) -> float | None:
+    """0 for weight * x_hat (Llama/Qwen3), 1 for (1 + weight) * x_hat (Qwen3.5/Qwen3-Next); None: not a plain
+    RMSNorm (the gated norm inside Gated DeltaNet takes two inputs and stays)."""
+    name = type(norm).__name__
+    if not name.endswith("RMSNorm") or getattr(norm, "weight", None) is None or norm.weight.dim() != 1:
+        return None
+    return 1.0 if name.startswith(("Qwen3_5", "Qwen3Next")) else 0.0
+
+
+class LigerNorm:
+    offset, casting = 0.0, "llama"
+
+    def forward(self, x):
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+        eps = getattr(self, "variance_epsilon", getattr(self, "eps", 1e-6))
+        return LigerRMSNormFunction.apply(x, self.weight, eps, self.offset, self.casting, False)
+
+
+class LigerNormPlusOne(LigerNorm):
+    offset, casting = 1.0, "gemma"  # (1 + weight), computed in fp32 as Qwen3.5's own norm does
+
+
+class LigerMLP:
+    def forward(self, x):
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+        return self.down_proj(LigerSiLUMulFunction.apply(self.gate_proj(x), self.up_proj(x)))
+
+
+def _is_swiglu(module: nn.Module) -> bool:
+    act = getattr(module, "act_fn", None)
+    return all(hasattr(module, p) for p in ("gate_proj", "up_proj", "down_proj")) and \
+        type(act).__name__ in ("SiLU", "SiLUActivation")
+
+
+def apply_liger_kernels(model, cfg=None) -> str:
+    """liger-kernel's fused RMSNorm and SwiGLU MLP, per instance, on the same parameters (CUDA)."""
+    if not available("liger_kernel"):
+        raise ConfigError("speed.liger needs liger-kernel (pip install liger-kernel)")
+    norms = mlps = 0
+    for parent in list(model.llm.modules()):
+        for name, child in list(parent.named_children()):
+            offset = _rmsnorm_offset(child)
+            if offset is not None:
+                setattr(parent, name, swap_class(child, LigerNormPlusOne if offset else LigerNorm))
+                norms += 1
+            elif _is_swiglu(child):
+                setattr(parent, name, swap_class(child, LigerMLP))
+                mlps += 1
+    return f"liger: {norms} RMSNorms and {mlps} SwiGLU MLPs run liger-kernel's fused kernels (same parameters)"
+
+
+def liger_loss(cfg=None):
+    """A StepHooks.loss: hidden states, then liger-kernel's fused linear cross-entropy (the LM head and the
+    loss in chunks; no [T, vocab] logits). The argmax-correct count is not computed (returned as 0)."""
+    from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
+
+    fused = LigerFusedLinearCrossEntropyLoss(ignore_index=-100, reduction="mean")
+
+    def loss(model, batch, rows, stats: bool):
+        hidden = model(batch, audio_rows=rows, hidden=True)[:, :-1]  # [B, T-1, D]
+        target = batch.labels[:, 1:].reshape(-1)
+        head = model.llm.get_output_embeddings()
+        value = fused(head.weight, hidden.reshape(-1, hidden.shape[-1]), target)
+        count = (target != -100).sum()
+        return None, value.float(), torch.zeros_like(count), count
+
+    return loss

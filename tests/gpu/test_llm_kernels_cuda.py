@@ -1,0 +1,102 @@
+"""LLM kernels on CUDA (skipped without CUDA or without the package): flash-linear-attention's varlen Triton
+kernels keep packed sequences apart (packed == padded == the per-sequence reference, loss and gradients, for
+Qwen3.5's Gated DeltaNet layers), and liger-kernel's RMSNorm / SwiGLU / fused linear cross-entropy give the
+plain loss and gradients.
+
+    python -m pytest tests/gpu/test_llm_kernels_cuda.py -q        # on the GPU machine, with fla-core + liger-kernel
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from brisk.config import load_config
+from brisk.data.chat import build_chat_dataset
+from brisk.data.collate import Collator
+from brisk.models.build import build_model
+from brisk.models.speech_llm import lm_loss
+from brisk.speed import llm_kernels as K
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+ROOT = Path(__file__).resolve().parents[2]
+QWEN3_5 = ["model.llm.config={model_type: qwen3_5_text, vocab_size: 392, hidden_size: 256, intermediate_size: 512, "
+           "num_hidden_layers: 4, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 64, "
+           "linear_num_key_heads: 2, linear_num_value_heads: 4, linear_key_head_dim: 64, linear_value_head_dim: 64, "
+           "linear_conv_kernel_dim: 4, tie_word_embeddings: false, "
+           "layer_types: [linear_attention, full_attention, linear_attention, full_attention]}"]
+
+
+def model(overrides, dtype="fp32"):
+    cfg = load_config(ROOT / "configs" / "sft_demo.yaml", [*overrides, f"model.llm.dtype={dtype}"])
+    return build_model(cfg.model, "cuda", task="chat")
+
+
+@pytest.fixture(scope="module")
+def batches():
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "data/chat_demo/tokenizer"), local_files_only=True)
+    ds, _ = build_chat_dataset(str(ROOT / "data/chat_demo/valid.jsonl"), tok, max_len=512, overlong="truncate",
+                               skip_bad=False)
+    samples = [ds[i] for i in range(12)]
+    return Collator()(samples).to("cuda"), Collator(packed=True, token_buckets=(1024,))(samples).to("cuda")
+
+
+def loss_grads(m, batch, loss_fn=None):
+    m.zero_grad(set_to_none=True)
+    loss = loss_fn(m, batch, None, False)[1] if loss_fn else lm_loss(m(batch), batch.labels)[0]
+    loss.backward()
+    return loss.detach().float(), {n: p.grad.float().clone() for n, p in m.named_parameters() if p.grad is not None}
+
+
+def close(a, b, tol):
+    la, ga = a
+    lb, gb = b
+    assert abs(float(la - lb)) <= tol * max(1.0, abs(float(la))), (float(la), float(lb))
+    assert ga.keys() == gb.keys()
+    for n in ga:
+        err = (ga[n] - gb[n]).norm() / (gb[n].norm() + 1e-12)
+        assert err < 20 * tol, (n, float(err))
+
+
+def test_fla_packed_equals_padded_and_the_reference(batches):
+    pytest.importorskip("fla")
+    padded, packed = batches
+    ref = model(QWEN3_5)
+    fast = model(QWEN3_5)
+    fast.load_state_dict(ref.state_dict())
+    keys = list(fast.state_dict())
+    K.apply_linear_attention_per_sequence(ref)
+    note = K.apply_fla_linear_attention(fast)
+    assert "2 Gated DeltaNet" in note and list(fast.state_dict()) == keys
+    want = loss_grads(ref, padded)
+    close(loss_grads(fast, packed), want, 2e-3)   # fla kernels run TF32/fp32 chunked maths: small drift
+    close(loss_grads(fast, padded), want, 2e-3)
+    close(loss_grads(ref, packed), want, 1e-5)    # the reference path packed is exact
+
+
+def test_fla_in_bf16_trains_like_the_reference(batches):
+    pytest.importorskip("fla")
+    _, packed = batches
+    ref, fast = model(QWEN3_5, "bf16"), model(QWEN3_5, "bf16")
+    fast.load_state_dict(ref.state_dict())
+    K.apply_linear_attention_per_sequence(ref)
+    K.apply_fla_linear_attention(fast)
+    close(loss_grads(fast, packed), loss_grads(ref, packed), 2e-2)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_liger_kernels_and_fused_loss(arch, batches):
+    pytest.importorskip("liger_kernel")
+    padded, _ = batches
+    over = QWEN3_5 if arch == "qwen3_5" else []
+    ref, fast = model(over), model(over)
+    fast.load_state_dict(ref.state_dict())
+    note = K.apply_liger_kernels(fast)
+    assert "0 RMSNorms" not in note and "0 SwiGLU" not in note
+    want = loss_grads(ref, padded)
+    close(loss_grads(fast, padded), want, 1e-4)
+    close(loss_grads(fast, padded, K.liger_loss()), want, 1e-4)

@@ -1,0 +1,213 @@
+"""task: chat models: Qwen3 (dense) and Qwen3.5 (Gated DeltaNet + gated full attention) from inline configs;
+packed rows give the padded loss and gradients for both layer types; the hidden-state path feeds lm_head;
+the HF export loads in AutoModelForCausalLM with the same logits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from brisk.config import load_config
+from brisk.data.chat import build_chat_dataset
+from brisk.data.collate import Collator
+from brisk.models.build import build_model
+from brisk.models.speech_llm import lm_loss
+from brisk.speed.llm_kernels import apply_linear_attention_per_sequence, linear_attention_layers
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "data" / "chat_demo"
+QWEN3 = ["model.llm.config.num_hidden_layers=2"]
+QWEN3_5 = ["model.llm.config={model_type: qwen3_5_text, vocab_size: 392, hidden_size: 64, intermediate_size: 128, "
+           "num_hidden_layers: 4, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, "
+           "linear_num_key_heads: 2, linear_num_value_heads: 4, linear_key_head_dim: 16, linear_value_head_dim: 16, "
+           "linear_conv_kernel_dim: 4, tie_word_embeddings: false, "
+           "layer_types: [linear_attention, full_attention, linear_attention, full_attention]}"]
+
+
+def chat_cfg(overrides):
+    return load_config(ROOT / "configs" / "sft_demo.yaml", overrides)
+
+
+@pytest.fixture(scope="module")
+def samples():
+    tok = AutoTokenizer.from_pretrained(str(DEMO / "tokenizer"), local_files_only=True)
+    ds, _ = build_chat_dataset(str(DEMO / "valid.jsonl"), tok, max_len=512, overlong="truncate", skip_bad=False)
+    return [ds[i] for i in range(6)]
+
+
+def loss_and_grads(model, batch):
+    model.zero_grad(set_to_none=True)
+    loss, _, count = lm_loss(model(batch), batch.labels)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, count
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_packed_equals_padded(arch, samples):
+    model = build_model(chat_cfg(QWEN3 if arch == "qwen3" else QWEN3_5).model, task="chat")
+    keys = list(model.state_dict())
+    layers = linear_attention_layers(model.llm)
+    assert (len(layers) == 2) == (arch == "qwen3_5")
+    note = apply_linear_attention_per_sequence(model)
+    assert list(model.state_dict()) == keys and ("2 Gated DeltaNet" in note) == (arch == "qwen3_5")
+    padded = Collator()(samples)
+    packed = Collator(packed=True, token_buckets=(512,))(samples)
+    l1, g1, c1 = loss_and_grads(model, padded)
+    l2, g2, c2 = loss_and_grads(model, packed)
+    assert int(c1) == int(c2) > 0
+    assert torch.allclose(l1, l2, rtol=1e-5, atol=1e-6), (l1, l2)
+    assert g1.keys() == g2.keys() and len(g1) == len(dict(model.named_parameters()))
+    for n in g1:
+        assert torch.allclose(g1[n], g2[n], rtol=1e-4, atol=1e-6), n
+
+
+def test_linear_attention_leaks_across_a_packed_row_without_the_swap(samples):
+    """Why the swap exists: transformers' torch path cannot keep packed sequences apart."""
+    model = build_model(chat_cfg(QWEN3_5).model, task="chat")
+    padded, packed = Collator()(samples), Collator(packed=True, token_buckets=(512,))(samples)
+    ref = lm_loss(model(padded), padded.labels)[0]
+    try:
+        got = lm_loss(model(packed), packed.labels)[0]
+    except ValueError as e:  # transformers 5.24 refuses cu_seqlens on its torch path
+        assert "packed" in str(e)
+    else:
+        assert not torch.allclose(ref, got, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_hidden_feeds_lm_head(arch, samples):
+    model = build_model(chat_cfg(QWEN3 if arch == "qwen3" else QWEN3_5).model, task="chat").eval()
+    batch = Collator()(samples)
+    with torch.no_grad():
+        hidden = model(batch, hidden=True)
+        logits = model(batch)
+    assert hidden.shape[:2] == logits.shape[:2] and hidden.shape[-1] == model.llm.config.hidden_size
+    assert torch.allclose(model.llm.get_output_embeddings()(hidden), logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_hf_export_round_trip(arch, samples, tmp_path):
+    from brisk.models.export import export_folder
+
+    cfg = chat_cfg(QWEN3 if arch == "qwen3" else QWEN3_5)
+    model = build_model(cfg.model, task="chat").eval()
+    out = export_folder(model, cfg, tmp_path / "hf", "hf", "fp32")
+    loaded = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True).eval()
+    tok = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    assert tok.chat_template and type(loaded).__name__ == type(model.llm).__name__
+    batch = Collator()(samples)
+    with torch.no_grad():
+        ours = model(batch)
+        theirs = loaded(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    assert torch.equal(ours, theirs)
+
+
+def fake_fla(monkeypatch):
+    """fla's two entry points as brisk calls them, computed per sequence with transformers' torch reference: the
+    plumbing around the kernels (projections, heads, gates, norm, varlen boundaries) is then checked on the CPU;
+    the Triton kernels themselves are checked in tests/gpu/test_llm_kernels_cuda.py."""
+    import sys
+    import types
+
+    import torch.nn.functional as F
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as q35
+
+    def segments(t, cu):
+        bounds = cu.tolist() if cu is not None else [0, t]
+        return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+    def causal_conv1d(x, weight, bias=None, activation=None, cu_seqlens=None, **kw):
+        out = []
+        for a, b in segments(x.shape[1], cu_seqlens):
+            seg = x[:, a:b].transpose(1, 2)
+            y = F.conv1d(seg, weight.unsqueeze(1), bias, padding=weight.shape[-1] - 1, groups=weight.shape[0])
+            out.append(y[..., : b - a].transpose(1, 2))
+        y = torch.cat(out, dim=1)
+        return (F.silu(y) if activation == "silu" else y), None
+
+    def chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kw):
+        reference = getattr(q35.torch_chunk_gated_delta_rule, "__wrapped__", q35.torch_chunk_gated_delta_rule)
+        out = [reference(q[:, a:b], k[:, a:b], v[:, a:b], g=g[:, a:b], beta=beta[:, a:b],
+                         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)[0] for a, b in segments(q.shape[1], cu_seqlens)]
+        return torch.cat(out, dim=1), None
+
+    mods = {"fla": types.ModuleType("fla"), "fla.modules": types.ModuleType("fla.modules"),
+            "fla.modules.causal_conv1d": types.ModuleType("fla.modules.causal_conv1d"),
+            "fla.modules.causal_conv1d.ops": types.ModuleType("fla.modules.causal_conv1d.ops"),
+            "fla.ops": types.ModuleType("fla.ops"), "fla.ops.gated_delta_rule": types.ModuleType("fla.ops.gated_delta_rule")}
+    mods["fla.modules.causal_conv1d.ops"].causal_conv1d = causal_conv1d
+    mods["fla.ops.gated_delta_rule"].chunk_gated_delta_rule = chunk_gated_delta_rule
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+def test_fla_swap_computes_the_layer_on_packed_and_padded_rows(samples, monkeypatch):
+    from brisk.speed.llm_kernels import apply_fla_linear_attention
+
+    fake_fla(monkeypatch)
+    ref = build_model(chat_cfg(QWEN3_5).model, task="chat")
+    fast = build_model(chat_cfg(QWEN3_5).model, task="chat")
+    apply_linear_attention_per_sequence(ref)
+    assert "2 Gated DeltaNet" in apply_fla_linear_attention(fast)
+    assert list(fast.state_dict()) == list(ref.state_dict())
+    padded, packed = Collator()(samples), Collator(packed=True, token_buckets=(512,))(samples)
+    l0, g0, _ = loss_and_grads(ref, padded)
+    for batch in (padded, packed):
+        l1, g1, _ = loss_and_grads(fast, batch)
+        assert torch.allclose(l0, l1, rtol=1e-5, atol=1e-6), (l0, l1)
+        for n in g0:
+            assert torch.allclose(g0[n], g1[n], rtol=1e-4, atol=1e-6), n
+
+
+def fake_liger(monkeypatch):
+    """liger's RMSNorm and SiLU-mul as brisk calls them, in plain torch (the kernels: tests/gpu)."""
+    import sys
+    import types
+
+    import torch.nn.functional as F
+
+    class RMSNorm:
+        @staticmethod
+        def apply(x, w, eps, offset, casting_mode, in_place):
+            xf = x.float()
+            y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+            return (y * (offset + w.float())).to(x.dtype)
+
+    class SiLUMul:
+        @staticmethod
+        def apply(a, b):
+            return F.silu(a) * b
+
+    mods = {"liger_kernel": types.ModuleType("liger_kernel"), "liger_kernel.ops": types.ModuleType("liger_kernel.ops"),
+            "liger_kernel.ops.rms_norm": types.ModuleType("liger_kernel.ops.rms_norm"),
+            "liger_kernel.ops.swiglu": types.ModuleType("liger_kernel.ops.swiglu")}
+    mods["liger_kernel.ops.rms_norm"].LigerRMSNormFunction = RMSNorm
+    mods["liger_kernel.ops.swiglu"].LigerSiLUMulFunction = SiLUMul
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_liger_swaps_find_every_norm_and_mlp_and_keep_the_numbers(arch, samples, monkeypatch):
+    from brisk.speed.llm_kernels import apply_liger_kernels
+
+    fake_liger(monkeypatch)
+    over = QWEN3 if arch == "qwen3" else QWEN3_5
+    ref, fast = build_model(chat_cfg(over).model, task="chat"), build_model(chat_cfg(over).model, task="chat")
+    with torch.no_grad():  # Qwen3.5 norms start at 0 (weight + 1): move them off it, so a wrong offset shows
+        for m in (ref, fast):
+            for n, p in m.named_parameters():
+                if n.endswith("norm.weight"):
+                    p.copy_(torch.linspace(-0.5, 0.5, p.numel()))
+    note = apply_liger_kernels(fast)
+    layers = 2 if arch == "qwen3" else 4
+    qk_norms = 2 * (2 if arch == "qwen3" else 2)  # q_norm and k_norm of each full-attention layer
+    assert note.startswith(f"liger: {2 * layers + 1 + qk_norms} RMSNorms and {layers} SwiGLU MLPs"), note
+    assert list(fast.state_dict()) == list(ref.state_dict())
+    batch = Collator()(samples)
+    l0, g0, _ = loss_and_grads(ref, batch)
+    l1, g1, _ = loss_and_grads(fast, batch)
+    assert torch.allclose(l0, l1, rtol=1e-6) and all(torch.allclose(g0[n], g1[n], atol=1e-6) for n in g0)
