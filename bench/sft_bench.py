@@ -145,25 +145,16 @@ def worker(args) -> dict:
         times, tokens = timed(step, batches, args.warmup, prof)
         note = f"gated delta rule from {linear_attention_impl()}"
     elif arm in ("c_brisk_default", "d_brisk_fast"):
-        from brisk.models.build import build_model
-        from brisk.speed import apply_speed
-        from brisk.train.run import build_step
+        from brisk.bench.harness import build_runner
 
-        extra = [] if arm == "c_brisk_default" else ["speed.packing=true", "speed.label_head=true",
-                                                      "speed.fused_adamw=true", "speed.pack_buckets=[1024]"]
-        cfg = load_cfg(args.model, Path(args.data), extra)
-        device = torch.device(DEVICE)
-        model = build_model(cfg.model, device, task="chat")
-        plan = apply_speed(model, cfg, device)
-        notes = list(plan.notes)
-        if arm == "d_brisk_fast" and DEVICE == "cuda":  # Triton kernels (the CPU smoke test runs the rest)
-            from brisk.speed.llm_kernels import apply_fla_linear_attention, apply_liger_kernels
-
-            notes += [apply_fla_linear_attention(model), apply_liger_kernels(model)]
-        _, _, train_step = build_step(cfg, model, plan)
-        batches = [(plan.collator(g).to(DEVICE), sum(len(s.tokens.input_ids) for s in g)) for g in sample_groups]
-        times, tokens = timed(lambda b: train_step([b]), batches, args.warmup, prof)
-        note = "; ".join(notes) or "no switch"
+        fast = ["speed.packing=true", "speed.label_head=true", "speed.fused_adamw=true", "speed.pack_buckets=[1024]"]
+        if DEVICE == "cuda":  # Triton kernels (the CPU smoke test runs the rest)
+            fast += ["speed.fla_kernels=true", "speed.liger=true"]
+        cfg = load_cfg(args.model, Path(args.data), [] if arm == "c_brisk_default" else fast)
+        runner = build_runner(cfg)  # the run's parts as `brisk train` assembles them
+        batches = [(runner.collate(g).to(DEVICE), sum(len(s.tokens.input_ids) for s in g)) for g in sample_groups]
+        times, tokens = timed(runner.run, batches, args.warmup, prof)
+        note = "; ".join(runner.parts.plan.notes + tuple(runner.parts.accel.notes)) or "no switch"
     else:  # b_trl_liger
         times, tokens, note = trl_arm(args, cfg, sample_groups)
     per_s = [k / t for k, t in zip(tokens, times)]

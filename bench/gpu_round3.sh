@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Round 3's GPU calls, one device call a part (10 minutes at most each). From the repo root on the GPU machine,
+# with the wheels in .whl/ and, for `compare`, the code before the change unpacked in .baseline/
+# (git archive 7436a4a --prefix=.baseline/ | tar -x):
+#   bash bench/gpu_round3.sh tests     # every GPU test (not the multi-GPU file), then the decoding benchmark
+#   bash bench/gpu_round3.sh compare   # probe records: old vs new fast path, eager reference vs preset; bench
+#   bash bench/gpu_round3.sh llm       # chat SFT: the seed's loop, TRL + Liger, brisk; then memory/speed
+set -uo pipefail
+T0=$(date +%s)
+OUT=${OUT:-bench/tmp/gpu_out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/soundfile*.whl .whl/cffi*.whl .whl/pycparser*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/tmp/pycache
+unset PYTHONDONTWRITEBYTECODE
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TORCHINDUCTOR_CACHE_DIR=/tmp/brisk_inductor
+left() { local s=$(( $1 - ($(date +%s) - T0) )); echo $(( s > 10 ? s : 10 )); }
+{ date -u; nvidia-smi -L; python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers',
+transformers.__version__)"; } > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+
+case "${1:-}" in
+tests)
+    mkdir -p /tmp/k && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/k \
+        .whl/fla_core*.whl .whl/liger_kernel*.whl
+    PYTHONPATH=/tmp/site:$PWD:/tmp/k timeout 400 python3 -m pytest -o addopts="" -q -rs -p no:warnings \
+        --durations=12 --timeout 150 tests/gpu --ignore=tests/gpu/test_multigpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 25
+    timeout "$(left 585)" python3 bench/decode_bench.py --out /tmp/decode --arms plain,fast --slow-utts 4 \
+        --repeats 2 --budget "$(left 520)" 2>&1 | tail -n 14
+    cp /tmp/decode/decode_bench.md /tmp/decode/decode_bench.json "$OUT/" 2>/dev/null
+    ;;
+compare)
+    R=/tmp/probe_runs; mkdir -p $R
+    P="configs/fun_asr_nano.yaml data.profile=brisk/bench/profiles/aishell1_like.jsonl train.max_steps=120
+       train.device=cuda probe.enabled=true train.progress=false train.log_every=40 train.tensorboard=false
+       train.export=none train.save_final=false data.num_workers=4 train.overwrite=true"
+    FAST="speed.packing=true speed.cuda_graph=true speed.frozen_eval=true speed.encoder_dtype=bf16 speed.compile=true"
+    run() { local name=$1 code=$2; shift 2; echo "== $name ($code)";
+        PYTHONPATH=/tmp/site:$code timeout "${LIMIT:-150}" python3 -m brisk train $P train.output_dir=$R/$name "$@" \
+            > $R/$name.log 2>&1 || echo "   $name exited with $?"; grep -h "acceleration:" $R/$name.log | cut -c1-220; }
+    run old_fast "$PWD/.baseline" $FAST
+    run new_fast "$PWD" $FAST
+    run new_preset "$PWD" speed.preset=fast
+    run new_eager_ref "$PWD" speed.frozen_eval=true "speed.sdpa_backends=[flash,efficient,math]"
+    for pair in "old_fast new_fast" "new_eager_ref new_preset" "new_eager_ref new_fast"; do set -- $pair
+        python3 -m brisk probe compare $R/$1 $R/$2 --tolerances kernel_noise --out "$OUT/probe_$2_vs_$1.md" \
+            > /tmp/cmp.txt 2>&1; echo "== probe $2 vs $1: exit $?"; tail -n 4 /tmp/cmp.txt; done
+    for rep in 1 2; do  # old and new code, alternating: the same bench config, the same batches
+        PYTHONPATH=/tmp/site:$PWD/.baseline timeout "$(left 560)" python3 -m brisk bench configs/bench_refactor.yaml \
+            bench.runs=1 --out /tmp/bench_old$rep > /tmp/bench_old$rep.log 2>&1; tail -n 3 /tmp/bench_old$rep/bench.md
+        timeout "$(left 575)" python3 -m brisk bench configs/bench_preset.yaml bench.runs=1 --out /tmp/bench_new$rep \
+            > /tmp/bench_new$rep.log 2>&1; tail -n 4 /tmp/bench_new$rep/bench.md; done
+    for f in bench_old1 bench_new1 bench_old2 bench_new2; do echo "## $f"; cat /tmp/$f/bench.md 2>/dev/null; done > "$OUT/benches.md"
+    tar czf "$OUT/compare_runs.tgz" -C /tmp --exclude='*.pt' --exclude=checkpoints --exclude=tb probe_runs \
+        $(cd /tmp && ls bench_*.log bench_old*/bench.json bench_new*/bench.json 2>/dev/null)
+    ;;
+llm)
+    timeout "$(left 400)" python3 bench/sft_bench.py --wheels .whl --out /tmp/sft --budget-s 300 --steps 5 2>&1 \
+        | tee "$OUT/sft_bench.log" | tail -n 16
+    tar czf "$OUT/sft_logs.tgz" -C /tmp sft 2>/dev/null
+    OUT=/tmp/memspeed timeout "$(left 585)" python3 bench/memory_speed.py --sizes 0.6B,1.7B --budget "$(left 540)" \
+        2>&1 | tail -n 12
+    cp /tmp/memspeed/*.md "$OUT/" 2>/dev/null
+    ;;
+*)
+    echo "usage: bash bench/gpu_round3.sh tests|compare|llm"; exit 2 ;;
+esac
+echo "part ${1} done in $(( $(date +%s) - T0 )) s"
