@@ -149,7 +149,7 @@ def worker(args) -> dict:
 
         fast = ["speed.packing=true", "speed.label_head=true", "speed.fused_adamw=true", "speed.pack_buckets=[1024]"]
         if DEVICE == "cuda":  # Triton kernels (the CPU smoke test runs the rest)
-            fast += ["speed.fla_kernels=true", "speed.liger=true"]
+            fast += ["speed.liger=true"] + ([] if os.environ.get("SFT_BENCH_NO_FLA") else ["speed.fla_kernels=true"])
         cfg = load_cfg(args.model, Path(args.data), [] if arm == "c_brisk_default" else fast)
         runner = build_runner(cfg)  # the run's parts as `brisk train` assembles them
         batches = [(runner.collate(g).to(DEVICE), sum(len(s.tokens.input_ids) for s in g)) for g in sample_groups]
@@ -240,9 +240,9 @@ def driver(args) -> None:
         subprocess.run([sys.executable, str(REPO / "tools/make_chat_data.py"), "ultrachat", "--out", str(data),
                         "--n", str(args.conversations), "--n-valid", "8", "--seed", "7"], check=True)
     wheels = Path(args.wheels) if args.wheels else None
-    fla = install(wheels, work / "site_fla", ["fla_core", "liger_kernel"]) if wheels else None
-    trl = install(wheels, work / "site_trl", ["fla_core", "liger_kernel", "trl", "datasets", "dill", "multiprocess"]) \
-        if wheels else None
+    kernels = ["liger_kernel"] if args.no_fla else ["fla_core", "liger_kernel"]
+    fla = install(wheels, work / "site_fla", kernels) if wheels else None
+    trl = install(wheels, work / "site_trl", kernels + ["trl", "datasets", "dill", "multiprocess"]) if wheels else None
     rows, deadline = [], time.time() + args.budget_s
     for arm in args.arms.split(","):
         for model in args.models.split(","):
@@ -250,7 +250,8 @@ def driver(args) -> None:
                 rows.append({"model": model, "arm": arm, "error": "skipped: out of the time budget"})
                 continue
             paths = [str(REPO)] + ([str(trl)] if arm == "b_trl_liger" and trl else [str(fla)] if arm in FLA_ARMS and fla else [])
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "TOKENIZERS_PARALLELISM": "false"}
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "TOKENIZERS_PARALLELISM": "false",
+                   "SFT_BENCH_NO_FLA": "1" if args.no_fla else ""}
             cmd = [sys.executable, __file__, "--worker", "--arm", arm, "--model", model, "--data", str(data),
                    "--out", str(out), "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
             t0 = time.time()
@@ -287,6 +288,8 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=600)
     ap.add_argument("--wheels", help="folder with the wheels (fla_core, liger_kernel, trl, datasets, dill, multiprocess)")
     ap.add_argument("--budget-s", type=float, default=500, help="no new arm starts after this many seconds")
+    ap.add_argument("--no-fla", action="store_true", help="leave flash-linear-attention out of every arm (its gated "
+                    "delta rule backward refuses Triton < 3.7.1 on Hopper: torch 2.11's Triton 3.6)")
     ap.add_argument("--out")
     ap.add_argument("--work", default="/tmp/sft_bench_work", help="generated data and wheel installs")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (--models tiny)")
