@@ -4,7 +4,8 @@
 # (git archive 7436a4a --prefix=.baseline/ | tar -x):
 #   bash bench/gpu_round3.sh tests     # every GPU test (not the multi-GPU file), then the decoding benchmark
 #   bash bench/gpu_round3.sh compare   # probe records: old vs new fast path, eager reference vs preset; bench
-#   bash bench/gpu_round3.sh llm       # chat SFT: the seed's loop, TRL + Liger, brisk; then memory/speed
+#   bash bench/gpu_round3.sh llm       # GPU tests to re-run, chat SFT (seed's loop, TRL + Liger, brisk), decoding
+#   python3 bench/memory_speed.py --sizes 0.6B,1.7B,4B   # issue 23's memory/speed table (not run in round 3)
 set -uo pipefail
 T0=$(date +%s)
 OUT=${OUT:-bench/tmp/gpu_out}
@@ -64,13 +65,13 @@ llm)
         "tests/gpu/test_gpu_state.py::test_bf16_encoder_run_exports_the_fp32_encoder_bit_identical" \
         2>&1 | tee "$OUT/gpu_tests_rerun.log" | tail -n 8
     # fla's gated delta rule backward refuses Triton < 3.7.1 on Hopper (this image: Triton 3.6): no fla arms
-    timeout "$(left 440)" python3 bench/sft_bench.py --wheels .whl --no-fla --out /tmp/sft --budget-s "$(left 300)" \
+    timeout "$(left 430)" python3 bench/sft_bench.py --wheels .whl --no-fla --out /tmp/sft --budget-s "$(left 360)" \
         --steps 5 --arms a_loop,d_brisk_fast,b_trl_liger,p_loop_packed,c_brisk_default 2>&1 \
         | tee "$OUT/sft_bench.log" | tail -n 16
     tar czf "$OUT/sft_logs.tgz" -C /tmp sft 2>/dev/null
-    OUT=/tmp/memspeed timeout "$(left 585)" python3 bench/memory_speed.py --sizes 0.6B --budget "$(left 560)" \
-        2>&1 | tail -n 12
-    cp /tmp/memspeed/*.md "$OUT/" 2>/dev/null
+    timeout "$(left 590)" python3 bench/decode_bench.py --out /tmp/decode --arms plain,fast --slow-utts 4 \
+        --repeats 1 --budget "$(left 560)" 2>&1 | tail -n 12
+    cp /tmp/decode/decode_bench.md "$OUT/" 2>/dev/null
     ;;
 *)
     echo "usage: bash bench/gpu_round3.sh tests|compare|llm"; exit 2 ;;
