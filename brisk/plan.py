@@ -60,8 +60,8 @@ SWITCH_KEYS = tuple(s.key for s in SWITCHES)
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {  # name -> task -> values
     "fast": {
         "speech": {"packing": True, "cuda_graph": True, "frozen_eval": True, "encoder_dtype": "bf16", "compile": True,
-                   "fused_adamw": True, "sdpa_backends": ["flash", "efficient", "math"], "label_head": True,
-                   "label_rows_frac": 0.3, "fresh_grads": True, "fuse_projections": True},
+                   "fused_adamw": True, "label_head": True, "label_rows_frac": 0.3, "fresh_grads": True,
+                   "fuse_projections": True},
         "chat": {"packing": True, "fused_adamw": True, "label_head": True, "fla_kernels": True},
     },
 }
