@@ -55,13 +55,13 @@ SWITCH_KEYS = tuple(s.key for s in SWITCHES)
 
 # What ``speed.preset`` turns on. Single speed.* keys given in the config or on the command line win over it;
 # on a device without CUDA the gpu_only switches stay off, and the frozen-audio switches need a frozen encoder
-# and adaptor (the plan's notes say what was left off and why). Each value is proven by a probe against the
-# shipped kernel_noise tolerances on the GPU: bench/results (docs/finetune-speed.md names the run).
+# and adaptor (the plan's notes say what was left off and why). A switch goes in when a probe against the
+# shipped kernel_noise tolerances and an interleaved bench on the GPU show it keeps the numbers and pays:
+# bench/results/2026-12-01-h200-round3 (fresh_grads and fuse_projections are out: slower there).
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {  # name -> task -> values
     "fast": {
         "speech": {"packing": True, "cuda_graph": True, "frozen_eval": True, "encoder_dtype": "bf16", "compile": True,
-                   "fused_adamw": True, "label_head": True, "label_rows_frac": 0.3, "fresh_grads": True,
-                   "fuse_projections": True},
+                   "fused_adamw": True, "label_head": True, "label_rows_frac": 0.3},
         "chat": {"packing": True, "fused_adamw": True, "label_head": True, "fla_kernels": True},
     },
 }

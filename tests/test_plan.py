@@ -54,10 +54,10 @@ def test_device_and_rank_rules_fire_in_make_plan(tmp_path):
 def test_the_fast_preset_on_a_gpu_is_the_whole_set(tmp_path):
     cfg = tiny_config(tmp_path, **{"speed.preset": "fast", **FROZEN})
     cfg, plan = make_plan(cfg, "cuda", 1)
-    assert set(plan.on) == set(SWITCH_KEYS) - {"tf32", "encoder_cache", "fla_kernels", "liger", "liger_loss",
-                                               "sdpa_backends"}
+    assert set(plan.on) == {"packing", "cuda_graph", "frozen_eval", "encoder_dtype", "compile", "fused_adamw",
+                            "label_head"}
     assert cfg.speed.label_rows_frac == PRESETS["fast"]["speech"]["label_rows_frac"]
-    assert plan.persistent_grads is False and plan.on_device_skip and plan.capturable
+    assert plan.persistent_grads and plan.on_device_skip and plan.capturable
     assert plan.notes and plan.notes[0].startswith("preset fast: on ")
 
 
@@ -65,10 +65,10 @@ def test_the_fast_preset_on_the_cpu_leaves_gpu_switches_off_and_says_so(tmp_path
     cfg = tiny_config(tmp_path, **{"speed.preset": "fast", **FROZEN})
     assert cfg.speed.cuda_graph  # written out at load time; the device is not known yet
     cfg, plan = make_plan(cfg, "cpu", 1)
-    assert set(plan.on) == {"frozen_eval", "fuse_projections", "packing", "label_head"}
+    assert set(plan.on) == {"frozen_eval", "packing", "label_head"}
     assert not cfg.speed.cuda_graph and not cfg.speed.compile and cfg.speed.encoder_dtype == "fp32"
     note = plan.notes[0]
-    for key in ("cuda_graph", "compile", "fresh_grads", "fused_adamw", "encoder_dtype"):
+    for key in ("cuda_graph", "compile", "fused_adamw", "encoder_dtype"):
         assert f"left off {key} (needs CUDA)" in note
 
 
@@ -82,16 +82,16 @@ def test_the_preset_without_a_frozen_encoder_leaves_the_frozen_audio_switches_of
 
 def test_single_keys_win_over_the_preset(tmp_path):
     cfg = tiny_config(tmp_path, **{"speed.preset": "fast", "speed.label_head": False, "speed.label_rows_frac": 0.5,
-                                   **FROZEN})
+                                   "speed.fuse_projections": True, **FROZEN})
     assert cfg.speed.label_head is False and cfg.speed.label_rows_frac == 0.5 and cfg.speed.fuse_projections
     _, plan = make_plan(cfg, "cuda", 1)
     assert "label_head" not in plan.on
 
 
 def test_the_preset_trims_to_several_ranks(tmp_path):
-    cfg, plan = make_plan(tiny_config(tmp_path, **{"speed.preset": "fast", **FROZEN}), "cuda", 2)
-    assert "fresh_grads" not in plan.on and "cuda_graph" in plan.on
-    assert "left off fresh_grads (not with 2 ranks)" in plan.notes[0]
+    cfg, plan = make_plan(tiny_config(tmp_path, **{"speed.preset": "fast", "train.parallel": "fsdp", **FROZEN}), "cuda", 2)
+    assert "cuda_graph" not in plan.on and "compile" not in plan.on and "packing" in plan.on
+    assert "left off cuda_graph (not with train.parallel=fsdp)" in plan.notes[0]
 
 
 def test_a_wrong_preset_is_one_line(tmp_path):
@@ -116,8 +116,8 @@ def test_a_bench_arm_takes_a_preset_over_the_base_config(tmp_path):
     from brisk.bench.bench import with_overrides
 
     base = tiny_config(tmp_path, **FROZEN)
-    arm = with_overrides(base, ["speed.preset=fast", "speed.fresh_grads=false"])
-    assert arm.speed.cuda_graph and arm.speed.label_head and not arm.speed.fresh_grads
+    arm = with_overrides(base, ["speed.preset=fast", "speed.label_head=false"])
+    assert arm.speed.cuda_graph and arm.speed.compile and not arm.speed.label_head
     with pytest.raises(ConfigError, match="needs speed.packing"):
         with_overrides(base, ["speed.cuda_graph=true"])
 
