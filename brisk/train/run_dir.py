@@ -124,10 +124,10 @@ def trim_step_logs(run_dir: Path, step: int) -> int:
 
 def checkpoint_config(path: Path) -> dict | None:
     """The config saved in a checkpoint, read through mmap (the weights are not read)."""
-    import torch
+    from ..safe_load import load_torch_file
 
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        ckpt = load_torch_file(path)
     except (RuntimeError, OSError, ValueError):
         return None
     return ckpt.get("config") if isinstance(ckpt, dict) else None
