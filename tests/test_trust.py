@@ -97,3 +97,69 @@ def test_an_array_of_python_objects_is_still_refused(tmp_path):
     with pytest.raises(UnsafeFileError):
         load_torch_file(tmp_path / "obj.pt")
     assert not marker.exists()
+
+
+# ---------------------------------------------------------------- a failed start leaves nothing behind
+def _demo_lines(n: int) -> list[str]:
+    from .conftest import DEMO
+
+    lines = (DEMO / "train.jsonl").read_text(encoding="utf-8").splitlines()[:n]
+    return [x.replace("!audio/", f"!{DEMO}/audio/") for x in lines]
+
+
+def test_a_start_that_failed_on_data_does_not_block_the_rerun(tmp_path, capsys):
+    run, data = tmp_path / "run", tmp_path / "d.jsonl"
+    lines = _demo_lines(4)
+    data.write_text("\n".join([lines[0].replace("!/", "!/gone/"), *lines[1:]]) + "\n", encoding="utf-8")
+    argv = ["train", str(DEMO_CONFIG), *tiny_overrides(run), f"data.train={data}", "data.valid=null",
+            "train.max_steps=1", "train.save_final=false"]
+    assert "audio files do not exist" in _error_line(capsys, argv)
+    assert (run / "config.yaml").exists()  # what the failed start wrote
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")  # the data fixed, the same command
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "held a start that never reached its first checkpoint (config.yaml" in out and "removed those files" in out
+    assert [line for line in (run / "steps.jsonl").read_text().splitlines()]  # it trained
+
+
+def test_a_second_process_into_a_folder_in_use_is_refused_even_with_overwrite(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    run = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from brisk.train.run_dir import run_lock\n"
+         f"with run_lock({str(run)!r}):\n    print('held', flush=True); sys.stdin.read()"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        (run / "config.yaml").write_text("the other process's\n")
+        line = _error_line(capsys, ["train", str(DEMO_CONFIG), *tiny_overrides(run), "train.overwrite=true"])
+        assert f"train.output_dir={run} is in use: brisk process {holder.pid} is training there" in line
+        assert (run / "config.yaml").read_text() == "the other process's\n"  # nothing of it was touched
+    finally:
+        holder.communicate("")
+    assert holder.returncode == 0
+
+
+# ----------------------------------------------------------------------- one line, exit 2, no traceback
+def test_an_output_dir_that_is_a_file_or_under_proc_is_one_line(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    line = _error_line(capsys, ["train", str(DEMO_CONFIG), *tiny_overrides(tmp_path / "f")])
+    assert f"train.output_dir={tmp_path / 'f'} is a file, not a folder" in line
+    line = _error_line(capsys, ["train", str(DEMO_CONFIG), *tiny_overrides("/proc/brisk_run")])
+    assert "train.output_dir=/proc/brisk_run is under /proc" in line
+
+
+def test_an_output_dir_on_a_read_only_filesystem_is_one_line(tmp_path, capsys, monkeypatch):
+    import errno
+    from pathlib import Path
+
+    def read_only(self, *a, **k):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    monkeypatch.setattr(Path, "mkdir", read_only)  # a read-only mount cannot be made here without privileges
+    line = _error_line(capsys, ["train", str(DEMO_CONFIG), *tiny_overrides(tmp_path / "ro" / "run")])
+    assert f"train.output_dir={tmp_path / 'ro' / 'run'}: cannot write there (Read-only file system)" in line

@@ -262,6 +262,14 @@ def finish_report(proc: subprocess.Popen) -> None:
 
 
 def train(cfg: Config) -> dict:
+    """Train while holding the run folder's lock (brisk.train.run_dir.run_lock)."""
+    rank = int(os.environ.get("RANK", "0"))
+    setup_logging(None, rank)  # what is said before the run folder is ready (a cleared failed start) is shown too
+    with run_dirs.run_lock(cfg.train.output_dir, rank):
+        return _train(cfg)
+
+
+def _train(cfg: Config) -> dict:
     export = cfg.train.export
     if export == "hf":  # fail now, not after the run, if the native class cannot hold this model
         from ..models.hf_native import check_exportable
