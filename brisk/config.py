@@ -463,8 +463,20 @@ def parse_override(text: str) -> tuple[str, Any]:
 
         raise ConfigError(f"unknown config key {key} (from override {text!r}){did_you_mean(key)}; "
                           "`brisk train --help-config` lists every key" + (f" (those under {parent} too)" if parent else ""))
-    value = yaml.safe_load(raw) if raw.strip() else None
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {text!r}: the value is not valid YAML ({getattr(e, 'problem', None) or e}); "
+                          "quote it: key='value'") from None
     return key, value
+
+
+def yaml_error(e: yaml.YAMLError) -> str:
+    """':line:column: not valid YAML: what PyYAML found' (one line; PyYAML's own message takes eight)."""
+    mark = getattr(e, "problem_mark", None)
+    where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+    what = " ".join(x for x in (getattr(e, "problem", None), getattr(e, "context", None)) if x) or str(e).splitlines()[0]
+    return f"{where}: not valid YAML: {what}"
 
 
 def _resolve_paths(tree: dict, base: Path, keys: set[str]) -> None:
@@ -498,8 +510,10 @@ def read_yaml(path: Path, _seen: tuple = ()) -> dict:
         raise ConfigError(f"{path}: include cycle")
     try:
         tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 ({e.reason} at byte {e.start + 1}); save it as UTF-8") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+        raise ConfigError(f"{path}{yaml_error(e)}") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model, data, train, ...)")
     _resolve_paths(tree, path.parent.resolve(), (PATH_KEYS - CWD_KEYS) & _flatten(tree))

@@ -163,3 +163,38 @@ def test_an_output_dir_on_a_read_only_filesystem_is_one_line(tmp_path, capsys, m
     monkeypatch.setattr(Path, "mkdir", read_only)  # a read-only mount cannot be made here without privileges
     line = _error_line(capsys, ["train", str(DEMO_CONFIG), *tiny_overrides(tmp_path / "ro" / "run")])
     assert f"train.output_dir={tmp_path / 'ro' / 'run'}: cannot write there (Read-only file system)" in line
+
+
+def _latin1_jsonl(tmp_path):
+    """Line 2 written in Latin-1 ("ç" is the byte 0xe7), the rest UTF-8."""
+    lines = _demo_lines(3)
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(lines[0].encode() + b"\n" + lines[1].replace("语音转写", "Transcrição").encode("latin-1", "replace") + b"\n")
+    return path
+
+
+def test_a_jsonl_that_is_not_utf8_is_one_line_naming_file_and_line(tmp_path, capsys):
+    path = _latin1_jsonl(tmp_path)
+    line = _error_line(capsys, ["train", str(DEMO_CONFIG), *tiny_overrides(tmp_path / "run"), f"data.train={path}"])
+    assert f"{path}:2: not UTF-8 (byte 0xe7 at byte" in line and "invalid continuation byte" in line
+
+
+def test_a_yaml_syntax_error_is_one_line_with_line_and_column(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("train:\n  max_steps: 3\n  lr: [1, 2\nmodel:\n  x: 1\n", encoding="utf-8")
+    line = _error_line(capsys, ["train", str(path)])
+    assert line.startswith(f"error: {path}:4:6: not valid YAML: expected ',' or ']'")
+
+
+def test_an_audio_path_that_is_a_folder_says_so(tmp_path, capsys):
+    lines = _demo_lines(3)
+    (tmp_path / "folder.wav").mkdir()
+    lines[1] = lines[1].replace(lines[1].split("<|startofspeech|>!")[1].split("<|endofspeech|>")[0], str(tmp_path / "folder.wav"))
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    line = _error_line(capsys, ["train", str(DEMO_CONFIG), *tiny_overrides(tmp_path / "run"), f"data.train={data}"])
+    assert f"1 of 3 audio files are folders, not files, first: {data}:2: {tmp_path / 'folder.wav'} (a folder)" in line
+    from brisk.data.audio import AudioError, read_audio
+
+    with pytest.raises(AudioError, match="is a folder, not a file"):
+        read_audio(str(tmp_path / "folder.wav"), 16000)

@@ -31,15 +31,17 @@ def check_audio_files(index: JsonlIndex, path: str | Path, skip_bad: bool) -> No
     if not missing:
         return
     total = sum(len(u.audio_paths()) for u in index.utterances)
-    first = "; ".join(f"{u.source}: {p}" for u, p in missing[:SHOW])
+    folders = sum(os.path.isdir(p) for _, p in missing)
+    what = "do not exist" if not folders else "are folders, not files" if folders == len(missing) else "do not exist or are folders"
+    first = "; ".join(f"{u.source}: {p}" + (" (a folder)" if os.path.isdir(p) else "") for u, p in missing[:SHOW])
     if not skip_bad:
-        raise DataError(f"{path}: {len(missing)} of {total} audio files do not exist, first: {first} "
+        raise DataError(f"{path}: {len(missing)} of {total} audio files {what}, first: {first} "
                         "(set data.skip_bad=true to skip and count such lines)")
     bad = {id(u) for u, _ in missing}
     index.utterances = [u for u in index.utterances if id(u) not in bad]
     index.skipped += [f"{u.source}: audio file {p} not found" for u, p in missing]
-    log.warning("%s: %d of %d audio files do not exist; their %d lines are skipped (data.skip_bad=true), first: %s",
-                path, len(missing), total, len(bad), first)
+    log.warning("%s: %d of %d audio files %s; their %d lines are skipped (data.skip_bad=true), first: %s",
+                path, len(missing), total, what, len(bad), first)
 
 
 def fbank_frames(samples: int, fe: FrontendConfig) -> int:
