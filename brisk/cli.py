@@ -19,6 +19,7 @@ import argparse
 import logging
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -72,6 +73,12 @@ def cmd_train(args) -> int:
     result = train(cfg)
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
+    if result.get("stopped_by"):
+        from .train.stop import resume_command
+
+        print(f"stopped by {signal.Signals(result['stopped_by']).name} after step {result['step']}; checkpoint "
+              f"{result['checkpoint']}; resume: {resume_command(items, cfg.train.output_dir)}", flush=True)
+        return 128 + result["stopped_by"]
     hist = result["history"]
     if hist:
         first, last = hist[0], hist[-1]
@@ -235,6 +242,9 @@ def run() -> None:
         rc = main()
     except SystemExit as e:  # argparse's --help/--version and usage errors
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except KeyboardInterrupt:  # Ctrl-C outside training (training stops itself: brisk.train.stop)
+        print("interrupted", file=sys.stderr)
+        rc = 130
     except BaseException:
         import traceback
 

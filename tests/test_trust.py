@@ -198,3 +198,50 @@ def test_an_audio_path_that_is_a_folder_says_so(tmp_path, capsys):
 
     with pytest.raises(AudioError, match="is a folder, not a file"):
         read_audio(str(tmp_path / "folder.wav"), 16000)
+
+
+# ------------------------------------------------------------------------------------ Ctrl-C, SIGTERM
+def _train_until_signalled(tmp_path, sig):
+    import json
+    import shlex
+    import signal
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    run = tmp_path / f"run_{sig}"
+    argv = [str(DEMO_CONFIG), *tiny_overrides(run), "train.max_steps=100000", "train.log_every=1", "data.valid=null"]
+    proc = subprocess.Popen([sys.executable, "-m", "brisk", "train", *argv], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if " step 2 (epoch" in line:
+            proc.send_signal(sig)
+            break
+    out = "".join(seen) + proc.communicate(timeout=120)[0]
+    assert proc.returncode == 128 + sig, out
+    assert "Traceback" not in out, out
+    last = out.strip().splitlines()[-1]
+    name = signal.Signals(sig).name
+    assert last.startswith(f"stopped by {name} after step "), out
+    step = int(last.split("after step ")[1].split(";")[0])
+    ckpt = run / "checkpoints" / f"ckpt-{step:08d}.pt"
+    assert f"checkpoint {ckpt};" in last and ckpt.exists()
+    assert [json.loads(x)["step"] for x in (run / "steps.jsonl").read_text().splitlines()] == list(range(1, step + 1))
+    resume = shlex.split(last.split("resume: ", 1)[1])
+    assert resume[:2] == ["brisk", "train"] and resume[-2:] == [f"train.output_dir={run}", "train.resume=true"]
+    return run, step, resume[2:]
+
+
+@pytest.mark.parametrize("sig", [2, 15])  # SIGINT (Ctrl-C), SIGTERM (pre-emption)
+def test_a_signal_saves_a_checkpoint_says_how_to_resume_and_resume_continues(tmp_path, sig, capsys):
+    import json
+
+    run, step, resume = _train_until_signalled(tmp_path, sig)
+    if sig == 15:
+        return  # one resume is enough to show that the printed command continues the run
+    assert main(["train", *resume, f"train.max_steps={step + 2}"]) == 0
+    assert f"resumed from {run / 'checkpoints' / f'ckpt-{step:08d}.pt'} at step {step}" in capsys.readouterr().out
+    assert [json.loads(x)["step"] for x in (run / "steps.jsonl").read_text().splitlines()] == list(range(1, step + 3))

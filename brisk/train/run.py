@@ -22,6 +22,7 @@ from ..models.speech_llm import human, param_count
 from ..speed import apply_speed
 from ..speed.flags import tf32_scope
 from . import run_dir as run_dirs
+from .stop import StopOnSignal
 from .checkpoint import broadcast_from_rank0, disk_footprint
 from .dist import close_process_group
 from .optim import WarmupLR, build_optimizer
@@ -279,10 +280,13 @@ def _train(cfg: Config) -> dict:
     if export != "none" and not (cfg.data.tokenizer or cfg.model.llm.path):
         log.warning("train.export=%s skipped: a model folder needs a tokenizer (data.tokenizer or model.llm.path)", export)
         export = "none"
-    try:
-        result = trainer.fit()  # the final checkpoint is written here, before any export
-    finally:
-        trainer.close_data()
+    with StopOnSignal(enabled=not torch.distributed.is_initialized()) as stop:
+        try:
+            result = trainer.fit(stop)  # the final checkpoint is written here, before any export
+        finally:
+            trainer.close_data()
+    if stop.requested:  # Ctrl-C or pre-emption: the checkpoint is on disk; no export, no report, exit soon
+        return result
     run_dir = trainer.run_dir
     if torch.distributed.is_initialized():
         torch.distributed.barrier()  # every rank's steps file is complete before rank 0 writes the report

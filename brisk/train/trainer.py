@@ -59,6 +59,7 @@ class Trainer:
     shape_sync: object | None = None  # several ranks, static shapes: Batch -> Batch padded to the ranks' bucket
     sharded: bool = False  # train.parallel=fsdp: state dicts are gathered (a collective on every rank)
     phases: dict = field(default_factory=dict)  # seconds spent between/around steps: validation, checkpoint, gc
+    stop: object | None = None  # brisk.train.stop.StopOnSignal: a SIGINT/SIGTERM ends the run after the step
 
     def __post_init__(self):
         c = self.cfg
@@ -90,8 +91,9 @@ class Trainer:
         return {**compile_counters(), "gc_seconds": self.gcwatch.seconds}
 
     # ------------------------------------------------------------------------------------ the loop
-    def fit(self) -> dict:
+    def fit(self, stop=None) -> dict:
         c = self.cfg.train
+        self.stop = stop
         self.model.train()
         log.info("training from step %d (epoch %d)", self.pos.step, self.pos.epoch)  # the first step's start, in train.log
         with tf32_scope(self.cfg.speed.tf32):
@@ -106,14 +108,18 @@ class Trainer:
                         break
                 else:
                     self.end_epoch()
-            if self.saved_step != self.pos.step:  # stopped by max_steps inside an epoch
-                self.timed("validation", self.validate)
-                if c.save_final:
+            if self.saved_step != self.pos.step:  # stopped by max_steps (or a signal) inside an epoch
+                if not self.signalled():
+                    self.timed("validation", self.validate)
+                if c.save_final or self.signalled():
                     self.timed("checkpoint", self.save)
         return self.finish()
 
     def done(self) -> bool:
-        return bool(self.cfg.train.max_steps) and self.pos.step >= self.cfg.train.max_steps
+        return (bool(self.cfg.train.max_steps) and self.pos.step >= self.cfg.train.max_steps) or self.signalled()
+
+    def signalled(self) -> bool:
+        return self.stop is not None and self.stop.requested
 
     def groups(self, loader):
         """Yield (batches for one optimizer step, seconds waited for them); skips batches left empty by skip_bad."""
@@ -324,4 +330,6 @@ class Trainer:
                         self.pos.bad_samples, len(self.train.skipped_lines))
         return {"step": self.pos.step, "history": self.pos.history, "slow_steps": self.detector.slow,
                 "bad_samples": self.pos.bad_samples, "bad_lines": len(self.train.skipped_lines),
-                "last": self.monitor.last, "transcripts": self.decoder.last_rows if self.decoder else []}
+                "last": self.monitor.last, "transcripts": self.decoder.last_rows if self.decoder else [],
+                "stopped_by": self.stop.signum if self.signalled() else None,
+                "checkpoint": self.ckpts.latest() if self.ckpts else None}
