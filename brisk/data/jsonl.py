@@ -153,9 +153,10 @@ def read_jsonl(path: str | Path, *, max_speech_length: int, max_text_length: int
                 index.skipped.append(str(e))
                 continue
             index.utterances.append(utt)
-    if check_audio:
-        from .check import check_audio_files
+    from .check import check_audio_files, check_suspects
 
+    check_suspects(index, path, skip_bad)
+    if check_audio:
         check_audio_files(index, path, skip_bad)
     if not index.utterances:
         raise DataError(f"{path}: no usable utterances")

@@ -194,9 +194,11 @@ class AsyncCheckpointer:
         for job in self.done:
             job["exit_wait"] = waited  # the last write, waited for at the end of the run
         self.drain()
-        if self.sizes:
-            log.info("checkpoints: %d files, %s on disk (%s)", len(self.sizes), gb(sum(self.sizes.values())),
-                     ", ".join(f"{n} {gb(s)}" for n, s in sorted(self.sizes.items())))
+        # What the folder holds (a resumed run's earlier checkpoints too), not only what this process wrote.
+        on_disk = {p.name: p.stat().st_size for p in self.ckpts.dir.glob("*.pt")} if self.sizes else {}
+        if on_disk:
+            log.info("checkpoints: %d files, %s on disk (%s)", len(on_disk), gb(sum(on_disk.values())),
+                     ", ".join(f"{n} {gb(s)}" for n, s in sorted(on_disk.items())))
         return waited
 
     def _raise(self) -> None:
