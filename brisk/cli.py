@@ -88,7 +88,7 @@ def cmd_train(args) -> int:
             from .eval.evaluate import print_transcripts
 
             print_transcripts(first, last, result["transcripts"])
-    print(f"{result['step']} steps, {len(result['slow_steps'])} slow; run folder: {cfg.train.output_dir}")
+    print(f"{result['step']} steps, {result['slow_in_run']} slow; run folder: {cfg.train.output_dir}")  # the run's, resumes too
     return 0
 
 

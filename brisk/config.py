@@ -203,8 +203,12 @@ class TrainConfig:
     parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard of the decoder layers, then the root)
     async_checkpoint: bool = True  # snapshot to host memory, write on a background thread (same file, same bytes)
     frozen_ref: bool = True  # frozen weights written once per run; checkpoints reference them (path + sha256)
+    cpu_threads: int = -1  # torch threads when training on the CPU: -1 torch's default (one a core); 0 auto: the usable
+    #                        cores less data.num_workers, at least 1 (a busy machine slows it less); N: N threads
 
     def __post_init__(self):
+        if self.cpu_threads < -1:
+            raise ConfigError(f"train.cpu_threads={self.cpu_threads}: use -1 (torch's default), 0 (auto) or a count")
         if self.keep_metric not in ("loss", "acc"):
             raise ConfigError(f"train.keep_metric={self.keep_metric!r}: use loss or acc")
         if self.accum_grad < 1:

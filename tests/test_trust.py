@@ -245,3 +245,157 @@ def test_a_signal_saves_a_checkpoint_says_how_to_resume_and_resume_continues(tmp
     assert main(["train", *resume, f"train.max_steps={step + 2}"]) == 0
     assert f"resumed from {run / 'checkpoints' / f'ckpt-{step:08d}.pt'} at step {step}" in capsys.readouterr().out
     assert [json.loads(x)["step"] for x in (run / "steps.jsonl").read_text().splitlines()] == list(range(1, step + 3))
+
+
+# ------------------------------------------------------------------------------ numbers a user reads
+def test_cer_and_wer_count_insertions_against_empty_references():
+    from brisk.eval.evaluate import score
+    from brisk.eval.metrics import corpus_rates, rate
+
+    rows, s = score(["a", "b"], ["abc", "  ,. "], ["abd", "xy"])  # the second reference is empty once normalised
+    assert rows[1]["empty_ref"] and "empty_ref" not in rows[0]
+    assert (s["char_errors"], s["chars"], s["empty_refs"]) == (3, 3, 1)  # 1 substitution + 2 insertions
+    assert s["cer"] == pytest.approx(1.0) and s["wer"] == pytest.approx(2.0)  # never 0% beside 3 errors
+    assert corpus_rates([""], [""])["cer"] == 0.0 and corpus_rates([""], ["a"])["cer"] == float("inf")
+    assert rate(0, 0) == 0.0 and rate(2, 4) == 0.5
+
+
+def _index_of(tmp_path, lines, **kw):
+    from brisk.data.jsonl import read_jsonl
+
+    path = tmp_path / "s.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path, read_jsonl(path, max_speech_length=8000, max_text_length=1000, **kw)
+
+
+def _with(line: str, **changes) -> str:
+    import json
+
+    obj = json.loads(line)
+    if "text" in changes:
+        obj["messages"][-1]["content"] = changes.pop("text")
+    obj.update(changes)
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def test_empty_transcripts_and_very_short_clips_warn_once_with_a_count_or_are_skipped(tmp_path, caplog):
+    lines = _demo_lines(5)
+    lines[1] = _with(lines[1], text="")
+    lines[3] = _with(lines[3], speech_length=5)
+    with caplog.at_level("WARNING", logger="brisk"):
+        path, index = _index_of(tmp_path, lines, skip_bad=False)
+    warned = [r.getMessage() for r in caplog.records if "suspect" in r.getMessage()]
+    assert len(warned) == 1 and "2 suspect lines kept (1 with an empty transcript, 1 shorter than 100 ms" in warned[0]
+    assert f"first: {path}:2: empty transcript" in warned[0] and len(index.utterances) == 5
+    _, index = _index_of(tmp_path, lines, skip_bad=True)
+    assert len(index.utterances) == 3 and len(index.skipped) == 2
+
+
+def test_a_declared_text_length_far_below_the_tokens_is_an_error_naming_the_line():
+    from brisk.data.check import check_declared_text_length
+    from brisk.data.jsonl import DataError, parse_line
+
+    from .conftest import DEMO
+
+    utt = parse_line(_with(_demo_lines(1)[0], text_length=10), "x.jsonl:7", DEMO)
+    check_declared_text_length(utt, [-100] * 5 + [1] * 18)  # 18 <= 10 + 8: within the slack
+    check_declared_text_length(utt, [1] * 5)  # fewer tokens than declared: an upper bound is fine
+    with pytest.raises(DataError, match=r"x.jsonl:7: text_length=10 but the answer is 19 tokens"):
+        check_declared_text_length(utt, [-100] * 5 + [1] * 19)
+    multi = parse_line(_with(_demo_lines(1)[0], text_length=0), "x.jsonl:8", DEMO)
+    check_declared_text_length(multi, [1] * 100)  # not declared: nothing to check
+
+
+def test_the_demo_data_declares_its_text_lengths_within_the_tolerance(tokenizer):
+    from brisk.data.check import check_declared_text_length
+    from brisk.data.jsonl import parse_line
+
+    from .conftest import DEMO
+
+    for n, line in enumerate(_demo_lines(50)):
+        utt = parse_line(line, f"train.jsonl:{n + 1}", DEMO)
+        check_declared_text_length(utt, tokenizer(utt.assistant[0])["input_ids"] + [0])  # + <|im_end|>
+
+
+# ------------------------------------------------------------------------------- a busy machine
+def _rec(step, total, cpu, host=None, **kw):
+    return {"step": step, "total": total, "data": 0.0, "events": {}, "cpu": cpu, "host": host or total,
+            "shape": {}, "new_shape": False, **kw}
+
+
+def test_contention_is_named_once_with_the_load_from_injected_numbers(caplog):
+    from brisk.diagnose.slow import SlowStepDetector, contention
+
+    assert contention(0.2, 1.0, 1.0, load=3.0, cores=2)  # a fifth of a core, run queue over the cores
+    assert contention(0.2, 1.0, 1.0, load=1.5, cores=2) is None  # the cores are not all taken: not contention
+    assert contention(0.9, 1.0, 1.0, load=6.0, cores=2) is None  # it got its core
+    load = [1.0]
+    det = SlowStepDetector(3.0, 2, 50, cores=2, load=lambda: (load[0], 0, 0), cpu_device=True)
+    with caplog.at_level("WARNING", logger="brisk"):
+        for i in range(1, 11):
+            det.observe(_rec(i, 0.2, 0.19))  # alone: steady, a core each step
+        load[0] = 3.4
+        for i in range(11, 21):
+            det.observe(_rec(i, 2.0 if i % 2 else 0.25, 0.2 if i % 2 else 0.1))  # another process took the cores
+    said = [r.getMessage() for r in caplog.records]
+    assert len([m for m in said if "the machine is busy" in m]) == 1, said
+    assert "load average 3.4 on 2 cores" in said[0]
+    assert {s["cause"] for s in det.slow} == {"contention"} and len(det.slow) == 5
+
+
+def test_a_run_starved_from_its_first_step_is_named_too():
+    from brisk.diagnose.slow import SlowStepDetector
+
+    det = SlowStepDetector(3.0, 2, 50, cores=2, load=lambda: (5.9, 0, 0), cpu_device=True)
+    for i in range(1, 8):
+        det.observe(_rec(i, 1.3, 0.5))  # half a core from the start: the usual share is no reference
+    assert "got 0.38 CPU-seconds per second of the step where 1.00 are expected" in det.busy
+
+
+def test_repeated_slow_steps_are_summarised_not_printed_one_by_one(caplog):
+    from brisk.diagnose import slow
+
+    det = slow.SlowStepDetector(3.0, 2, 50, cores=2, load=lambda: (0.1, 0, 0))
+    with caplog.at_level("WARNING", logger="brisk"):
+        for i in range(1, 6):
+            det.observe(_rec(i, 0.1, 0.1))
+        for i in range(6, 6 + 2 * slow.SUMMARY_EVERY + slow.SHOW_PER_CAUSE):
+            det.observe(_rec(i, 1.0, 1.0, new_shape=True))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(det.slow) == 2 * slow.SUMMARY_EVERY + slow.SHOW_PER_CAUSE
+    assert len([m for m in lines if m.startswith("slow step ")]) == slow.SHOW_PER_CAUSE
+    assert len([m for m in lines if m.startswith(f"slow steps: {slow.SUMMARY_EVERY} more")]) == 2
+    assert "later slow steps of this cause are counted" in lines[slow.SHOW_PER_CAUSE - 1]
+
+
+def test_the_slow_steps_of_a_resumed_run_are_counted_from_its_file(tmp_path):
+    from brisk.diagnose.slow import SlowStepDetector
+
+    path = tmp_path / "slow_steps.jsonl"
+    path.write_text('{"step": 5}\n{"step": 9}\n')  # the run before the resume
+    det = SlowStepDetector(3.0, 0, 50, path=path, cores=2, load=lambda: (0.1, 0, 0))
+    for i, t in enumerate([0.1, 0.1, 1.0], 10):
+        det.observe(_rec(i, t, t))
+    det.close()
+    assert len(det.slow) == 1 and det.run_total() == 3
+
+
+def test_thread_counts_leave_the_workers_their_cores():
+    import torch
+
+    from brisk.config import load_config
+    from brisk.train.threads import pick_threads
+
+    before = torch.get_num_threads()
+    try:
+        cfg = load_config(DEMO_CONFIG, ["train.cpu_threads=0", "data.num_workers=1"])
+        assert "1 intra-op thread(s) (auto: 2 usable cores less 1 DataLoader worker(s))" in pick_threads(cfg, torch.device("cpu"), cores=2)
+        assert torch.get_num_threads() == 1
+        cfg = load_config(DEMO_CONFIG, ["train.cpu_threads=0", "data.num_workers=4"])
+        pick_threads(cfg, torch.device("cpu"), cores=2)
+        assert torch.get_num_threads() == 1  # never below one
+        cfg = load_config(DEMO_CONFIG, ["train.cpu_threads=-1"])
+        assert "torch's default" in pick_threads(cfg, torch.device("cpu"), cores=2)
+        assert pick_threads(cfg, torch.device("cuda"), cores=2) is None
+    finally:
+        torch.set_num_threads(before)

@@ -23,6 +23,7 @@ from ..speed import apply_speed
 from ..speed.flags import tf32_scope
 from . import run_dir as run_dirs
 from .stop import StopOnSignal
+from .threads import pick_threads
 from .checkpoint import broadcast_from_rank0, disk_footprint
 from .dist import close_process_group
 from .optim import WarmupLR, build_optimizer
@@ -171,6 +172,9 @@ def build_trainer(cfg: Config) -> Trainer:
     setup_logging(run_dir, rank)
     if rank == 0:
         save_config(cfg, run_dir / "config.yaml")
+    threads = pick_threads(cfg, device)
+    if threads:
+        log.info(threads)
 
     t0 = time.perf_counter()
     model = build_model(cfg.model, device)

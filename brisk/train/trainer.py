@@ -69,7 +69,8 @@ class Trainer:
         rank = "" if self.rank == 0 else f".rank{self.rank}"  # every rank times its steps; the report merges them
         self.timer = StepTimer(self.device, self.run_dir / f"steps{rank}.jsonl")
         self.detector = SlowStepDetector(c.diagnose.slow_factor, c.diagnose.warmup_steps, c.diagnose.window,
-                                         self.trap, self.run_dir / f"slow_steps{rank}.jsonl")
+                                         self.trap, self.run_dir / f"slow_steps{rank}.jsonl",
+                                         cpu_device=self.device.type == "cpu")
         self.gcwatch = GCWatch()
         self.monitor = Monitor(self.run_dir, self.total_steps(), every=c.train.log_every, progress=c.train.progress,
                                tensorboard=c.train.tensorboard, rank=self.rank)
@@ -329,6 +330,7 @@ class Trainer:
             log.warning("data.skip_bad: skipped %d bad samples and %d bad jsonl lines in training",
                         self.pos.bad_samples, len(self.train.skipped_lines))
         return {"step": self.pos.step, "history": self.pos.history, "slow_steps": self.detector.slow,
+                "slow_in_run": self.detector.run_total(),
                 "bad_samples": self.pos.bad_samples, "bad_lines": len(self.train.skipped_lines),
                 "last": self.monitor.last, "transcripts": self.decoder.last_rows if self.decoder else [],
                 "stopped_by": self.stop.signum if self.signalled() else None,
