@@ -134,11 +134,17 @@ def cmd_export(args) -> int:
     src = Path(args.run)
     if not src.is_dir():
         raise FileNotFoundError(f"{src} is not a folder (give a run folder, a FunASR or a native Fun-ASR-Nano folder)")
-    model, tokenizer, cfg = load_for_inference(src)
     default = src / f"model-{args.format}" if folder_kind(src) == "run" else src.parent / f"{src.name}-{args.format}"
-    out = export_folder(model, cfg, Path(args.out) if args.out else default, args.format, args.dtype, tokenizer)
+    out = Path(args.out) if args.out else default
+    replaced = out.exists()
+    if replaced and not args.overwrite:  # e.g. the model-funasr/ folder written at the end of training
+        from .config import ConfigError
+
+        raise ConfigError(f"{out} already exists: pass --overwrite to replace it, or --out for another folder")
+    model, tokenizer, cfg = load_for_inference(src)
+    out = export_folder(model, cfg, out, args.format, args.dtype, tokenizer)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    print(f"exported {args.format} folder {out} ({args.dtype}, {size / 1e6:.1f} MB)")
+    print(f"exported {args.format} folder {out} ({args.dtype}, {size / 1e6:.1f} MB)" + (", replacing the one there" if replaced else ""))
     return 0
 
 
@@ -193,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--format", choices=["funasr", "hf"], default="funasr")
     e.add_argument("--out", help="output folder (default: RUN/model-FORMAT)")
     e.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="weights dtype (FunASR stores bf16)")
+    e.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     e.set_defaults(fn=cmd_export)
 
     b = sub.add_parser("bench", help="interleaved A/B arms on the same batches")

@@ -3,6 +3,8 @@ line, Ctrl-C saves, the numbers a user reads are right, exports behave like shar
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import random
 
@@ -14,6 +16,23 @@ from brisk.cli import main
 from brisk.safe_load import UnsafeFileError, load_torch_file
 
 from .conftest import DEMO_CONFIG, tiny_overrides
+
+
+@contextlib.contextmanager
+def _said(level=logging.INFO):
+    """The brisk logger's messages (it does not propagate to caplog once a run has set up its logging)."""
+    lines: list[str] = []
+    handler = logging.Handler(level)
+    handler.emit = lambda r: lines.append(r.getMessage())
+    logger = logging.getLogger("brisk")
+    old = logger.level
+    logger.setLevel(level)
+    logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
 
 
 def _error_line(capsys, argv) -> str:
@@ -278,13 +297,13 @@ def _with(line: str, **changes) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
-def test_empty_transcripts_and_very_short_clips_warn_once_with_a_count_or_are_skipped(tmp_path, caplog):
+def test_empty_transcripts_and_very_short_clips_warn_once_with_a_count_or_are_skipped(tmp_path):
     lines = _demo_lines(5)
     lines[1] = _with(lines[1], text="")
     lines[3] = _with(lines[3], speech_length=5)
-    with caplog.at_level("WARNING", logger="brisk"):
+    with _said(logging.WARNING) as said:
         path, index = _index_of(tmp_path, lines, skip_bad=False)
-    warned = [r.getMessage() for r in caplog.records if "suspect" in r.getMessage()]
+    warned = [m for m in said if "suspect" in m]
     assert len(warned) == 1 and "2 suspect lines kept (1 with an empty transcript, 1 shorter than 100 ms" in warned[0]
     assert f"first: {path}:2: empty transcript" in warned[0] and len(index.utterances) == 5
     _, index = _index_of(tmp_path, lines, skip_bad=True)
@@ -323,7 +342,7 @@ def _rec(step, total, cpu, host=None, **kw):
             "shape": {}, "new_shape": False, **kw}
 
 
-def test_contention_is_named_once_with_the_load_from_injected_numbers(caplog):
+def test_contention_is_named_once_with_the_load_from_injected_numbers():
     from brisk.diagnose.slow import SlowStepDetector, contention
 
     assert contention(0.2, 1.0, 1.0, load=3.0, cores=2)  # a fifth of a core, run queue over the cores
@@ -331,13 +350,12 @@ def test_contention_is_named_once_with_the_load_from_injected_numbers(caplog):
     assert contention(0.9, 1.0, 1.0, load=6.0, cores=2) is None  # it got its core
     load = [1.0]
     det = SlowStepDetector(3.0, 2, 50, cores=2, load=lambda: (load[0], 0, 0), cpu_device=True)
-    with caplog.at_level("WARNING", logger="brisk"):
+    with _said(logging.WARNING) as said:
         for i in range(1, 11):
             det.observe(_rec(i, 0.2, 0.19))  # alone: steady, a core each step
         load[0] = 3.4
         for i in range(11, 21):
             det.observe(_rec(i, 2.0 if i % 2 else 0.25, 0.2 if i % 2 else 0.1))  # another process took the cores
-    said = [r.getMessage() for r in caplog.records]
     assert len([m for m in said if "the machine is busy" in m]) == 1, said
     assert "load average 3.4 on 2 cores" in said[0]
     assert {s["cause"] for s in det.slow} == {"contention"} and len(det.slow) == 5
@@ -352,16 +370,16 @@ def test_a_run_starved_from_its_first_step_is_named_too():
     assert "got 0.38 CPU-seconds per second of the step where 1.00 are expected" in det.busy
 
 
-def test_repeated_slow_steps_are_summarised_not_printed_one_by_one(caplog):
+def test_repeated_slow_steps_are_summarised_not_printed_one_by_one():
     from brisk.diagnose import slow
 
     det = slow.SlowStepDetector(3.0, 2, 50, cores=2, load=lambda: (0.1, 0, 0))
-    with caplog.at_level("WARNING", logger="brisk"):
+    with _said(logging.WARNING) as said:
         for i in range(1, 6):
             det.observe(_rec(i, 0.1, 0.1))
         for i in range(6, 6 + 2 * slow.SUMMARY_EVERY + slow.SHOW_PER_CAUSE):
             det.observe(_rec(i, 1.0, 1.0, new_shape=True))
-    lines = [r.getMessage() for r in caplog.records]
+    lines = said
     assert len(det.slow) == 2 * slow.SUMMARY_EVERY + slow.SHOW_PER_CAUSE
     assert len([m for m in lines if m.startswith("slow step ")]) == slow.SHOW_PER_CAUSE
     assert len([m for m in lines if m.startswith(f"slow steps: {slow.SUMMARY_EVERY} more")]) == 2
@@ -399,3 +417,79 @@ def test_thread_counts_leave_the_workers_their_cores():
         assert pick_threads(cfg, torch.device("cuda"), cores=2) is None
     finally:
         torch.set_num_threads(before)
+
+
+# ----------------------------------------------------------------- a tiny finished run: eval and export
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from .conftest import run_train
+
+    run = tmp_path_factory.mktemp("trust_run")
+    valid = run.parent / f"{run.name}_valid.jsonl"
+    valid.write_text("\n".join(_demo_lines(4)) + "\n", encoding="utf-8")
+    run_train(run, **{"train.max_steps": 4, "train.save_every": 2, "train.val_every": 2, "data.valid": str(valid),
+                      "train.export": "funasr", "train.keep_n": 3})
+    return run, valid
+
+
+def test_eval_says_which_weights_it_used_and_which_checkpoint_is_best(tiny_run, capsys):
+    import json
+
+    run, valid = tiny_run
+    index = json.loads((run / "checkpoints" / "index.json").read_text())
+    best = min((e["val_loss"], n) for n, e in index.items() if "val_loss" in e)[1]
+    assert main(["eval", str(run), str(valid), "--max-new-tokens", "4", "--out", str(run.parent / "e.jsonl")]) == 0
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.startswith(f"weights: {run / 'checkpoints' / 'ckpt-00000004.pt'}")
+    assert (f"(the best checkpoint by validation loss, {index[best]['val_loss']:.4f})" in first if best == "ckpt-00000004.pt"
+            else f"the best checkpoint by validation loss ({index[best]['val_loss']:.4f}) is {run / 'checkpoints' / best}" in first)
+    assert main(["eval", str(run), str(valid), "--weights", "best", "--max-new-tokens", "4", "--out", str(run.parent / "e.jsonl")]) == 0
+    assert "(the best checkpoint by validation loss" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_eval_of_a_jsonl_that_is_not_utf8_is_one_line(tiny_run, tmp_path, capsys):
+    run, _ = tiny_run
+    path = _latin1_jsonl(tmp_path)
+    assert f"{path}:2: not UTF-8 (byte 0xe7" in _error_line(capsys, ["eval", str(run), str(path)])
+
+
+def test_export_refuses_to_replace_without_overwrite_and_shares_its_files(tiny_run, capsys):
+    from brisk.files import current_umask
+
+    run, _ = tiny_run
+    out = run / "model-funasr"  # written at the end of training
+    line = _error_line(capsys, ["export", str(run)])
+    assert f"{out} already exists: pass --overwrite to replace it" in line
+    assert main(["export", str(run), "--overwrite"]) == 0
+    printed = capsys.readouterr().out
+    assert f"exported funasr folder {out}" in printed and "replacing the one there" in printed
+    mask = current_umask()
+    for p in [out, *out.rglob("*")]:
+        want = (0o777 if p.is_dir() else 0o666) & ~mask
+        assert p.stat().st_mode & 0o777 == want, (p, oct(p.stat().st_mode))
+
+
+def test_the_hf_readme_is_written_from_the_config(tiny_run, capsys):
+    run, _ = tiny_run
+    assert main(["export", str(run), "--format", "hf", "--out", str(run.parent / "hf_export")]) == 0
+    text = (run.parent / "hf_export" / "README.md").read_text()
+    assert "~L/8" not in text and "every adaptor output, one per LFR frame (model.adaptor.use_low_frame_rate false)" in text
+    from brisk.config import load_config
+    from brisk.models.export import _spliced
+
+    cfg = load_config(DEMO_CONFIG, ["model.adaptor.use_low_frame_rate=true"])
+    assert "the first ~L/8 adaptor outputs" in _spliced(cfg)
+
+
+def test_the_closing_lines_count_the_run_after_a_resume(tmp_path):
+    from .conftest import run_train
+
+    run = tmp_path / "run"
+    short = {"data.valid": None, "train.save_every": 1, "train.keep_n": 10}
+    run_train(run, **short, **{"train.max_steps": 2})
+    result = run_train(run, **short, **{"train.max_steps": 4, "train.resume": True})
+    on_disk = sorted(p.name for p in (run / "checkpoints").glob("*.pt"))
+    said = [x for x in (run / "train.log").read_text().splitlines() if " checkpoints: " in x]
+    assert said and f"checkpoints: {len(on_disk)} files" in said[-1] and len(on_disk) >= 4
+    assert result["slow_in_run"] == len((run / "slow_steps.jsonl").read_text().splitlines())
