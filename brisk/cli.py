@@ -26,14 +26,19 @@ from pathlib import Path
 from . import __version__
 
 REPO = Path(__file__).resolve().parent.parent
-DEMO = REPO / "configs" / "demo.yaml"
+DEMO = Path(__file__).resolve().parent / "configs" / "demo.yaml"  # shipped in the package (configs/ in the repo)
+DEMO_DATA = REPO / "data" / "demo"  # its data: in a checkout only
 
 
 def _config_and_overrides(items: list[str], default: Path | None) -> tuple[Path | None, list[str]]:
+    """(config file, overrides): the first item is a config when it is not key=value; a path, or the name of a
+    config shipped with brisk (``fun_asr_nano``: brisk/configs/fun_asr_nano.yaml) when no such file is here."""
     if items and "=" not in items[0]:
-        from .config import ConfigError, _known_path
+        from .config import ConfigError, _known_path, shipped_config
 
         first = items[0]
+        if not Path(first).exists() and shipped_config(first) is not None:
+            return shipped_config(first), items[1:]
         if not Path(first).exists() and not first.endswith((".yaml", ".yml")) and _known_path(first):
             raise ConfigError(f"{first} has no value: did you mean key=value, for example {first}=VALUE?")
         return Path(first), items[1:]
@@ -45,9 +50,10 @@ def _load(items: list[str], default: Path | None = None):
 
     path, overrides = _config_and_overrides(items, default)
     if path is None:
-        raise ConfigError("give a config file (for example configs/fun_asr_nano.yaml)")
-    if path == DEMO and not DEMO.exists():
-        raise ConfigError(f"the demo config {DEMO} is missing; run from a checkout of brisk (pip install -e .)")
+        raise ConfigError("give a config: a file, or the name of a shipped one (for example fun_asr_nano)")
+    if path == DEMO and not DEMO_DATA.exists():
+        raise ConfigError(f"the demo's data {DEMO_DATA} is missing (it is not in the package): run the demo from a "
+                          "checkout of brisk (pip install -e .)")
     return load_config(path, overrides)
 
 

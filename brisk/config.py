@@ -506,9 +506,30 @@ def _flatten(tree: dict, prefix: str = "") -> set[str]:
     return out
 
 
+SHIPPED = Path(__file__).resolve().parent / "configs"  # the configs/ of the repository, shipped in the package
+
+
+def shipped_config(name: str) -> Path | None:
+    """A config shipped with brisk, by name (``fun_asr_nano`` or ``fun_asr_nano.yaml``); None if there is none."""
+    if "/" in name or "\\" in name:
+        return None
+    path = SHIPPED / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
+    return path if path.is_file() else None
+
+
+def shipped_names() -> list[str]:
+    return sorted(p.stem for p in SHIPPED.glob("*.yaml"))
+
+
 def read_yaml(path: Path, _seen: tuple = ()) -> dict:
     """A config file as a dict, its paths resolved; ``include: other.yaml`` pulls in a base file first."""
     if not path.is_file():
+        if not _seen and path.parent == Path(".") and path.suffix in ("", ".yaml", ".yml"):  # maybe a shipped name
+            import difflib
+
+            close = difflib.get_close_matches(path.stem, shipped_names(), n=1, cutoff=0.75)
+            raise ConfigError(f"config file {path} does not exist, nor a shipped config of that name "
+                              f"({', '.join(shipped_names())})" + (f"; did you mean {close[0]}?" if close else ""))
         raise ConfigError(f"config file {path} does not exist")
     if path.resolve() in _seen:
         raise ConfigError(f"{path}: include cycle")

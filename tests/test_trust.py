@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -493,3 +494,27 @@ def test_the_closing_lines_count_the_run_after_a_resume(tmp_path):
     said = [x for x in (run / "train.log").read_text().splitlines() if " checkpoints: " in x]
     assert said and f"checkpoints: {len(on_disk)} files" in said[-1] and len(on_disk) >= 4
     assert result["slow_in_run"] == len((run / "slow_steps.jsonl").read_text().splitlines())
+
+
+# ----------------------------------------------------------------------------- configs without the clone
+def test_configs_ship_in_the_package_and_load_by_name(tmp_path, monkeypatch):
+    from brisk.cli import _config_and_overrides
+    from brisk.config import SHIPPED, load_config, shipped_config
+
+    from .conftest import REPO
+
+    assert SHIPPED.parent.name == "brisk" and (SHIPPED / "fun_asr_nano.yaml").is_file()
+    assert (REPO / "configs").resolve() == SHIPPED  # the repository's configs/ is the same folder, not a copy
+    monkeypatch.chdir(tmp_path)  # no configs/ here: a name is enough
+    assert _config_and_overrides(["fun_asr_nano", "train.max_steps=3"], None) == (SHIPPED / "fun_asr_nano.yaml", ["train.max_steps=3"])
+    assert shipped_config("demo.yaml") == SHIPPED / "demo.yaml" and shipped_config("configs/demo") is None
+    cfg = load_config(shipped_config("demo"))
+    assert Path(cfg.data.train) == REPO / "data" / "demo" / "train.jsonl" and Path(cfg.data.train).is_file()
+    assert load_config(shipped_config("bench_nano")).data.profile.endswith("brisk/bench/profiles/aishell1_like.jsonl")
+
+
+def test_a_misspelt_config_name_lists_the_shipped_ones(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = _error_line(capsys, ["train", "fun_asr_nanoo"])
+    assert "config file fun_asr_nanoo does not exist, nor a shipped config of that name (" in line
+    assert "demo, fun_asr_1p7b" in line and line.endswith("did you mean fun_asr_nano?")
