@@ -234,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, AudioError, FileNotFoundError) as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
+    except OSError as e:  # a file the system refused (permissions, a folder where a file goes): name it
+        if not e.filename:
+            raise
+        print(f"error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        return 2
 
 
 def one_line(e: BaseException) -> str:

@@ -22,13 +22,13 @@ from ..models.speech_llm import human, param_count
 from ..speed import apply_speed
 from ..speed.flags import tf32_scope
 from . import run_dir as run_dirs
-from .stop import StopOnSignal
-from .threads import pick_threads
 from .checkpoint import broadcast_from_rank0, disk_footprint
 from .dist import close_process_group
 from .optim import WarmupLR, build_optimizer
 from .parallel import apply_parallel, attach_grad_sync
 from .step import StepHooks, TrainStep
+from .stop import StopOnSignal
+from .threads import pick_threads
 from .trainer import Trainer
 
 log = logging.getLogger("brisk")
