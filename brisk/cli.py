@@ -94,7 +94,8 @@ def cmd_train(args) -> int:
             from .eval.evaluate import print_transcripts
 
             print_transcripts(first, last, result["transcripts"])
-    print(f"{result['step']} steps, {result['slow_in_run']} slow; run folder: {cfg.train.output_dir}")  # the run's, resumes too
+    slow = result.get("slow_in_run", len(result["slow_steps"]))  # the whole run's (a resumed one too)
+    print(f"{result['step']} steps, {slow} slow; run folder: {cfg.train.output_dir}")
     return 0
 
 
