@@ -35,7 +35,9 @@ Run from the repository root::
 ``--more N`` leaves every file above as it is and adds N more training utterances: new sentences (in
 neither split), spoken by MORE_VARIANTS on MORE_ACCENTS (never a validation voice's variant) at a random
 pitch and rate, as Ogg/Vorbis (about 5 KB/s: FLAC would not fit the audio budget), under ``audio/more/``,
-and ``train_more.jsonl``: the 240 training lines followed by the N new ones. bench/results/demo-cpu.md has
+and ``train_more.jsonl``: the 240 training lines followed by the N new ones. The same seed gives the same
+sentences, voices and decoded audio; the Ogg files are not byte-identical (sox gives each stream a random
+serial number). bench/results/demo-cpu.md has
 what it does to the demo's CER.
 """
 
