@@ -19,20 +19,26 @@ import argparse
 import logging
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 
 from . import __version__
 
 REPO = Path(__file__).resolve().parent.parent
-DEMO = REPO / "configs" / "demo.yaml"
+DEMO = Path(__file__).resolve().parent / "configs" / "demo.yaml"  # shipped in the package (configs/ in the repo)
+DEMO_DATA = REPO / "data" / "demo"  # its data: in a checkout only
 
 
 def _config_and_overrides(items: list[str], default: Path | None) -> tuple[Path | None, list[str]]:
+    """(config file, overrides): the first item is a config when it is not key=value; a path, or the name of a
+    config shipped with brisk (``fun_asr_nano``: brisk/configs/fun_asr_nano.yaml) when no such file is here."""
     if items and "=" not in items[0]:
-        from .config import ConfigError, _known_path
+        from .config import ConfigError, _known_path, shipped_config
 
         first = items[0]
+        if not Path(first).exists() and shipped_config(first) is not None:
+            return shipped_config(first), items[1:]
         if not Path(first).exists() and not first.endswith((".yaml", ".yml")) and _known_path(first):
             raise ConfigError(f"{first} has no value: did you mean key=value, for example {first}=VALUE?")
         return Path(first), items[1:]
@@ -44,9 +50,10 @@ def _load(items: list[str], default: Path | None = None):
 
     path, overrides = _config_and_overrides(items, default)
     if path is None:
-        raise ConfigError("give a config file (for example configs/fun_asr_nano.yaml)")
-    if path == DEMO and not DEMO.exists():
-        raise ConfigError(f"the demo config {DEMO} is missing; run from a checkout of brisk (pip install -e .)")
+        raise ConfigError("give a config: a file, or the name of a shipped one (for example fun_asr_nano)")
+    if path == DEMO and not DEMO_DATA.exists():
+        raise ConfigError(f"the demo's data {DEMO_DATA} is missing (it is not in the package): run the demo from a "
+                          "checkout of brisk (pip install -e .)")
     return load_config(path, overrides)
 
 
@@ -74,6 +81,12 @@ def cmd_train(args) -> int:
     result = train(sized_to_gpu(cfg))  # data.auto_batch (off by default: cfg unchanged)
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
+    if result.get("stopped_by"):
+        from .train.stop import resume_command
+
+        print(f"stopped by {signal.Signals(result['stopped_by']).name} after step {result['step']}; checkpoint "
+              f"{result['checkpoint']}; resume: {resume_command(items, cfg.train.output_dir)}", flush=True)
+        return 128 + result["stopped_by"]
     hist = result["history"]
     if hist:
         first, last = hist[0], hist[-1]
@@ -83,7 +96,8 @@ def cmd_train(args) -> int:
             from .eval.evaluate import print_transcripts
 
             print_transcripts(first, last, result["transcripts"])
-    print(f"{result['step']} steps, {len(result['slow_steps'])} slow; run folder: {cfg.train.output_dir}")
+    slow = result.get("slow_in_run", len(result["slow_steps"]))  # the whole run's (a resumed one too)
+    print(f"{result['step']} steps, {slow} slow; run folder: {cfg.train.output_dir}")
     return 0
 
 
@@ -131,11 +145,17 @@ def cmd_export(args) -> int:
     src = Path(args.run)
     if not src.is_dir():
         raise FileNotFoundError(f"{src} is not a folder (give a run folder, a FunASR or a native Fun-ASR-Nano folder)")
-    model, tokenizer, cfg = load_for_inference(src)
     default = src / f"model-{args.format}" if folder_kind(src) == "run" else src.parent / f"{src.name}-{args.format}"
-    out = export_folder(model, cfg, Path(args.out) if args.out else default, args.format, args.dtype, tokenizer)
+    out = Path(args.out) if args.out else default
+    replaced = out.exists()
+    if replaced and not args.overwrite:  # e.g. the model-funasr/ folder written at the end of training
+        from .config import ConfigError
+
+        raise ConfigError(f"{out} already exists: pass --overwrite to replace it, or --out for another folder")
+    model, tokenizer, cfg = load_for_inference(src)
+    out = export_folder(model, cfg, out, args.format, args.dtype, tokenizer)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    print(f"exported {args.format} folder {out} ({args.dtype}, {size / 1e6:.1f} MB)")
+    print(f"exported {args.format} folder {out} ({args.dtype}, {size / 1e6:.1f} MB)" + (", replacing the one there" if replaced else ""))
     return 0
 
 
@@ -190,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--format", choices=["funasr", "hf"], default="funasr")
     e.add_argument("--out", help="output folder (default: RUN/model-FORMAT)")
     e.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="weights dtype (FunASR stores bf16)")
+    e.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     e.set_defaults(fn=cmd_export)
 
     b = sub.add_parser("bench", help="interleaved A/B arms on the same batches")
@@ -218,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, AudioError, FileNotFoundError) as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
+    except OSError as e:  # a file the system refused (permissions, a folder where a file goes): name it
+        if not e.filename:
+            raise
+        print(f"error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        return 2
 
 
 def one_line(e: BaseException) -> str:
@@ -239,6 +265,9 @@ def run() -> None:
         rc = main()
     except SystemExit as e:  # argparse's --help/--version and usage errors
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except KeyboardInterrupt:  # Ctrl-C outside training (training stops itself: brisk.train.stop)
+        print("interrupted", file=sys.stderr)
+        rc = 130
     except BaseException:
         import traceback
 

@@ -277,8 +277,12 @@ class TrainConfig:
     parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard of the decoder layers, then the root)
     async_checkpoint: bool = True  # snapshot to host memory, write on a background thread (same file, same bytes)
     frozen_ref: bool = True  # frozen weights written once per run; checkpoints reference them (path + sha256)
+    cpu_threads: int = -1  # torch threads when training on the CPU: -1 torch's default (one a core); 0 auto: the usable
+    #                        cores less data.num_workers, at least 1 (a busy machine slows it less); N: N threads
 
     def __post_init__(self):
+        if self.cpu_threads < -1:
+            raise ConfigError(f"train.cpu_threads={self.cpu_threads}: use -1 (torch's default), 0 (auto) or a count")
         if self.keep_metric not in ("loss", "acc"):
             raise ConfigError(f"train.keep_metric={self.keep_metric!r}: use loss or acc")
         if self.accum_grad < 1:
@@ -559,8 +563,20 @@ def parse_override(text: str) -> tuple[str, Any]:
         parent = key.rsplit(".", 1)[0] if "." in key else ""
         raise ConfigError(f"unknown config key {key} (from override {text!r}){did_you_mean(key)}; "
                           "`brisk train --help-config` lists every key" + (f" (those under {parent} too)" if parent else ""))
-    value = yaml.safe_load(raw) if raw.strip() else None
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {text!r}: the value is not valid YAML ({getattr(e, 'problem', None) or e}); "
+                          "quote it: key='value'") from None
     return key, value
+
+
+def yaml_error(e: yaml.YAMLError) -> str:
+    """':line:column: not valid YAML: what PyYAML found' (one line; PyYAML's own message takes eight)."""
+    mark = getattr(e, "problem_mark", None)
+    where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+    what = " ".join(x for x in (getattr(e, "problem", None), getattr(e, "context", None)) if x) or str(e).splitlines()[0]
+    return f"{where}: not valid YAML: {what}"
 
 
 def _resolve_paths(tree: dict, base: Path, keys: set[str]) -> None:
@@ -586,16 +602,39 @@ def _flatten(tree: dict, prefix: str = "") -> set[str]:
     return out
 
 
+SHIPPED = Path(__file__).resolve().parent / "configs"  # the configs/ of the repository, shipped in the package
+
+
+def shipped_config(name: str) -> Path | None:
+    """A config shipped with brisk, by name (``fun_asr_nano`` or ``fun_asr_nano.yaml``); None if there is none."""
+    if "/" in name or "\\" in name:
+        return None
+    path = SHIPPED / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
+    return path if path.is_file() else None
+
+
+def shipped_names() -> list[str]:
+    return sorted(p.stem for p in SHIPPED.glob("*.yaml"))
+
+
 def read_yaml(path: Path, _seen: tuple = ()) -> dict:
     """A config file as a dict, its paths resolved; ``include: other.yaml`` pulls in a base file first."""
     if not path.is_file():
+        if not _seen and path.parent == Path(".") and path.suffix in ("", ".yaml", ".yml"):  # maybe a shipped name
+            import difflib
+
+            close = difflib.get_close_matches(path.stem, shipped_names(), n=1, cutoff=0.75)
+            raise ConfigError(f"config file {path} does not exist, nor a shipped config of that name "
+                              f"({', '.join(shipped_names())})" + (f"; did you mean {close[0]}?" if close else ""))
         raise ConfigError(f"config file {path} does not exist")
     if path.resolve() in _seen:
         raise ConfigError(f"{path}: include cycle")
     try:
         tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 ({e.reason} at byte {e.start + 1}); save it as UTF-8") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+        raise ConfigError(f"{path}{yaml_error(e)}") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model, data, train, ...)")
     _resolve_paths(tree, path.parent.resolve(), (PATH_KEYS - CWD_KEYS) & _flatten(tree))

@@ -192,3 +192,26 @@ def atomic_save(obj, path: Path, sync: bool = True) -> None:
 def write_json_atomic(obj, path: Path, sync: bool = True) -> None:
     with _atomic_file(path, sync, "w") as f:
         json.dump(obj, f, indent=1)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it (Linux: /proc; elsewhere set and restored at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def share_modes(folder: Path) -> None:
+    """The modes a folder made by hand would have: 0o755 folders and 0o644 files under the usual umask
+    (mkdtemp and mkstemp make 0o700 / 0o600, right for a temporary, wrong for a model folder people share)."""
+    mask = current_umask()
+    for p in [folder, *folder.rglob("*")]:
+        if p.is_symlink():
+            continue
+        p.chmod((0o777 if p.is_dir() else 0o666) & ~mask)

@@ -30,6 +30,15 @@ Run from the repository root::
 
     python tools/make_demo_data.py                 # writes data/demo
     python tools/make_demo_data.py --out /tmp/demo --seed 1234
+    python tools/make_demo_data.py --more 960      # adds audio/more/ and train_more.jsonl only
+
+``--more N`` leaves every file above as it is and adds N more training utterances: new sentences (in
+neither split), spoken by MORE_VARIANTS on MORE_ACCENTS (never a validation voice's variant) at a random
+pitch and rate, as Ogg/Vorbis (about 5 KB/s: FLAC would not fit the audio budget), under ``audio/more/``,
+and ``train_more.jsonl``: the 240 training lines followed by the N new ones. The same seed gives the same
+sentences, voices and decoded audio; the Ogg files are not byte-identical (sox gives each stream a random
+serial number). bench/results/demo-cpu.md has
+what it does to the demo's CER.
 """
 
 from __future__ import annotations
@@ -86,6 +95,15 @@ SPECIAL_TOKENS = (
     "</think>",
 )
 TOKENIZER_VOCAB_SIZE = 512
+
+# --more: many more voices (espeak-ng variants on several accents, a random pitch each), none of the
+# validation voices' variants (m4, f4, m6, klatt2).
+MORE_ACCENTS = ("en-us", "en", "en-gb-scotland", "en-gb-x-rp", "en-029", "en-us-nyc", "en-gb-x-gbclan", "en-gb-x-gbcwmd")
+MORE_VARIANTS = ("m1", "m2", "m3", "m5", "m7", "m8", "f1", "f2", "f3", "f5", "klatt", "klatt3", "klatt4", "adam", "alex",
+                 "andy", "annie", "benjamin", "david", "ed", "edward", "john", "linda", "max", "paul", "robert", "steph",
+                 "travis", "victor", "Andrea", "Mike", "belinda", "caleb", "grandma", "grandpa", "iven", "norbert", "quincy")
+MORE_RATE_RANGE = (140, 210)
+MORE_PITCH_RANGE = (25, 75)  # espeak-ng -p (default 50)
 
 # --------------------------------------------------------------------------
 # Sentences: words drawn independently and uniformly from a small closed
@@ -172,6 +190,45 @@ def plan_utterances(seed: int) -> list[Utterance]:
                 ext="wav" if is_wav else "flac",
             ))
     return utts
+
+
+def write_more(out: Path, seed: int, n: int) -> None:
+    """--more N: N more training utterances (Ogg/Vorbis) and train_more.jsonl; nothing else is touched."""
+    import soundfile as sf
+    from transformers import AutoTokenizer
+
+    if not (out / "train.jsonl").is_file():
+        sys.exit(f"error: {out}/train.jsonl is missing: make the base set first (without --more)")
+    rng = random.Random(f"extra-{seed}")
+    train, valid = make_sentences(seed)
+    seen = set(train) | set(valid)
+    sentences: list[str] = []
+    while len(sentences) < n:
+        s = random_sentence(rng)
+        if s not in seen:
+            seen.add(s)
+            sentences.append(s)
+    folder = out / "audio" / "more"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    tok = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
+    lines = (out / "train.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "espeak.wav"
+        for i, text in enumerate(sentences):
+            voice = f"{rng.choice(MORE_ACCENTS)}+{rng.choice(MORE_VARIANTS)}"
+            rate, pitch = rng.randint(*MORE_RATE_RANGE), rng.randint(*MORE_PITCH_RANGE)
+            run(["espeak-ng", "-v", voice, "-s", str(rate), "-p", str(pitch), "-w", str(raw), text])
+            path = folder / f"x{i:04d}.ogg"
+            run(["sox", "-D", str(raw), "-r", str(SAMPLE_RATE), "-c", "1", "-C", "-1", str(path), "gain", "-1",
+                 "silence", "1", "0.02", "0.3%", "reverse", "silence", "1", "0.02", "0.3%", "reverse", "pad", "0.05", "0.05"])
+            utt = Utterance("train", len(train) + i + 1, text, voice, rate, "ogg")
+            record = jsonl_record(utt, sf.info(str(path)).duration, len(tok.tokenize(text)))
+            record["messages"][1]["content"] = f"{USER_PROMPT}<|startofspeech|>!audio/more/{path.name}<|endofspeech|>"
+            lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+    write_text(out / "train_more.jsonl", "".join(lines))
+    size = sum(p.stat().st_size for p in folder.iterdir())
+    print(f"wrote {n} more training utterances ({size / 1e6:.2f} MB of Ogg/Vorbis) to {folder} and {out / 'train_more.jsonl'}")
 
 
 def run(cmd: list[str]) -> None:
@@ -423,10 +480,15 @@ def main() -> None:
     parser.add_argument("--out", default="data/demo", help="output folder (default: data/demo)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
                         help=f"random seed for sentences and rates (default: {DEFAULT_SEED})")
+    parser.add_argument("--more", type=int, default=0,
+                        help="add N more training utterances (audio/more/, train_more.jsonl) to an existing set")
     args = parser.parse_args()
     out = Path(args.out)
 
     check_tools()
+    if args.more:
+        write_more(out, args.seed, args.more)
+        return
     import soundfile as sf  # imported late so the tool check comes first
     from transformers import AutoTokenizer
 

@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import logging
+import os
 import re
 import sys
 import tempfile
@@ -29,7 +30,8 @@ TINY = ["model.encoder.output_size=32", "model.encoder.linear_units=64", "model.
         "model.llm.config.hidden_size=32", "model.llm.config.intermediate_size=64",
         "model.llm.config.num_attention_heads=2", "model.llm.config.num_key_value_heads=1",
         "model.llm.config.head_dim=16", "train.progress=false", "train.tensorboard=false", "diagnose.report=false",
-        "train.export_safetensors=false", "data.num_workers=0"]
+        "train.export=none", "data.num_workers=0",
+        "train.val_decode=0", "train.max_epochs=1"]
 
 
 def run(argv: list[str], tmp: Path, want: str = "err") -> tuple[str, int]:
@@ -43,7 +45,7 @@ def run(argv: list[str], tmp: Path, want: str = "err") -> tuple[str, int]:
             rc = e.code
     logging.getLogger("brisk").removeHandler(handler)
     text = {"err": err.getvalue(), "out": out.getvalue()}[want]
-    text = text.replace(str(tmp), "<tmp>").replace(str(REPO), "<repo>")
+    text = text.replace(str(tmp), "<tmp>").replace(str(REPO), "<repo>").replace(f"process {os.getpid()} ", "process <pid> ")
     return text, rc
 
 
@@ -93,9 +95,9 @@ def main_table() -> None:
          ["train", c, *TINY, f"train.output_dir={tmp}/fresh", "train.max_steps=1", "train.resume=true", "data.valid=null"],
          pick="nothing to resume", want="out", shown="brisk train configs/demo.yaml train.output_dir=<new folder> train.resume=true")
     case("resuming with a changed config",
-         ["train", c, *TINY, f"train.output_dir={run_dir}", "train.max_steps=3", "train.resume=true", "optim.lr=0.001",
+         ["train", c, *TINY, f"train.output_dir={run_dir}", "train.max_steps=3", "train.resume=true", "optim.lr=0.003",
           "data.valid=null"], pick="differs from the checkpoint", want="out",
-         shown="brisk train configs/demo.yaml train.output_dir=<a run folder> train.resume=true optim.lr=0.001")
+         shown="brisk train configs/demo.yaml train.output_dir=<a run folder> train.resume=true optim.lr=0.003")
 
     missing = list(demo)
     for i in (2, 5, 9):
@@ -126,6 +128,63 @@ def main_table() -> None:
                                                f"data.train={jsonl(tmp, 'corrupt.jsonl', [json.dumps(obj, ensure_ascii=False)])}"],
          shown="brisk train configs/demo.yaml data.train=<jsonl naming a corrupt wav>")
 
+    latin1 = tmp / "latin1.jsonl"
+    latin1.write_bytes(demo[0].encode() + b"\n" + demo[1].replace("语音转写", "Transcrição").encode("latin-1", "replace") + b"\n")
+    case("a jsonl that is not UTF-8", ["train", c, *TINY, f"train.output_dir={tmp}/n", f"data.train={latin1}"],
+         shown="brisk train configs/demo.yaml data.train=<jsonl with a Latin-1 line 2>")
+    case("a jsonl that is not UTF-8 (eval)", ["eval", str(run_dir), str(latin1)],
+         shown="brisk eval <run> <jsonl with a Latin-1 line 2>")
+    (tmp / "bad.yaml").write_text("train:\n  max_steps: 3\n  lr: [1, 2\nmodel:\n  x: 1\n", encoding="utf-8")
+    case("a YAML syntax error", ["train", str(tmp / "bad.yaml")], shown="brisk train <yaml with an unclosed [ on line 3>")
+    case("a config name that is not shipped", ["train", "fun_asr_nanoo"])
+    folder = list(demo)
+    (tmp / "folder.wav").mkdir()
+    folder[1] = folder[1].replace(folder[1].split("<|startofspeech|>!")[1].split("<|endofspeech|>")[0], str(tmp / "folder.wav"))
+    case("an audio path that is a folder", ["train", c, *TINY, f"train.output_dir={tmp}/f", f"data.train={jsonl(tmp, 'folder.jsonl', folder)}"],
+         shown="brisk train configs/demo.yaml data.train=<jsonl naming a folder>")
+    obj = json.loads(demo[0])
+    obj["messages"][-1]["content"] = " ".join(["red fox"] * 20)
+    obj["text_length"] = 5
+    case("a declared text_length far below the tokens", ["train", c, *TINY, f"train.output_dir={tmp}/t",
+                                                         f"data.train={jsonl(tmp, 'text.jsonl', [json.dumps(obj, ensure_ascii=False)])}"],
+         shown="brisk train configs/demo.yaml data.train=<jsonl: a 40-word answer declaring text_length 5>")
+    (tmp / "afile").write_text("x")
+    case("train.output_dir that is a file", ["train", c, *TINY, f"train.output_dir={tmp}/afile"],
+         shown="brisk train configs/demo.yaml train.output_dir=<a file>")
+    case("train.output_dir under /proc", ["train", c, *TINY, "train.output_dir=/proc/brisk_run"],
+         shown="brisk train configs/demo.yaml train.output_dir=/proc/brisk_run")
+    import errno
+    from unittest import mock
+
+    def read_only(self, *a, **k):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    with mock.patch.object(Path, "mkdir", read_only):  # a read-only mount needs privileges this tool should not take
+        case("train.output_dir on a read-only filesystem", ["train", c, *TINY, f"train.output_dir={tmp}/ro/run"],
+             shown="brisk train configs/demo.yaml train.output_dir=<a folder on a read-only mount> (simulated)")
+    from brisk.train.run_dir import run_lock
+
+    with run_lock(tmp / "busy"):  # another process training there (the lock is per open file: same effect)
+        case("a second run into a folder in use", ["train", c, *TINY, f"train.output_dir={tmp}/busy", "train.overwrite=true"],
+             shown="brisk train configs/demo.yaml train.output_dir=<a folder another brisk is training in> train.overwrite=true")
+    run(["train", c, *TINY, f"train.output_dir={tmp}/failed", f"data.train={tmp}/missing.jsonl"], tmp)
+    case("the same command after a failed start", ["train", c, *TINY, f"train.output_dir={tmp}/failed", "train.max_steps=1",
+                                                   "data.valid=null"], pick="never reached its first checkpoint", want="out",
+         shown="brisk train configs/demo.yaml train.output_dir=<folder of a start that failed on its data> (data fixed)")
+    import torch
+
+    class RunsACommand:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp}/MARKER",))
+
+    torch.save({"state_dict": {}, "x": RunsACommand()}, tmp / "evil.pt")
+    case("a model.pt that would run code when loaded", ["train", c, *TINY, f"train.output_dir={tmp}/e", f"model.init={tmp}/evil.pt"],
+         shown="brisk train configs/demo.yaml model.init=<a pickle that runs a command>")
+    torch.save({"state_dict": {"encoder.foo": torch.zeros(2)}}, tmp / "other.pt")
+    case("a model.pt of another model", ["train", c, *TINY, f"train.output_dir={tmp}/o", f"model.init={tmp}/other.pt"],
+         shown="brisk train configs/demo.yaml model.init=<a model.pt with other keys>")
+    run(["train", c, *TINY, f"train.output_dir={tmp}/x", "train.max_steps=1", "data.valid=null", "train.export=funasr"], tmp)
+    case("exporting over an existing export", ["export", f"{tmp}/x"], shown="brisk export <run whose training exported model-funasr>")
     case("a report of a folder that is not a run", ["report", str(tmp)], shown="brisk report <any folder>")
     case("probe compare without probe records", ["probe", "compare", str(run_dir), str(run_dir)],
          shown="brisk probe compare <run> <run> (trained without probe.enabled=true)")

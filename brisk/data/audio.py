@@ -18,7 +18,7 @@ class AudioError(ValueError):
 def read_audio(path: str, fs: int, notes: list[tuple[str, str]] | None = None) -> torch.Tensor:
     """-> float32 mono waveform [S] in [-1, 1] at ``fs`` Hz; each conversion done is appended to ``notes`` as (what, path)."""
     if not os.path.isfile(path):
-        raise AudioError(f"audio file {path} not found")
+        raise AudioError(f"audio file {path} is a folder, not a file" if os.path.isdir(path) else f"audio file {path} not found")
     try:
         data, rate = sf.read(path, dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError, OSError) as e:

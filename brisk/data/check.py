@@ -28,6 +28,12 @@ log = logging.getLogger("brisk")
 LENGTH_TOLERANCE = 0.10
 LENGTH_SLACK = 20
 SHOW = 3  # missing files named in the message
+# A transcript may hold more tokens than its declared text_length by this fraction, and at least TEXT_SLACK
+# tokens (the answer's <|im_end|>, think tags, tokenizers that count differently); any number fewer is fine
+# (text_length is an upper bound for batching). Beyond it batches silently overrun data.batch_tokens.
+TEXT_TOLERANCE = 0.25
+TEXT_SLACK = 8
+SHORT_FRAMES = 10  # clips under 0.1 s (10 ms frames) are counted as suspect: too short to say a word
 
 
 def check_audio_files(index: JsonlIndex, path: str | Path, skip_bad: bool) -> None:
@@ -35,15 +41,17 @@ def check_audio_files(index: JsonlIndex, path: str | Path, skip_bad: bool) -> No
     if not missing:
         return
     total = sum(len(u.audio_paths()) for u in index.utterances)
-    first = "; ".join(f"{u.source}: {p}" for u, p in missing[:SHOW])
+    folders = sum(os.path.isdir(p) for _, p in missing)
+    what = "do not exist" if not folders else "are folders, not files" if folders == len(missing) else "do not exist or are folders"
+    first = "; ".join(f"{u.source}: {p}" + (" (a folder)" if os.path.isdir(p) else "") for u, p in missing[:SHOW])
     if not skip_bad:
-        raise DataError(f"{path}: {len(missing)} of {total} audio files do not exist, first: {first} "
+        raise DataError(f"{path}: {len(missing)} of {total} audio files {what}, first: {first} "
                         "(set data.skip_bad=true to skip and count such lines)")
     bad = {id(u) for u, _ in missing}
     index.utterances = [u for u in index.utterances if id(u) not in bad]
     index.skipped += [f"{u.source}: audio file {p} not found" for u, p in missing]
-    log.warning("%s: %d of %d audio files do not exist; their %d lines are skipped (data.skip_bad=true), first: %s",
-                path, len(missing), total, len(bad), first)
+    log.warning("%s: %d of %d audio files %s; their %d lines are skipped (data.skip_bad=true), first: %s",
+                path, len(missing), total, what, len(bad), first)
 
 
 def fbank_frames(samples: int, fe: FrontendConfig) -> int:
@@ -60,3 +68,42 @@ def check_declared_length(utt: Utterance, path: str, samples: int, fe: FrontendC
         raise DataError(f"{utt.source}: speech_length={declared} but audio file {path} is {real} frames "
                         f"({samples / fe.fs:.1f} s); allowed: within {LENGTH_TOLERANCE:.0%} or {LENGTH_SLACK} frames; "
                         "fix speech_length (10 ms frames) in the jsonl")
+
+
+def check_declared_text_length(utt: Utterance, labels: list[int]) -> None:
+    """The tokens the loss sees (labels other than -100) against the declared text_length (single-turn lines
+    that declare one; a multi-turn line's total is FunASR's own business)."""
+    declared = utt.text_length
+    if declared <= 0 or len(utt.assistant) != 1:
+        return
+    real = sum(1 for x in labels if x != -100)
+    if real > declared + max(TEXT_SLACK, TEXT_TOLERANCE * declared):
+        raise DataError(f"{utt.source}: text_length={declared} but the answer is {real} tokens (with <|im_end|>); "
+                        f"allowed: up to {TEXT_TOLERANCE:.0%} or {TEXT_SLACK} tokens more (fewer is fine: an upper "
+                        "bound); fix text_length (tokens) in the jsonl")
+
+
+def suspect_reason(utt: Utterance) -> str | None:
+    """Why a line that parses may still be a mistake: an empty transcript, a clip under 0.1 s."""
+    if not any(a.strip() for a in utt.assistant):
+        return f"{utt.source}: empty transcript"
+    if utt.speech_length < SHORT_FRAMES:
+        return f"{utt.source}: speech_length={utt.speech_length} frames, under {SHORT_FRAMES * 10} ms"
+    return None
+
+
+def check_suspects(index: JsonlIndex, path: str | Path, skip_bad: bool) -> None:
+    """Empty transcripts and very short clips: one warning with their count, or (data.skip_bad) skipped."""
+    found = [(u, r) for u in index.utterances if (r := suspect_reason(u))]
+    if not found:
+        return
+    empty = sum("empty transcript" in r for _, r in found)
+    what = f"{empty} with an empty transcript, {len(found) - empty} shorter than {SHORT_FRAMES * 10} ms"
+    if skip_bad:
+        bad = {id(u) for u, _ in found}
+        index.utterances = [u for u in index.utterances if id(u) not in bad]
+        index.skipped += [r for _, r in found]
+        log.warning("%s: skipped %d suspect lines (data.skip_bad=true): %s; first: %s", path, len(found), what, found[0][1])
+    else:
+        log.warning("%s: %d suspect lines kept (%s; first: %s); data.skip_bad=true skips them",
+                    path, len(found), what, found[0][1])

@@ -16,7 +16,7 @@ import torch
 from ..config import FrontendConfig
 from ..formats.funasr import audio_token_count
 from .audio import AudioError, read_audio
-from .check import check_declared_length
+from .check import check_declared_length, check_declared_text_length
 from .features import Frontend
 from .jsonl import DataError, Utterance
 from .prompt import PromptBuilder, Tokens
@@ -79,6 +79,7 @@ class SpeechDataset(torch.utils.data.Dataset):
         # Drawn after the features, so the dither is the same with or without a context header.
         rng = random.Random(int(torch.randint(2**62, (), generator=gen)))
         tokens = self.builder.build(utt, [f.shape[0] for f in feats], rng)
+        check_declared_text_length(utt, tokens.labels)
         return Sample(utt.key, feats[: len(tokens.audio_slots)], tokens, notes=notes)
 
 

@@ -70,6 +70,14 @@ def _resolve(turn: str, base: Path) -> str:
     return SPEECH.sub(fix, turn)
 
 
+def decode_line(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the line: {e.reason}); "
+                        "save the file as UTF-8") from None
+
+
 def parse_line(text: str, where: str, base: Path) -> Utterance:
     try:
         obj = json.loads(text)
@@ -123,13 +131,13 @@ def read_jsonl(path: str | Path, *, max_speech_length: int, max_text_length: int
     if not path.is_file():
         raise DataError(f"data file {path} does not exist")
     index = JsonlIndex([])
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
+    with path.open("rb") as f:  # bytes: a line that is not UTF-8 is named, not a UnicodeDecodeError traceback
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
                 continue
             where = f"{path}:{n}"
             try:
-                utt = parse_line(line, where, path.parent)
+                utt = parse_line(decode_line(raw, where), where, path.parent)
                 if utt.speech_length <= 0:
                     raise DataError(f"{where}: speech_length={utt.speech_length}: zero-length audio")
                 if utt.speech_length > max_speech_length:
@@ -143,9 +151,10 @@ def read_jsonl(path: str | Path, *, max_speech_length: int, max_text_length: int
                 index.skipped.append(str(e))
                 continue
             index.utterances.append(utt)
-    if check_audio:
-        from .check import check_audio_files
+    from .check import check_audio_files, check_suspects
 
+    check_suspects(index, path, skip_bad)
+    if check_audio:
         check_audio_files(index, path, skip_bad)
     if not index.utterances:
         raise DataError(f"{path}: no usable utterances")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 from collections import Counter
 from dataclasses import dataclass
 
@@ -89,8 +90,15 @@ def build_split(cfg: Config, which: str, collator: Collator, vocab_size: int, ra
         dataset, batch_sampler=sampler, collate_fn=collator, num_workers=workers,
         pin_memory=d.pin_memory and torch.cuda.is_available(), generator=gen,
         prefetch_factor=4 if workers else None, persistent_workers=workers > 0,
+        worker_init_fn=ignore_sigint if workers else None,
     )
     return Split(dataset, sampler, NotedLoader(loader, which), skipped)
+
+
+def ignore_sigint(_worker_id: int) -> None:
+    """Ctrl-C reaches every process of the terminal's group; the training process decides what it means
+    (brisk.train.stop: finish the step, save), so a worker must not die of it and fail the loader first."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class NotedLoader:

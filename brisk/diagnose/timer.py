@@ -43,7 +43,7 @@ class StepTimer:
         key = batch.shape_key()
         self.current = {"step": step, "epoch": epoch, "data": data_wait, "shape": batch.shape,
                         "new_shape": key not in self.seen_shapes, "events": self.between, "marks": [("start", self._stamp())],
-                        "host_start": time.perf_counter(), "counters0": counters}
+                        "host_start": time.perf_counter(), "cpu_start": time.process_time(), "counters0": counters}
         self.seen_shapes.add(key)
         self.between = {}
         if self.cuda:
@@ -65,6 +65,7 @@ class StepTimer:
         if rec is None:
             return []
         rec["host_end"] = time.perf_counter()
+        rec["cpu_end"] = time.process_time()  # this process's CPU seconds (all threads): against host, contention
         rec["counters1"] = counters
         if self.cuda:
             rec["mem_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
@@ -103,7 +104,7 @@ class StepTimer:
             "step": rec["step"], "epoch": rec["epoch"],
             "total": rec["data"] + compute + extra,
             "data": rec["data"], "compute": compute, **phases,
-            "host": rec["host_end"] - rec["host_start"],
+            "host": rec["host_end"] - rec["host_start"], "cpu": rec["cpu_end"] - rec["cpu_start"],
             "events": rec["events"], "shape": rec["shape"], "new_shape": rec["new_shape"],
             "compiles": c1.get("graphs", 0) - c0.get("graphs", 0),
             "gc": c1.get("gc_seconds", 0.0) - c0.get("gc_seconds", 0.0),

@@ -53,13 +53,14 @@ def recognizer(cfg: Config, model, tokenizer, device: str = "cpu", **kw) -> Reco
 
 
 def score(keys: list[str], refs: list[str], hyps: list[str]) -> tuple[list[dict], dict]:
-    """Per-utterance rows (key, ref, hyp, errors) and the corpus summary; the summary's CER and WER are
-    jiwer's over the whole lists, and equal the per-utterance edits summed over the reference lengths."""
+    """Per-utterance rows (key, ref, hyp, errors; ``empty_ref`` where the reference is empty after
+    normalisation) and the corpus summary: the per-utterance edits summed over the reference lengths
+    (brisk.eval.metrics.corpus_rates)."""
     rows = []
     for k, r, h in zip(keys, refs, hyps):
         e = errors(r, h)
         rows.append({"key": k, "ref": r, "hyp": h, "char_errors": e.char_errors, "chars": e.chars,
-                     "word_errors": e.word_errors, "words": e.words})
+                     "word_errors": e.word_errors, "words": e.words, **({"empty_ref": True} if e.chars == 0 else {})})
     summary = {"utterances": len(rows), **corpus_rates(refs, hyps),
                "char_errors": sum(r["char_errors"] for r in rows), "chars": sum(r["chars"] for r in rows),
                "word_errors": sum(r["word_errors"] for r in rows), "words": sum(r["words"] for r in rows)}
@@ -115,6 +116,8 @@ def pick_device(name: str) -> str:
 
 # ------------------------------------------------------------------------------------------ verbs
 def eval_main(args) -> int:
+    from ..formats.run_folder import describe_weights, folder_kind
+
     device = pick_device(args.device)
     cfg, model, tok, w = load_run(args.model, args.weights, device)
     if cfg.task == "chat":
@@ -122,12 +125,18 @@ def eval_main(args) -> int:
 
         return chat_eval_main(args, cfg, model, tok, w, device)
     keys, paths, refs = read_eval_set(args.data, cfg)
+    run = Path(args.model)
+    which = describe_weights(run, w, cfg.train.keep_metric) if folder_kind(run) == "run" else f"weights: {w or run}"
+    print(which, flush=True)
     out = Path(args.out) if args.out else (Path(args.model) / "eval" / f"{Path(args.data).stem}.jsonl")
     rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
                      fast_compile=args.fast_compile)
     rows, s = evaluate(rec, keys, paths, refs, out, args.batch_size)
-    print(f"model: {args.model} (weights {w}); data: {args.data}")
+    print(f"model: {args.model} ({which}); data: {args.data}")
     print(summary_table(s))
+    if s["empty_refs"]:
+        print(f"{s['empty_refs']} utterance(s) have an empty reference (nothing left after normalisation): each "
+              f"character of their hypotheses counts as an insertion; they are flagged empty_ref in {out}")
     print(f"decoding: {s['utts_per_s']:.2f} utterances/s, real-time factor {s['rtf']:.4f} "
           f"({s['seconds']:.1f} s for {s['audio_seconds']:.1f} s of audio, batch {s['batch_size']}, greedy, "
           f"{s['decoder']})")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import load_config
+from ..config import ConfigError, load_config
 from ..data.loader import load_tokenizer
 from ..formats.run_folder import folder_kind, run_weights
 from ..models.build import build_model, read_state_dict
@@ -34,7 +34,7 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", ove
             own = model.state_dict()
             unknown = sorted(set(state) - set(own))
             if unknown:
-                raise RuntimeError(f"{weights}: {len(unknown)} keys the run's model lacks (e.g. {unknown[:3]})")
+                raise ConfigError(f"{weights}: {len(unknown)} keys the run's model lacks (e.g. {unknown[:3]})")
             model.load_state_dict(state, strict=False)
             log.info("loaded %d tensors from %s", len(state), weights)
     else:

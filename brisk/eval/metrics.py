@@ -10,6 +10,12 @@ normalize(text), applied to references and hypotheses alike:
 WER compares the space-separated words of that text. CER compares its characters with all spaces removed,
 so Chinese (written without spaces) and English are scored alike and a space is never an error.
 Corpus CER/WER = total edits (substitutions + deletions + insertions) / total reference characters (words).
+
+Empty references (nothing left after normalisation) are kept, not dropped: such an utterance has no
+characters to get wrong, so every character (word) of its hypothesis is an insertion, added to the edits
+while adding nothing to the reference length. A set whose references are all empty has a rate of 0 when
+the hypotheses are empty too, and of infinity otherwise. `brisk eval` flags such utterances (``empty_ref``)
+and says how many there are.
 """
 
 from __future__ import annotations
@@ -57,13 +63,15 @@ def errors(ref: str, hyp: str) -> Errors:
     return Errors(nw, ew, nc, ec)
 
 
+def rate(edits: int, length: int) -> float:
+    """edits / length; over an empty reference: 0 without edits, infinity with some."""
+    return edits / length if length else (0.0 if edits == 0 else float("inf"))
+
+
 def corpus_rates(refs: list[str], hyps: list[str]) -> dict:
-    """Corpus CER and WER computed by jiwer on the whole normalised lists at once."""
-    r = [normalize(x) for x in refs]
-    h = [normalize(x) for x in hyps]
-    keep = [i for i, x in enumerate(r) if x]  # jiwer refuses empty references
-    if not keep:
-        return {"cer": 0.0, "wer": 0.0}
-    rr, hh = [r[i] for i in keep], [h[i] for i in keep]
-    return {"cer": jiwer.cer([x.replace(" ", "") for x in rr], [x.replace(" ", "") for x in hh]),
-            "wer": jiwer.wer(rr, hh)}
+    """Corpus CER and WER over every utterance, empty references included (their hypotheses are insertions);
+    for the non-empty ones alone this is jiwer's corpus CER/WER of the whole normalised lists."""
+    es = [errors(r, h) for r, h in zip(refs, hyps)]
+    return {"cer": rate(sum(e.char_errors for e in es), sum(e.chars for e in es)),
+            "wer": rate(sum(e.word_errors for e in es), sum(e.words for e in es)),
+            "empty_refs": sum(e.chars == 0 for e in es)}

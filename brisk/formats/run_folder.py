@@ -51,3 +51,15 @@ def run_weights(run_dir: Path, which: str | None = None, metric: str = "loss") -
                 return p
     raise FileNotFoundError(f"{run_dir}: no weights ({'checkpoints/' if which else 'checkpoints/ or model-funasr/model.pt'})")
 
+
+def describe_weights(run_dir: Path, used: Path | None, metric: str = "loss") -> str:
+    """Which weights a run's evaluation used, and which checkpoint is the best by validation ``metric``."""
+    folder = run_dir / "checkpoints"
+    index = json.loads((folder / "index.json").read_text()) if (folder / "index.json").is_file() else {}
+    scored = ranked({n: e for n, e in index.items() if (folder / n).is_file()}, metric)
+    if not scored:
+        return f"weights: {used} (no checkpoint has a validation {metric} to rank by)"
+    best, value = folder / scored[0], index[scored[0]][f"val_{metric}"]
+    if used is not None and Path(used).resolve() == best.resolve():
+        return f"weights: {used} (the best checkpoint by validation {metric}, {value:.4f})"
+    return f"weights: {used}; the best checkpoint by validation {metric} ({value:.4f}) is {best} (--weights best)"

@@ -17,8 +17,9 @@ from ..adapters.lora import apply_lora, is_lora_key, load_lora_weights
 from ..config import ConfigError, ModelConfig
 from ..files import file_sha256
 from ..formats.hf import is_hf_folder
-from .hf_native import from_hf, load_hf_weights
+from ..safe_load import load_torch_file
 from .causal_lm import ChatLM
+from .hf_native import from_hf, load_hf_weights
 from .speech_llm import SpeechLLM
 
 log = logging.getLogger("brisk")
@@ -171,7 +172,7 @@ def _load_hf_llm_weights(model: SpeechLLM, folder: Path) -> None:
     missing, unexpected = model.llm.load_state_dict(state, strict=False)
     missing = [k for k in missing if k != "lm_head.weight" and not is_lora_key(k)]  # tied; adapters start fresh
     if missing or unexpected:
-        raise RuntimeError(f"{folder}: LLM weights do not match the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise ConfigError(f"{folder}: LLM weights do not match the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
     log.info("loaded LLM weights from %s", folder)
 
 
@@ -180,17 +181,12 @@ FROZEN_REF_KEY = "frozen_ref"  # a checkpoint's reference to frozen weights stor
 
 
 def read_checkpoint(path: Path) -> dict:
-    """torch.load a checkpoint; frozen weights it references are verified (sha256) and merged back.
+    """Read a checkpoint (as data: brisk.safe_load); frozen weights it references are verified (sha256) and merged back.
 
     The reference names a file beside the checkpoint; a missing file or a different hash is an error,
     never a silent partial load.
     """
-    try:  # mmap: tensors are read from the page cache when they are copied, not all up front
-        obj = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except RuntimeError as e:
-        if "mmap" not in str(e):  # only the legacy (pre-zip) format cannot be mapped
-            raise
-        obj = torch.load(path, map_location="cpu", weights_only=False)
+    obj = load_torch_file(path)  # data only: a file that needs code to load is refused (brisk.safe_load)
     ref = obj.pop(FROZEN_REF_KEY, None) if isinstance(obj, dict) else None
     if ref is None:
         return obj
@@ -199,7 +195,7 @@ def read_checkpoint(path: Path) -> dict:
         raise ConfigError(f"{path}: references frozen weights {frozen}, which do not exist (copy them beside it)")
     if file_sha256(frozen) != ref["sha256"]:
         raise ConfigError(f"{path}: frozen weights {frozen} do not match the checkpoint's hash (changed or damaged)")
-    weights = torch.load(frozen, map_location="cpu", weights_only=True, mmap=True)
+    weights = load_torch_file(frozen)
     if sorted(weights) != sorted(ref["keys"]):
         raise ConfigError(f"{path}: frozen weights {frozen} hold other keys than the checkpoint references")
     merged = {**obj["state_dict"], **weights}
@@ -226,7 +222,7 @@ def _check_shapes(model: nn.Module, state: dict, path: Path) -> None:
     own = model.state_dict()
     for k, v in state.items():
         if k in own and own[k].shape != v.shape:
-            raise RuntimeError(f"{path}: {k} has shape {tuple(v.shape)}, the model expects {tuple(own[k].shape)}")
+            raise ConfigError(f"{path}: {k} has shape {tuple(v.shape)}, the model expects {tuple(own[k].shape)}")
 
 
 def load_weights(model: nn.Module, path: Path, state: dict[str, torch.Tensor] | None = None) -> None:
@@ -243,9 +239,9 @@ def load_weights(model: nn.Module, path: Path, state: dict[str, torch.Tensor] | 
     if missing or unexpected:
         if any(is_lora_key(k) for k in unexpected):
             first = next(k for k in unexpected if is_lora_key(k))
-            raise RuntimeError(f"{path}: holds LoRA adapters ({first}, ...) the model has not: set model.llm.lora "
-                               "(enabled=true, the r and target_modules they were trained with)")
-        raise RuntimeError(
+            raise ConfigError(f"{path}: holds LoRA adapters ({first}, ...) the model has not: set model.llm.lora "
+                              "(enabled=true, the r and target_modules they were trained with)")
+        raise ConfigError(
             f"{path}: keys do not match the model built from the config: "
             f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
             "Check model.encoder/adaptor/ctc/llm sizes against the checkpoint."

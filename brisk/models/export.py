@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from ..config import Config, ConfigError
-from ..files import SYNCER, ensure_free, fsync_dir, fsync_file, no_crc32, tensor_bytes
+from ..files import SYNCER, ensure_free, fsync_dir, fsync_file, no_crc32, share_modes, tensor_bytes
 
 log = logging.getLogger("brisk")
 
@@ -53,6 +53,7 @@ def export_folder(model, cfg: Config, out: str | Path, fmt: str = "funasr", dtyp
         with no_crc32():
             writer(model, cfg, state, tmp, dtype, tokenizer)
         _write_readme(tmp, fmt, dtype, cfg)
+        share_modes(tmp)  # mkdtemp made it 0o700: a model folder is for sharing
         if sync:  # torch.save and save_file do not fsync: the data is on disk before the rename
             for f in tmp.rglob("*"):
                 if f.is_file():
@@ -227,6 +228,19 @@ def _write_hf(model, cfg: Config, state: dict, out: Path, dtype: str, tokenizer)
 
 
 # ------------------------------------------------------------------------------------------ README
+def _spliced(cfg: Config) -> str:
+    """Which adaptor outputs reach the LLM, as this model was trained (model.adaptor.use_low_frame_rate)."""
+    if cfg.model.adaptor.use_low_frame_rate:
+        return "the first ~L/8 adaptor outputs (L: LFR frames; model.adaptor.use_low_frame_rate true)"
+    return "every adaptor output, one per LFR frame (model.adaptor.use_low_frame_rate false)"
+
+
+def _processor_gap(cfg: Config) -> str:
+    if cfg.model.adaptor.use_low_frame_rate:
+        return "it inserts one audio token per LFR frame (training: ~1/8 of them)"
+    return "its audio token count follows its own rule (training: one per LFR frame), so check it matches"
+
+
 def _write_readme(out: Path, fmt: str, dtype: str, cfg: Config) -> None:
     if cfg.task == "chat":
         from .chat_export import chat_readme
@@ -251,11 +265,11 @@ brisk loads it back with `model.path=<this folder>`. Weights: `model.safetensors
 if the run had one, is not part of this class).
 
 Which runtime behaves like training: brisk, FunASR (the `funasr` export), and this class only when it is fed
-FunASR's features and FunASR's splicing (`brisk.models.hf_native.native_inputs_embeds`: the first ~L/8 adaptor
-outputs of each utterance into the prompt's audio slots, features from audio scaled to the int16 range), with
+FunASR's features and FunASR's splicing (`brisk.models.hf_native.native_inputs_embeds`: {_spliced(cfg)}
+of each utterance into the prompt's audio slots, features from audio scaled to the int16 range), with
 `model.model.multi_modal_projector.config._attn_implementation` set (left unset, padded frames are not masked in
-the adaptor). The native processor differs from training: it inserts one audio token per LFR frame and its
-feature extractor uses unit-scale audio. The model was trained {header}.
+the adaptor). The native processor differs from training: {_processor_gap(cfg)} and its feature extractor uses unit-scale
+audio. The model was trained {header}.
 """
     (out / "README.md").write_text(body, encoding="utf-8")
 

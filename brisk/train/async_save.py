@@ -194,10 +194,21 @@ class AsyncCheckpointer:
         for job in self.done:
             job["exit_wait"] = waited  # the last write, waited for at the end of the run
         self.drain()
-        if self.sizes:
-            log.info("checkpoints: %d files, %s on disk (%s)", len(self.sizes), gb(sum(self.sizes.values())),
-                     ", ".join(f"{n} {gb(s)}" for n, s in sorted(self.sizes.items())))
+        on_disk = self.on_disk() if self.sizes else {}  # the run's, not only this process's
+        if on_disk:
+            log.info("checkpoints: %d files, %s on disk (%s)", len(on_disk), gb(sum(on_disk.values())),
+                     ", ".join(f"{n} {gb(s)}" for n, s in sorted(on_disk.items())))
         return waited
+
+    def on_disk(self) -> dict[str, int]:
+        """Bytes of each checkpoint (and frozen-weights) file in the folder now."""
+        out = {}
+        for p in self.ckpts.dir.glob("*.pt"):
+            try:
+                out[p.name] = p.stat().st_size
+            except FileNotFoundError:  # pruned meanwhile
+                pass
+        return out
 
     def _raise(self) -> None:
         if self.error is not None:
@@ -240,8 +251,7 @@ class AsyncCheckpointer:
             path = self.ckpts.save(snap, step, val, sync=not self.asynchronous)  # async: fsynced in the background
             job["write"] = time.perf_counter() - t0
             job["bytes"] = path.stat().st_size
-            self.sizes = {n: s for n, s in self.sizes.items() if (self.ckpts.dir / n).exists()}
-            self.sizes[path.name] = job["bytes"]
+            self.sizes = {**self.on_disk(), path.name: job["bytes"]}  # a resumed run's earlier files too
             job["footprint"] = sum(self.sizes.values())
             log.info("saved %s (%s, written in %.1f s; checkpoints on disk %s)", path, gb(job["bytes"]),
                      job["write"], gb(job["footprint"]))

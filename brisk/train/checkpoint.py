@@ -25,12 +25,16 @@ from ..formats.run_folder import ranked
 
 from ..files import atomic_save, gb, tensor_bytes, write_json_atomic
 from ..models.build import STALE_TEMPS
+from ..safe_load import UnsafeFileError, load_torch_file
 
 log = logging.getLogger("brisk")
 
 
 def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """Every generator's state as tensors and plain values, so a checkpoint loads with weights_only=True."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    numpy = (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -43,7 +47,9 @@ def rng_state() -> dict:
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, *rest = state["numpy"]  # keys: a tensor (plain values), or numpy's array in older checkpoints
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else keys
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -116,8 +122,10 @@ class Checkpoints:
         with a warning, for the one before it."""
         for name in sorted((n for n in self.index if (self.dir / n).exists()), reverse=True):
             try:
-                torch.load(self.dir / name, map_location="cpu", weights_only=False, mmap=True)
+                load_torch_file(self.dir / name)
                 return self.dir / name
+            except UnsafeFileError:
+                raise  # whole, but not plain data: never fall back past it silently
             except Exception as e:  # noqa: BLE001 - any reader error means the file is not whole
                 log.warning("%s is incomplete (%s: %s); trying the checkpoint before it", self.dir / name,
                             type(e).__name__, str(e).splitlines()[0] if str(e) else "")

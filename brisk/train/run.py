@@ -25,6 +25,8 @@ from .assemble import Parts, assemble, start_process, step_function, step_hooks,
 from .async_save import AsyncCheckpointer
 from .checkpoint import Checkpoints, disk_footprint
 from .trainer import Position, Trainer, resume
+from .stop import StopOnSignal
+from .threads import pick_threads
 
 log = logging.getLogger("brisk")
 
@@ -70,6 +72,9 @@ def build_trainer(cfg: Config) -> Trainer:
     run_dir = Path(broadcast_from_rank0(str(run_dir) if run_dir is not None else None))
     run_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(run_dir, rank)
+    threads = pick_threads(cfg, ranks.device)
+    if threads:
+        log.info(threads)
 
     parts = assemble(cfg, ranks)
     cfg = parts.cfg  # the effective config: what the plan resolved for this device is what the run saves
@@ -158,6 +163,14 @@ def finish_report(proc: subprocess.Popen) -> None:
 
 
 def train(cfg: Config) -> dict:
+    """Train while holding the run folder's lock (brisk.train.run_dir.run_lock)."""
+    rank = int(os.environ.get("RANK", "0"))
+    setup_logging(None, rank)  # what is said before the run folder is ready (a cleared failed start) is shown too
+    with run_dirs.run_lock(cfg.train.output_dir, rank):
+        return _train(cfg)
+
+
+def _train(cfg: Config) -> dict:
     export = cfg.train.export
     if export == "hf":  # fail now, not after the run, if the native class cannot hold this model
         from ..models.hf_native import check_exportable
@@ -167,10 +180,13 @@ def train(cfg: Config) -> dict:
     if export != "none" and not (cfg.data.tokenizer or cfg.model.llm.path):
         log.warning("train.export=%s skipped: a model folder needs a tokenizer (data.tokenizer or model.llm.path)", export)
         export = "none"
-    try:
-        result = trainer.fit()  # the final checkpoint is written here, before any export
-    finally:
-        trainer.close_data()
+    with StopOnSignal(enabled=not torch.distributed.is_initialized()) as stop:
+        try:
+            result = trainer.fit(stop)  # the final checkpoint is written here, before any export
+        finally:
+            trainer.close_data()
+    if stop.requested:  # Ctrl-C or pre-emption: the checkpoint is on disk; no export, no report, exit soon
+        return result
     run_dir = trainer.run_dir
     if torch.distributed.is_initialized():
         torch.distributed.barrier()  # every rank's steps file is complete before rank 0 writes the report

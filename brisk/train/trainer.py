@@ -59,12 +59,14 @@ class Trainer:
     trap: str | None = None  # the cuDNN plan-build explanation for this machine (acceleration_state has it)
     saved_step: int = -1
     phases: dict = field(default_factory=dict)  # seconds spent between/around steps: validation, checkpoint, gc
+    stop: object | None = None  # brisk.train.stop.StopOnSignal: a SIGINT/SIGTERM ends the run after the step
 
     def __post_init__(self):
         c = self.cfg
         rank = "" if self.rank == 0 else f".rank{self.rank}"  # every rank logs its slow steps; the report merges them
         self.detector = SlowStepDetector(c.diagnose.slow_factor, c.diagnose.warmup_steps, c.diagnose.window,
-                                         self.trap, self.run_dir / f"slow_steps{rank}.jsonl")
+                                         self.trap, self.run_dir / f"slow_steps{rank}.jsonl",
+                                         cpu_device=self.device.type == "cpu")
         self.gcwatch = GCWatch()
         self.monitor = Monitor(self.run_dir, self.total_steps(), every=c.train.log_every, progress=c.train.progress,
                                tensorboard=c.train.tensorboard, rank=self.rank)
@@ -96,8 +98,9 @@ class Trainer:
         return {**compile_counters(), "gc_seconds": self.gcwatch.seconds}
 
     # ------------------------------------------------------------------------------------ the loop
-    def fit(self) -> dict:
+    def fit(self, stop=None) -> dict:
         c = self.cfg.train
+        self.stop = stop
         self.parts.accel.train_mode()
         log.info("training from step %d (epoch %d)", self.pos.step, self.pos.epoch)  # the first step's start, in train.log
         with run_scope(self.cfg.speed):
@@ -112,9 +115,10 @@ class Trainer:
                         break
                 else:
                     self.end_epoch()
-            if self.saved_step != self.pos.step:  # stopped by max_steps inside an epoch
-                self.timed("validation", self.validate)
-                if c.save_final:
+            if self.saved_step != self.pos.step:  # stopped by max_steps (or a signal) inside an epoch
+                if not self.signalled():
+                    self.timed("validation", self.validate)
+                if c.save_final or self.signalled():
                     self.timed("checkpoint", self.save)
         return self.finish()
 
@@ -128,7 +132,10 @@ class Trainer:
         return c.max_steps >= max(1, len(self.train.sampler.batches(0)) // c.accum_grad)  # an epoch ends first
 
     def done(self) -> bool:
-        return bool(self.cfg.train.max_steps) and self.pos.step >= self.cfg.train.max_steps
+        return (bool(self.cfg.train.max_steps) and self.pos.step >= self.cfg.train.max_steps) or self.signalled()
+
+    def signalled(self) -> bool:
+        return self.stop is not None and self.stop.requested
 
     def groups(self, loader):
         """Yield (batches for one optimizer step, seconds waited for them); skips batches left empty by skip_bad."""
@@ -319,8 +326,11 @@ class Trainer:
             log.warning("data.skip_bad: skipped %d bad samples and %d bad jsonl lines in training",
                         self.pos.bad_samples, len(self.train.skipped_lines))
         return {"step": self.pos.step, "history": self.pos.history, "slow_steps": self.detector.slow,
+                "slow_in_run": self.detector.run_total(),
                 "bad_samples": self.pos.bad_samples, "bad_lines": len(self.train.skipped_lines),
-                "last": self.monitor.last, "transcripts": self.decoder.last_rows if self.decoder else []}
+                "last": self.monitor.last, "transcripts": self.decoder.last_rows if self.decoder else [],
+                "stopped_by": self.stop.signum if self.signalled() else None,
+                "checkpoint": self.ckpts.latest() if self.ckpts else None}
 
 
 def resume(parts: Parts, path: Path) -> Position:

@@ -1,0 +1,29 @@
+"""How many threads torch computes with on the CPU device, against the DataLoader's workers and the cores.
+
+torch's default is one intra-op thread a core. Its OpenMP threads meet at a barrier after every parallel op,
+so when another process (or this run's own DataLoader workers) takes one core, every op waits for the
+thread that lost its core: on a 2-core machine with one other busy process, the demo's steps were 20 times
+slower. ``train.cpu_threads=0`` leaves a core to each worker (the usable cores less data.num_workers, at
+least 1): fewer threads, but none of them waits on a stolen core. GPU runs keep torch's default.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import Config
+from ..diagnose.slow import usable_cores
+
+
+def pick_threads(cfg: Config, device: torch.device, cores: int | None = None) -> str | None:
+    """Set torch's intra-op threads for a CPU run; returns the note to log (None: torch's default kept)."""
+    want, workers = cfg.train.cpu_threads, cfg.data.num_workers
+    cores = cores or usable_cores()
+    if device.type != "cpu" or want == -1:
+        return None if device.type != "cpu" else (
+            f"threads: torch's default, {torch.get_num_threads()} intra-op threads on {cores} usable cores with "
+            f"{workers} DataLoader worker(s) (train.cpu_threads=0 leaves the workers their cores)")
+    n = want or max(1, cores - workers)
+    torch.set_num_threads(n)
+    why = "train.cpu_threads" if want else f"auto: {cores} usable cores less {workers} DataLoader worker(s)"
+    return f"threads: {n} intra-op thread(s) ({why})"
