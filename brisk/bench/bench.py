@@ -153,6 +153,11 @@ def _runs(b, configs, stream, results, extra) -> float | None:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+            # Each run compiles afresh, as its own `brisk train` process would: on the H200 the later compiled arms
+            # of a process ran without their compiled code (bench/LOG.md, round 3). Unverified as the fix.
+            import torch._dynamo
+
+            torch._dynamo.reset()
     return flops
 
 
