@@ -22,6 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+import torch._dynamo
 
 from ..config import Config, _merge, _set_dotted, build, parse_override
 from ..plan import check_rules, expand_preset
@@ -155,8 +156,6 @@ def _runs(b, configs, stream, results, extra) -> float | None:
                 torch.cuda.empty_cache()
             # Each run compiles afresh, as its own `brisk train` process would: on the H200 the later compiled arms
             # of a process ran without their compiled code (bench/LOG.md, round 3). Unverified as the fix.
-            import torch._dynamo
-
             torch._dynamo.reset()
     return flops
 
