@@ -19,13 +19,13 @@ Without autograd (validation, decoding) the layer runs plainly.
 
 from __future__ import annotations
 
-import copy
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..config import ModelConfig
+from ..models.swap import swapped
 
 _CLASSES: dict[type, type] = {}
 
@@ -60,11 +60,7 @@ def draws_random(layer: nn.Module) -> bool:
 def checkpointed(layer: nn.Module) -> nn.Module:
     """A module equal to ``layer`` (same attributes, the same submodule, parameter and buffer objects) whose
     forward is checkpointed. ``layer`` itself is left as it was."""
-    new = checkpointed_class(type(layer)).__new__(checkpointed_class(type(layer)))
-    # Own registries and hook tables (the same objects in them): registering something on one module later
-    # does not touch the other.
-    new.__dict__.update({k: copy.copy(v) if isinstance(v, (dict, set, list)) else v for k, v in layer.__dict__.items()})
-    return new
+    return swapped(layer, checkpointed_class(type(layer)))
 
 
 def is_checkpointed(module: nn.Module) -> bool:

@@ -4,8 +4,8 @@ At a few hundred rows a step each projection is a small GEMM whose time is launc
 With the weights concatenated (a copy of a few MB a layer, each step) q/k/v take one GEMM forward and two
 backward instead of three and six, gate/up one and two instead of two and four.
 
-Applied as module swaps: each layer's attention and MLP becomes an instance of a subclass of its own class
-(``fused_class``) that holds the very same child modules, so the parameters, state dict, optimizer state,
+Applied as module swaps (brisk/models/swap.py): each layer's attention and MLP becomes an instance of a subclass
+of its own class that holds the very same child modules, so the parameters, state dict, optimizer state,
 checkpoints and exports are the same with the switch on or off. The subclass's forward is its parent's with
 the projections fused. With a KV cache (decoding) or without autograd (validation, decoding) it runs the
 parent's forward unchanged: a weight copy per decoded token would cost more than the launches it saves.
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
+from ..models.swap import swap_class, swapped
 from .compile import decoder_stack
 
 
@@ -35,7 +36,7 @@ class _FusedQKV:
             return super().forward(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
         kwargs.pop("cache", None)
         kwargs.pop("past_key_values", None)
-        modeling = sys.modules[self._fused_parent.__module__]
+        modeling = sys.modules[self._swapped_from.__module__]
         q, k, v = self.q_proj, self.k_proj, self.v_proj
         bias = None if q.bias is None else torch.cat([q.bias, k.bias, v.bias])
         qs, ks, vs = F.linear(hidden_states, torch.cat([q.weight, k.weight, v.weight]), bias).split(
@@ -70,24 +71,10 @@ class _FusedGateUp:
         return self.down_proj(self.act_fn(gate) * up)
 
 
-_CLASSES: dict[tuple[type, type], type] = {}
-
-
-def fused_class(base: type, mixin: type) -> type:
-    """One subclass per (module class, mixin), shared by every layer: Dynamo then compiles one graph for all."""
-    key = (base, mixin)
-    if key not in _CLASSES:
-        _CLASSES[key] = type(f"Fused{base.__name__}", (mixin, base), {"_fused_parent": base})
-    return _CLASSES[key]
-
-
 def swap_module(parent: nn.Module, name: str, mixin: type) -> None:
     """Replace ``parent.<name>`` by an instance of its fused subclass holding the same parameters and children."""
     old = getattr(parent, name)
-    cls = fused_class(type(old), mixin)
-    new = cls.__new__(cls)
-    new.__dict__.update(old.__dict__)  # the same parameter, buffer and child dicts: the state dict is unchanged
-    setattr(parent, name, new)
+    setattr(parent, name, swapped(old, swap_class(type(old), mixin, "Fused")))
 
 
 def _linears(module: nn.Module, names: tuple[str, ...]) -> bool:

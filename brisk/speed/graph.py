@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from ..formats.batch import Batch
+from ..models.swap import swapped
 
 log = logging.getLogger("brisk")
 
@@ -63,9 +64,7 @@ def apply_chunked_embedding(llm: torch.nn.Module) -> str:
     old = llm.get_input_embeddings()
     if type(old) is not torch.nn.Embedding:
         return f"cuda_graph: the input embedding is a {type(old).__name__}, left as it is (rows over {EMBED_CHUNK} tokens run eagerly)"
-    new = ChunkedEmbedding.__new__(ChunkedEmbedding)
-    new.__dict__.update(old.__dict__)
-    llm.set_input_embeddings(new)
+    llm.set_input_embeddings(swapped(old, ChunkedEmbedding))
     return f"cuda_graph: token ids looked up in chunks of {EMBED_CHUNK} (capturable backward for long rows)"
 
 

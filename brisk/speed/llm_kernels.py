@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError
+from ..models.swap import swap_class as subclass
+from ..models.swap import swapped
 
 
 def available(package: str) -> bool:
@@ -45,17 +47,9 @@ def linear_attention_layers(llm: nn.Module) -> list[tuple[nn.Module, str, nn.Mod
     return out
 
 
-_SUBCLASSES: dict[tuple[type, type], type] = {}
-
-
 def swap_class(module: nn.Module, mixin: type) -> nn.Module:
     """A new instance of (mixin, type(module)) holding the very same parameters, buffers and submodules."""
-    key = (mixin, type(module))
-    if key not in _SUBCLASSES:
-        _SUBCLASSES[key] = type(f"{mixin.__name__}{type(module).__name__}", (mixin, type(module)), {})
-    new = _SUBCLASSES[key].__new__(_SUBCLASSES[key])
-    new.__dict__.update(module.__dict__)
-    return new
+    return swapped(module, subclass(type(module), mixin))
 
 
 def _swap_all(llm: nn.Module, layers, mixin: type) -> int:
