@@ -18,8 +18,9 @@ log = logging.getLogger("brisk")
 
 class Monitor:
     def __init__(self, run_dir: Path, total_steps: int | None, *, every: int, progress: bool, tensorboard: bool,
-                 rank: int = 0):
+                 rank: int = 0, labelled: str = "transcript"):
         self.every = max(1, every)
+        self.labelled = labelled  # what the labelled tokens are: transcript (speech) or assistant (chat)
         self.pending: list[tuple[int, dict, float]] = []  # (step, device metrics, lr)
         self.listeners: list[Callable[[int, dict], None]] = []
         self.step_times: list[float] = []
@@ -100,8 +101,8 @@ class Monitor:
         """Say once, before the first line that shows acc, what it means."""
         if not self.defined_acc:
             self.defined_acc = True
-            log.info("acc = share of transcript tokens whose next token the model predicts right (argmax, "
-                     "teacher-forced); loss = their mean cross-entropy")
+            log.info("acc = share of %s tokens whose next token the model predicts right (argmax, "
+                     "teacher-forced); loss = their mean cross-entropy", self.labelled)
 
     def close(self) -> None:
         self.flush()

@@ -69,7 +69,8 @@ class Trainer:
                                          cpu_device=self.device.type == "cpu")
         self.gcwatch = GCWatch()
         self.monitor = Monitor(self.run_dir, self.total_steps(), every=c.train.log_every, progress=c.train.progress,
-                               tensorboard=c.train.tensorboard, rank=self.rank)
+                               tensorboard=c.train.tensorboard, rank=self.rank,
+                               labelled="assistant" if c.task == "chat" else "transcript")
         if self.probe is not None:
             self.monitor.listeners.append(self.probe.on_metrics)
         self.decoder = (ValDecoder(self.valid, self.run_dir, c.train.val_decode, self.device, fast=c.train.val_decode_fast)
