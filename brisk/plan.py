@@ -238,16 +238,19 @@ class SpeedPlan:
         return self.speed.cuda_graph and not self.speed.fresh_grads
 
 
-def make_plan(cfg: "Config", device: str, world: int = 1) -> tuple["Config", SpeedPlan]:
+def make_plan(cfg: "Config", device: str, world: int = 1,
+              unusable: dict[str, str] | None = None) -> tuple["Config", SpeedPlan]:
     """(the config with its effective speed section, the plan) for a run on ``device`` with ``world`` ranks.
 
-    A preset's switches that cannot run here are turned off with a note; a switch given explicitly that
-    cannot run here is an error (the rules)."""
+    A preset's switches that cannot run here are turned off with a note (``unusable``: switch -> why, what the
+    caller found on this machine, such as a kernel package that refuses its GPU); a switch given explicitly that
+    cannot run here is an error (the rules, or the switch's own apply function)."""
     speed, notes = cfg.speed, []
     if speed.preset:
         frozen = cfg.model.encoder.freeze and cfg.model.adaptor.freeze
         values = preset_values(speed.preset, frozen, cfg.model.llm.lora.enabled, cfg.task)
         off = {k: f"{p} is not installed" for k, p in PACKAGES.items() if k in values and not _installed(p)}
+        off.update({k: why for k, why in (unusable or {}).items() if k in values and k not in off})
         if device != "cuda":
             off.update({s.key: "needs CUDA" for s in SWITCHES if s.gpu_only and s.key in values})
         if world > 1:

@@ -139,3 +139,13 @@ def test_chat_switches_and_rules(tmp_path):
     cfg, plan = make_plan(load_config(demo, [f"train.output_dir={tmp_path}", "speed.preset=fast"]), "cpu", 1)
     assert set(plan.on) == {"packing", "label_head"} and "frozen_eval" not in cfg.speed.__dict__.get("on", ())
     assert "left off fla_kernels" in plan.notes[0] and "frozen-audio" not in " ".join(plan.notes)
+
+
+def test_a_preset_leaves_off_what_this_machine_cannot_run(tmp_path):
+    from .conftest import REPO
+    from brisk.config import load_config
+
+    cfg = load_config(REPO / "configs" / "sft_demo.yaml", [f"train.output_dir={tmp_path}", "speed.preset=fast"])
+    cfg, plan = make_plan(cfg, "cuda", 1, unusable={"fla_kernels": "fla refuses Triton 3.6 on Hopper"})
+    assert "fla_kernels" not in plan.on and {"packing", "label_head", "fused_adamw"} <= set(plan.on)
+    assert "left off fla_kernels (fla refuses Triton 3.6 on Hopper)" in plan.notes[0]

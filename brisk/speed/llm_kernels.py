@@ -37,6 +37,26 @@ def available(package: str) -> bool:
     return package in sys.modules or importlib.util.find_spec(package) is not None
 
 
+def fla_refusal() -> str | None:
+    """Why flash-linear-attention's gated delta rule cannot train here, or None: fla 0.6 refuses its backward
+    on Hopper with Triton < 3.7.1 (wrong results), which is torch 2.11's Triton 3.6 (seen on the H200)."""
+    if not available("fla"):
+        return "speed.fla_kernels needs flash-linear-attention (pip install fla-core)"
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        return None
+    try:
+        import triton
+    except ImportError:
+        return "speed.fla_kernels needs Triton"
+    version = tuple(int(x) for x in triton.__version__.split("+")[0].split(".")[:3] if x.isdigit())
+    if version < (3, 7, 1):
+        return (f"speed.fla_kernels: flash-linear-attention refuses its gated delta rule backward on Hopper with Triton "
+                f"{triton.__version__} (< 3.7.1: wrong results); upgrade Triton or set speed.fla_kernels=false")
+    return None
+
+
 def linear_attention_layers(llm: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     """(parent, attribute, module) of every Gated DeltaNet layer (recognised by its parameters)."""
     out = []
@@ -126,8 +146,9 @@ def apply_fla_linear_attention(model, cfg=None) -> str:
     layers = linear_attention_layers(model.llm)
     if not layers:
         return "fla kernels: no linear-attention layer in this model (nothing swapped)"
-    if not available("fla"):
-        raise ConfigError("speed.fla_kernels needs flash-linear-attention (pip install fla-core)")
+    refusal = fla_refusal()
+    if refusal:
+        raise ConfigError(refusal)
     n = _swap_all(model.llm, layers, FlaVarlen)
     return f"fla kernels: {n} Gated DeltaNet layers run flash-linear-attention's varlen conv + chunked delta rule"
 

@@ -71,8 +71,18 @@ class Parts:
         return self.ranks.world > 1 and self.cfg.train.parallel == "fsdp"
 
 
+def unusable_here(cfg: Config, device: torch.device) -> dict[str, str]:
+    """Switches a preset would turn on that this machine cannot run (asked only when a preset is set)."""
+    if not cfg.speed.preset or cfg.task != "chat" or device.type != "cuda":
+        return {}
+    from ..speed.llm_kernels import available, fla_refusal
+
+    why = fla_refusal() if available("fla") else None
+    return {"fla_kernels": why.split(": ", 1)[-1]} if why else {}
+
+
 def assemble(cfg: Config, ranks: Ranks) -> Parts:
-    cfg, plan = make_plan(cfg, ranks.device.type, ranks.world)
+    cfg, plan = make_plan(cfg, ranks.device.type, ranks.world, unusable_here(cfg, ranks.device))
     for note in plan.notes:
         log.info("speed %s", note)
     t0 = time.perf_counter()
