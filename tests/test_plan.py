@@ -141,9 +141,14 @@ def test_chat_switches_and_rules(tmp_path):
     assert "left off fla_kernels" in plan.notes[0] and "frozen-audio" not in " ".join(plan.notes)
 
 
-def test_a_preset_leaves_off_what_this_machine_cannot_run(tmp_path):
+def test_a_preset_leaves_off_what_this_machine_cannot_run(tmp_path, monkeypatch):
+    import sys
+    import types
+
     from .conftest import REPO
     from brisk.config import load_config
+
+    monkeypatch.setitem(sys.modules, "fla", types.ModuleType("fla"))  # installed, but refused on this GPU
 
     cfg = load_config(REPO / "configs" / "sft_demo.yaml", [f"train.output_dir={tmp_path}", "speed.preset=fast"])
     cfg, plan = make_plan(cfg, "cuda", 1, unusable={"fla_kernels": "fla refuses Triton 3.6 on Hopper"})
