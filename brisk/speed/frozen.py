@@ -86,13 +86,13 @@ class FrozenAudio:
         self.path = model if dtype == torch.float32 else AudioPath(model, dtype)
         self.cache: dict[str, torch.Tensor] | None = {} if cache else None
         self.hits = self.misses = 0
-        self.encode: Callable[[Batch], torch.Tensor] = self.path.audio_rows
+        self.encoder: Callable[[Batch], torch.Tensor] = self.path.audio_rows  # batch -> audio rows
 
-    def with_encoder(self, encode: Callable[[Batch], torch.Tensor]) -> "FrozenAudio":
-        """The same provider (same copies, same cache) computing its rows with ``encode`` (the graphed step's
+    def with_encoder(self, encoder: Callable[[Batch], torch.Tensor]) -> "FrozenAudio":
+        """The same provider (same copies, same cache) computing its rows with ``encoder`` (the graphed step's
         encoder graphs); this one is left as it is."""
         other = copy.copy(self)
-        other.encode = encode
+        other.encoder = encoder
         return other
 
     def refresh(self) -> None:
@@ -120,4 +120,4 @@ class FrozenAudio:
     def _compute(self, batch: Batch) -> torch.Tensor:
         if self.dtype != torch.float32:
             batch = dataclasses.replace(batch, speech=batch.speech.to(self.dtype))
-        return self.encode(batch)
+        return self.encoder(batch)
