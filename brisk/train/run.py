@@ -24,7 +24,7 @@ from . import run_dir as run_dirs
 from .assemble import Parts, assemble, start_process, step_function, step_hooks, train_step
 from .async_save import AsyncCheckpointer
 from .checkpoint import Checkpoints, disk_footprint
-from .trainer import Position, Trainer, resume
+from .trainer import Position, Trainer, planned_steps, resume, steps_per_epoch
 from .stop import StopOnSignal
 from .threads import pick_threads
 
@@ -136,9 +136,7 @@ def held_checkpoints(cfg: Config, ckpts: Checkpoints | None, train, pos: Positio
     """New checkpoint files the rest of the run holds at once at most: keep_n best + the latest + the one being
     written, less those already in the folder, and no more than the saves still to come."""
     t = cfg.train
-    per_epoch = max(1, len(train.sampler.batches(0)) // t.accum_grad)
-    total = per_epoch * t.max_epochs
-    total = min(total, t.max_steps) if t.max_steps else total
+    per_epoch, total = steps_per_epoch(cfg, train), planned_steps(cfg, train)
     saves = sum(1 for s in range(pos.step + 1, total + 1) if (t.save_every and s % t.save_every == 0) or s % per_epoch == 0)
     saves += 1 if t.save_final else 0
     existing = len(ckpts.index) if ckpts else 0

@@ -40,6 +40,18 @@ class Position:
     history: list[dict] = field(default_factory=list)  # validation results
 
 
+def steps_per_epoch(cfg: Config, train: Split) -> int:
+    """Optimizer steps an epoch of ``train`` takes, at least 1."""
+    return max(1, len(train.sampler.batches(0)) // cfg.train.accum_grad)
+
+
+def planned_steps(cfg: Config, train: Split) -> int:
+    """Optimizer steps the run takes: its epochs (an epoch shorter than accum_grad counts none), cut at
+    train.max_steps."""
+    total = len(train.sampler.batches(0)) // cfg.train.accum_grad * cfg.train.max_epochs
+    return min(total, cfg.train.max_steps) if cfg.train.max_steps else total
+
+
 @dataclass
 class Trainer:
     """The loop around one ``step_fn`` (a TrainStep, or a GraphedStep replaying it), built whole by
@@ -86,12 +98,10 @@ class Trainer:
     shape_sync = property(lambda self: self.parts.shape_sync)
 
     def total_steps(self) -> int:
-        per_epoch = len(self.train.sampler.batches(0)) // self.cfg.train.accum_grad
-        total = per_epoch * self.cfg.train.max_epochs
-        return min(total, self.cfg.train.max_steps) if self.cfg.train.max_steps else total
+        return planned_steps(self.cfg, self.train)
 
     def total_epochs(self) -> int:
-        per_epoch = max(1, len(self.train.sampler.batches(0)) // self.cfg.train.accum_grad)
+        per_epoch = steps_per_epoch(self.cfg, self.train)
         steps = self.cfg.train.max_steps
         return min(self.cfg.train.max_epochs, -(-steps // per_epoch)) if steps else self.cfg.train.max_epochs
 
@@ -130,7 +140,7 @@ class Trainer:
         c = self.cfg.train
         if c.save_every or c.save_final or not c.max_steps:
             return True
-        return c.max_steps >= max(1, len(self.train.sampler.batches(0)) // c.accum_grad)  # an epoch ends first
+        return c.max_steps >= steps_per_epoch(self.cfg, self.train)  # an epoch ends first
 
     def done(self) -> bool:
         return (bool(self.cfg.train.max_steps) and self.pos.step >= self.cfg.train.max_steps) or self.signalled()
