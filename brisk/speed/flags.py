@@ -65,7 +65,7 @@ def run_scope(speed):
         if speed.sdpa_backends:
             from .sdpa import sdpa_scope
 
-            stack.enter_context(sdpa_scope(speed.sdpa_backends)())
+            stack.enter_context(sdpa_scope(speed.sdpa_backends))
         if speed.compile and speed.compile_on_error == "warn":
             import torch._dynamo
 
