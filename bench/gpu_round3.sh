@@ -6,6 +6,10 @@
 #   bash bench/gpu_round3.sh compare   # probe records: old vs new fast path, eager reference vs preset; bench
 #   bash bench/gpu_round3.sh llm       # GPU tests to re-run, chat SFT (seed's loop, TRL + Liger, brisk), decoding
 #   python3 bench/memory_speed.py --sizes 0.6B,1.7B,4B   # issue 23's memory/speed table (not run in round 3)
+# Round 3b (second session; data from `python tools/make_wholerun_data.py --out bench/tmp/wholerun_data`, carried):
+#   bash bench/gpu_round3.sh levers    # GPU tests, then the preset's two open levers (bench_levers.yaml)
+#   LEVERS="speed.fresh_grads=true ..." bash bench/gpu_round3.sh prompt   # FunASR's workload, whole run, probe
+#   bash bench/gpu_round3.sh sft       # chat SFT table (issue 21), then the memory/speed table (issue 23)
 set -uo pipefail
 T0=$(date +%s)
 OUT=${OUT:-bench/tmp/gpu_out}
@@ -76,7 +80,42 @@ llm)
         --repeats 1 --budget "$(left 560)" 2>&1 | tail -n 12
     cp /tmp/decode/decode_bench.md "$OUT/" 2>/dev/null
     ;;
+levers)
+    mkdir -p /tmp/k && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/k \
+        .whl/fla_core*.whl .whl/liger_kernel*.whl
+    PYTHONPATH=/tmp/site:$PWD:/tmp/k timeout 250 python3 -m pytest -o addopts="" -q -rs -p no:warnings \
+        --durations=8 --timeout 120 tests/gpu --ignore=tests/gpu/test_multigpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 22
+    TORCH_LOGS=recompiles timeout "$(left 590)" python3 -m brisk bench configs/bench_levers.yaml --out /tmp/levers \
+        > "$OUT/bench_levers.log" 2>&1; tail -n 12 /tmp/levers/bench.md; cp /tmp/levers/bench.md "$OUT/bench_levers.md"
+    ;;
+prompt)
+    timeout 120 python3 tools/make_nano_folder.py --out /tmp/nano > "$OUT/make_nano.log" 2>&1 || tail "$OUT/make_nano.log"
+    timeout "$(left 270)" python3 -m brisk bench configs/bench_prompt.yaml model.path=/tmp/nano \
+        data.train=bench/tmp/wholerun_data/train.jsonl --out /tmp/bench_prompt > /tmp/bench_prompt.log 2>&1
+    tail -n 12 /tmp/bench_prompt/bench.md; cp /tmp/bench_prompt/bench.md "$OUT/bench_prompt.md"
+    timeout "$(left 450)" python3 bench/whole_run.py --speed preset --model /tmp/nano --data bench/tmp/wholerun_data \
+        --out /tmp/wr --work /tmp/wr_work --timeout 150 ${LEVERS:-} 2>&1 | tail -n 16
+    cp /tmp/wr/whole_run.md /tmp/wr/whole_run.json /tmp/wr/whole_run_logs.tgz "$OUT/" 2>/dev/null
+    R=/tmp/probe_runs; mkdir -p $R
+    P="configs/fun_asr_nano.yaml data.profile=brisk/bench/profiles/aishell1_like.jsonl train.max_steps=120
+       train.device=cuda probe.enabled=true train.progress=false train.log_every=40 train.tensorboard=false
+       train.export=none train.save_final=false data.num_workers=4 train.overwrite=true"
+    for arm in eager_ref preset; do
+        [ $arm = eager_ref ] && S="speed.frozen_eval=true speed.sdpa_backends=[flash,efficient,math]" || S="speed.preset=fast ${LEVERS:-}"
+        timeout "$(left 590)" python3 -m brisk train $P train.output_dir=$R/$arm $S > $R/$arm.log 2>&1 || echo "$arm exited with $?"
+        grep -h "acceleration:" $R/$arm.log | cut -c1-240; done
+    python3 -m brisk probe compare $R/eager_ref $R/preset --tolerances kernel_noise --out "$OUT/probe_preset_vs_eager_ref.md" \
+        > /tmp/cmp.txt 2>&1; echo "== probe preset vs eager_ref: exit $?"; tail -n 6 /tmp/cmp.txt
+    ;;
+sft)
+    timeout "$(left 380)" python3 bench/sft_bench.py --wheels .whl --no-fla --out /tmp/sft --budget-s "$(left 300)" \
+        --steps 5 --arms a_loop,d_brisk_fast,b_trl_liger,p_loop_packed,c_brisk_default 2>&1 | tee "$OUT/sft_bench.log" | tail -n 16
+    tar czf "$OUT/sft_logs.tgz" -C /tmp sft 2>/dev/null
+    OUT=/tmp/ms timeout "$(left 585)" python3 bench/memory_speed.py --sizes 0.6B,1.7B,4B --budget "$(left 540)" \
+        2>&1 | tee "$OUT/memory_speed.log" | tail -n 14
+    cp /tmp/ms/memory_speed.md /tmp/ms/memory_speed.json "$OUT/" 2>/dev/null
+    ;;
 *)
-    echo "usage: bash bench/gpu_round3.sh tests|compare|llm"; exit 2 ;;
+    echo "usage: bash bench/gpu_round3.sh tests|compare|llm|levers|prompt|sft"; exit 2 ;;
 esac
 echo "part ${1} done in $(( $(date +%s) - T0 )) s"

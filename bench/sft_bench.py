@@ -199,8 +199,10 @@ def trl_arm(args, cfg, sample_groups):
 
     targs = SFTConfig(output_dir=str(Path(args.out) / "trl"), assistant_only_loss=True, padding_free=True,
                       use_liger_kernel=True, bf16=True, per_device_train_batch_size=per_batch, max_steps=n,
-                      max_length=None, learning_rate=1e-5,  # padding_free without packing: TRL refuses a max_length logging_steps=1000, save_strategy="no",
-                      report_to=[], dataloader_num_workers=0, use_cpu=DEVICE == "cpu")
+                      max_length=None,  # padding_free without packing: TRL refuses a max_length
+                      learning_rate=1e-5, logging_steps=1000, save_strategy="no", report_to=[],
+                      gradient_checkpointing=True,  # TRL's own default, stated: the arm is TRL as its users run it
+                      dataloader_num_workers=0, use_cpu=DEVICE == "cpu")
     Counting(model=model, args=targs, train_dataset=ds, processing_class=tok, callbacks=[Clock()]).train()
     times = [marks[2 * i + 1] - marks[2 * i] for i in range(len(marks) // 2)][args.warmup:]
     return times, counts[args.warmup:len(times) + args.warmup], f"{per_batch} conversations a step (padding_free row)"
@@ -250,6 +252,8 @@ def driver(args) -> None:
                 rows.append({"model": model, "arm": arm, "error": "skipped: out of the time budget"})
                 continue
             paths = [str(REPO)] + ([str(trl)] if arm == "b_trl_liger" and trl else [str(fla)] if arm in FLA_ARMS and fla else [])
+            # The caller's PYTHONPATH (brisk's own needs, such as soundfile) goes last: an arm's kernels come first.
+            paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "TOKENIZERS_PARALLELISM": "false",
                    "SFT_BENCH_NO_FLA": "1" if args.no_fla else ""}
             cmd = [sys.executable, __file__, "--worker", "--arm", arm, "--model", model, "--data", str(data),

@@ -161,6 +161,8 @@ def main() -> int:
     ap.add_argument("--model", default=None, help="a FunASR model folder (default: built by tools/make_nano_folder.py)")
     ap.add_argument("--tiny", action="store_true", help="tiny model, ~10 utterances, CPU, no speed switches")
     ap.add_argument("--arms", default="cold,warm")
+    ap.add_argument("--speed", choices=("fast", "preset"), default="fast",
+                    help="fast: the round-2 fast path's switches, one by one; preset: speed.preset=fast")
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=300, help="seconds per training run")
     ap.add_argument("--keep-runs", action="store_true", help="keep the run folders (checkpoints, exports)")
@@ -223,7 +225,7 @@ def main() -> int:
         if a.tiny:
             cmd += ["train.device=cpu", "data.num_workers=0"]
         else:
-            cmd += ["train.device=cuda", *FAST]
+            cmd += ["train.device=cuda", *(FAST if a.speed == "fast" else ["speed.preset=fast"])]
         cmd += a.overrides
         print(f"whole_run: {arm} cache: {' '.join(cmd[2:])}", flush=True)
         rc, t0, t1 = sh(cmd, work / f"{arm}.out", a.timeout, {**env, "TORCHINDUCTOR_CACHE_DIR": str(cache)})
@@ -250,6 +252,7 @@ def main() -> int:
 
     md = table(results, a.tiny)
     meta["command_overrides"] = a.overrides
+    meta["speed"] = a.speed
     (out / "whole_run.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     (out / "whole_run.md").write_text(f"# Whole run, launch to exported model\n\n{json.dumps(meta)}\n\n{md}\n")
     with tarfile.open(out / "whole_run_logs.tgz", "w:gz") as tar:

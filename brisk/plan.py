@@ -38,7 +38,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("frozen_eval", "model", False, "frozen encoder and adaptor in eval mode, run without autograd"),
     Switch("encoder_dtype", "model", True, "the frozen encoder and adaptor as bf16 copies"),
     Switch("encoder_cache", "model", False, "each utterance's audio rows reused in later epochs"),
-    Switch("fuse_projections", "model", False, "one GEMM for q/k/v and one for gate/up in each decoder layer"),
+    Switch("fuse_projections", "model", True, "one GEMM for q/k/v and one for gate/up in each decoder layer"),
     Switch("compile", "model", True, "torch.compile of each decoder layer (or the stack) and the frozen encoder"),
     Switch("packing", "data", False, "one packed row a batch, per-utterance positions, varlen attention"),
     Switch("label_head", "step", False, "LM head and loss on the labelled positions only"),
@@ -57,11 +57,13 @@ SWITCH_KEYS = tuple(s.key for s in SWITCHES)
 # on a device without CUDA the gpu_only switches stay off, and the frozen-audio switches need a frozen encoder
 # and adaptor (the plan's notes say what was left off and why). A switch goes in when a probe against the
 # shipped kernel_noise tolerances and an interleaved bench on the GPU show it keeps the numbers and pays:
-# bench/results/2026-12-01-h200-round3 (fresh_grads and fuse_projections are out: slower there).
+# bench/results/2026-12-01-h200-round3b (speech: 17.4 ms against the round-2 fast path's 20.3; the probe meets
+# the same 1,349 of 1,350 gates as that fast path).
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {  # name -> task -> values
     "fast": {
         "speech": {"packing": True, "cuda_graph": True, "frozen_eval": True, "encoder_dtype": "bf16", "compile": True,
-                   "fused_adamw": True, "label_head": True, "label_rows_frac": 0.3},
+                   "fused_adamw": True, "label_head": True, "label_rows_frac": 0.3, "fresh_grads": True,
+                   "fuse_projections": True},
         "chat": {"packing": True, "fused_adamw": True, "label_head": True, "fla_kernels": True},
     },
 }
@@ -172,13 +174,14 @@ def switches_on(speed) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ presets
-def preset_values(name: str, frozen_audio: bool, lora: bool = False, task: str = "speech") -> dict[str, Any]:
+def preset_values(name: str, frozen_audio: bool, lora: bool = False, task: str = "speech",
+                  fsdp: bool = False) -> dict[str, Any]:
     """The preset's values for a task, for a model whose encoder and adaptor are (or are not) both frozen, with
-    or without LoRA adapters (the fused projections would skip them)."""
+    or without LoRA adapters (the fused projections would skip them) or FSDP (fused projections untested there)."""
     if name not in PRESETS:
         raise ConfigError(f"speed.preset={name!r}: use one of {', '.join(sorted(PRESETS))} (or leave it unset)")
     values = dict(PRESETS[name][task])
-    for k in (() if frozen_audio else FROZEN_AUDIO) + (("fuse_projections",) if lora else ()):
+    for k in (() if frozen_audio else FROZEN_AUDIO) + (("fuse_projections",) if lora or fsdp else ()):
         values.pop(k, None)
     return values
 
@@ -195,7 +198,8 @@ def expand_preset(tree: dict) -> dict:
     frozen = all((model.get(part) or {}).get("freeze", True) for part in ("encoder", "adaptor"))
     lora = bool(((model.get("llm") or {}).get("lora") or {}).get("enabled", False))
     out = dict(tree)
-    out["speed"] = {**preset_values(name, frozen, lora, tree.get("task", "speech")), **speed}
+    fsdp = (tree.get("train") or {}).get("parallel") == "fsdp"
+    out["speed"] = {**preset_values(name, frozen, lora, tree.get("task", "speech"), fsdp), **speed}
     return out
 
 
@@ -248,7 +252,7 @@ def make_plan(cfg: "Config", device: str, world: int = 1,
     speed, notes = cfg.speed, []
     if speed.preset:
         frozen = cfg.model.encoder.freeze and cfg.model.adaptor.freeze
-        values = preset_values(speed.preset, frozen, cfg.model.llm.lora.enabled, cfg.task)
+        values = preset_values(speed.preset, frozen, cfg.model.llm.lora.enabled, cfg.task, cfg.train.parallel == "fsdp")
         off = {k: f"{p} is not installed" for k, p in PACKAGES.items() if k in values and not _installed(p)}
         off.update({k: why for k, why in (unusable or {}).items() if k in values and k not in off})
         if device != "cuda":
@@ -256,8 +260,8 @@ def make_plan(cfg: "Config", device: str, world: int = 1,
         if world > 1:
             off.update({k: f"not with {world} ranks" for k in ("fresh_grads",) if k in values})
             if cfg.train.parallel == "fsdp":
-                off.update({k: "not with train.parallel=fsdp" for k in ("cuda_graph", "compile", "fresh_grads",
-                                                                      "fuse_projections") if k in values})
+                off.update({k: "not with train.parallel=fsdp" for k in ("cuda_graph", "compile", "fresh_grads")
+                            if k in values})
         changes = {k: _default(speed, k) for k in off if getattr(speed, k) == values[k]}
         if changes:
             speed = dataclasses.replace(speed, **changes)

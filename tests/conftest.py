@@ -49,6 +49,8 @@ def tiny_overrides(run_dir: Path, **extra) -> list[str]:
         "model.llm.config.head_dim": 16, "train.output_dir": str(run_dir), "train.progress": False,
         "train.tensorboard": False, "train.log_every": 2, "data.num_workers": 0, "diagnose.report": False,
         "train.export": "none",
+        # the 240 base utterances (26 batches an epoch), not the demo's 1,200: tests count on that epoch
+        "data.train": str(DEMO / "train.jsonl"),
     }
     items.update(extra)
     return [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in items.items()]

@@ -8,14 +8,15 @@ import torch
 
 from brisk.cli import main
 
-from .conftest import DEMO_CONFIG, REPO, tiny_overrides
+from .conftest import DEMO, DEMO_CONFIG, REPO, tiny_overrides
 
 
 def test_demo_trains_and_validation_loss_falls(tmp_path, capsys):
     """The demo config itself (not shrunk), 3 epochs: validation loss must fall clearly; decoding 8 validation
     utterances before the first step and after each epoch, it prints CER before and after and 3 transcripts."""
     rc = main(["train", str(DEMO_CONFIG), f"train.output_dir={tmp_path}", "train.max_epochs=3", "train.progress=false",
-               "data.num_workers=0", "train.val_decode=8"])
+               "data.num_workers=0", "train.val_decode=8",
+               f"data.train={DEMO / 'train.jsonl'}"])  # the 240 base utterances: 3 epochs in ~80 steps
     assert rc == 0
     hist = [json.loads(x) for x in (tmp_path / "history.jsonl").read_text().splitlines()]
     assert [h["step"] for h in hist][:1] == [0] and len(hist) == 4, hist  # before training, then each epoch

@@ -55,9 +55,9 @@ def test_the_fast_preset_on_a_gpu_is_the_whole_set(tmp_path):
     cfg = tiny_config(tmp_path, **{"speed.preset": "fast", **FROZEN})
     cfg, plan = make_plan(cfg, "cuda", 1)
     assert set(plan.on) == {"packing", "cuda_graph", "frozen_eval", "encoder_dtype", "compile", "fused_adamw",
-                            "label_head"}
+                            "label_head", "fresh_grads", "fuse_projections"}
     assert cfg.speed.label_rows_frac == PRESETS["fast"]["speech"]["label_rows_frac"]
-    assert plan.persistent_grads and plan.on_device_skip and plan.capturable
+    assert not plan.persistent_grads and plan.on_device_skip and plan.capturable
     assert plan.notes and plan.notes[0].startswith("preset fast: on ")
 
 
@@ -68,7 +68,7 @@ def test_the_fast_preset_on_the_cpu_leaves_gpu_switches_off_and_says_so(tmp_path
     assert set(plan.on) == {"frozen_eval", "packing", "label_head"}
     assert not cfg.speed.cuda_graph and not cfg.speed.compile and cfg.speed.encoder_dtype == "fp32"
     note = plan.notes[0]
-    for key in ("cuda_graph", "compile", "fused_adamw", "encoder_dtype"):
+    for key in ("cuda_graph", "compile", "fused_adamw", "encoder_dtype", "fresh_grads", "fuse_projections"):
         assert f"left off {key} (needs CUDA)" in note
 
 
@@ -82,10 +82,10 @@ def test_the_preset_without_a_frozen_encoder_leaves_the_frozen_audio_switches_of
 
 def test_single_keys_win_over_the_preset(tmp_path):
     cfg = tiny_config(tmp_path, **{"speed.preset": "fast", "speed.label_head": False, "speed.label_rows_frac": 0.5,
-                                   "speed.fuse_projections": True, **FROZEN})
-    assert cfg.speed.label_head is False and cfg.speed.label_rows_frac == 0.5 and cfg.speed.fuse_projections
+                                   "speed.fresh_grads": False, **FROZEN})
+    assert cfg.speed.label_head is False and cfg.speed.label_rows_frac == 0.5 and not cfg.speed.fresh_grads
     _, plan = make_plan(cfg, "cuda", 1)
-    assert "label_head" not in plan.on
+    assert "label_head" not in plan.on and "fresh_grads" not in plan.on and plan.persistent_grads
 
 
 def test_the_preset_trims_to_several_ranks(tmp_path):

@@ -509,7 +509,7 @@ def test_configs_ship_in_the_package_and_load_by_name(tmp_path, monkeypatch):
     assert _config_and_overrides(["fun_asr_nano", "train.max_steps=3"], None) == (SHIPPED / "fun_asr_nano.yaml", ["train.max_steps=3"])
     assert shipped_config("demo.yaml") == SHIPPED / "demo.yaml" and shipped_config("configs/demo") is None
     cfg = load_config(shipped_config("demo"))
-    assert Path(cfg.data.train) == REPO / "data" / "demo" / "train.jsonl" and Path(cfg.data.train).is_file()
+    assert Path(cfg.data.train) == REPO / "data" / "demo" / "train_more.jsonl" and Path(cfg.data.train).is_file()
     assert load_config(shipped_config("bench_nano")).data.profile.endswith("brisk/bench/profiles/aishell1_like.jsonl")
 
 

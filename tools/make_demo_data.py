@@ -4,16 +4,25 @@
 What it makes (under --out, default ``data/demo``):
 
 * ``audio/train/utt0001.flac`` ... 240 training and ``audio/valid/...`` 40
-  validation utterances of synthesized English speech, 16 kHz mono 16-bit
-  FLAC (two training utterances are written as WAV so both formats are
-  exercised).  Sentences are 3-5 words drawn independently at random from 24
+  validation utterances of synthesized English speech, 16 kHz mono.  The
+  validation set and the first 10 training utterances are lossless 16-bit
+  FLAC (two of those as WAV, so both formats are exercised; tests and the
+  FunASR parity checks read them); the other training utterances are
+  Ogg/Opus (about 3 KB/s), so that more speech fits the 8 MB audio budget.
+  Sentences are 3-5 words drawn independently at random from 24
   lowercase words (digits, colours, animals, objects), so no transcript can
   be predicted without listening; validation sentences are not in training
   and are spoken by voices that training never heard.
+* ``audio/more/utt0001.ogg`` ... 960 more training utterances (Ogg/Opus): new
+  sentences spoken by many more voices (MORE_VARIANTS on MORE_ACCENTS, a
+  random pitch and rate each, never a validation voice's variant), and
+  ``train_more.jsonl``: the 240 training lines followed by these 960.  The
+  demo trains on it: 240 utterances are too few for a model trained from
+  scratch to stop memorising (validation CER plateaus near 45%).
 * ``tokenizer/`` - a tiny byte-level BPE tokenizer (tokenizer.json +
   tokenizer_config.json) loadable with ``transformers.AutoTokenizer``, with
   the chat / speech special tokens brisk uses.
-* ``train.jsonl`` / ``valid.jsonl`` - FunASR-style ("scp2jsonl") manifests
+* ``train.jsonl`` / ``valid.jsonl`` / ``train_more.jsonl`` - FunASR-style ("scp2jsonl") manifests
   with audio paths relative to the jsonl file's folder.
 * ``am.mvn`` - CMVN statistics of the training features (FunASR's am.mvn format).
 * ``README.md`` - a description of the set with its statistics.
@@ -23,22 +32,18 @@ native 22050 Hz to 16 kHz with ``sox``, leading and trailing silence trimmed.  I
 with ``apt-get install -y espeak-ng sox``.
 
 Output is deterministic for a given ``--seed`` (and given espeak-ng / sox /
-tokenizers versions): the same sentences, voices and speaking rates are
-chosen and sox is run without dither, so reruns produce identical files.
+libsndfile / tokenizers versions): the same sentences, voices and speaking
+rates are chosen and sox is run without dither, so reruns produce the same
+audio.  The FLAC, WAV, manifests and tokenizer are byte-identical; the Ogg
+files decode to the same samples but are not byte-identical (libsndfile gives
+each Ogg stream a random serial number).
 
 Run from the repository root::
 
     python tools/make_demo_data.py                 # writes data/demo
-    python tools/make_demo_data.py --out /tmp/demo --seed 1234
-    python tools/make_demo_data.py --more 960      # adds audio/more/ and train_more.jsonl only
+    python tools/make_demo_data.py --out /tmp/demo --seed 1234 --more 0
 
-``--more N`` leaves every file above as it is and adds N more training utterances: new sentences (in
-neither split), spoken by MORE_VARIANTS on MORE_ACCENTS (never a validation voice's variant) at a random
-pitch and rate, as Ogg/Vorbis (about 5 KB/s: FLAC would not fit the audio budget), under ``audio/more/``,
-and ``train_more.jsonl``: the 240 training lines followed by the N new ones. The same seed gives the same
-sentences, voices and decoded audio; the Ogg files are not byte-identical (sox gives each stream a random
-serial number). bench/results/demo-cpu.md has
-what it does to the demo's CER.
+bench/results/demo-cpu.md has what the more utterances do to the demo's CER.
 """
 
 from __future__ import annotations
@@ -60,6 +65,13 @@ N_VALID = 40
 # Training utterances (1-based) written as 16 kHz WAV instead of FLAC, so that
 # loaders are exercised on both formats.
 WAV_TRAIN_UTTS = (2, 9)
+# Training utterances 1..LOSSLESS_TRAIN stay FLAC/WAV (tests and parity checks read them); later ones are
+# Ogg/Opus at OPUS_LEVEL (libsndfile's compression level: 0.95 gives ~2.9 KB/s of speech at 16 kHz with a
+# 10% mean fbank difference from the lossless audio, against 21% for Ogg/Vorbis at its lowest quality,
+# ~4.7 KB/s; measured on 40 of the training utterances).
+LOSSLESS_TRAIN = 10
+OPUS_LEVEL = 0.95
+N_MORE = 960  # the extra training utterances of train_more.jsonl (bench/results/demo-cpu.md)
 SAMPLE_RATE = 16000
 RATE_RANGE = (150, 200)  # espeak-ng -s (words per minute), inclusive
 # An utterance shorter than this is re-spoken at the slowest rate, so that even
@@ -160,7 +172,8 @@ class Utterance:
     text: str
     voice: str
     rate: int
-    ext: str  # "flac" or "wav"
+    ext: str  # "flac", "wav" or "ogg" (Opus)
+    pitch: int | None = None  # espeak-ng -p (None: the voice's own)
 
     @property
     def key(self) -> str:
@@ -183,52 +196,32 @@ def plan_utterances(seed: int) -> list[Utterance]:
         for i, text in enumerate(sentences):
             index = i + 1
             is_wav = split == "train" and index in WAV_TRAIN_UTTS
+            lossy = split == "train" and index > LOSSLESS_TRAIN
             utts.append(Utterance(
                 split=split, index=index, text=text,
                 voice=voices[i % len(voices)],
                 rate=rng.randint(*RATE_RANGE),
-                ext="wav" if is_wav else "flac",
+                ext="wav" if is_wav else "ogg" if lossy else "flac",
             ))
     return utts
 
 
-def write_more(out: Path, seed: int, n: int) -> None:
-    """--more N: N more training utterances (Ogg/Vorbis) and train_more.jsonl; nothing else is touched."""
-    import soundfile as sf
-    from transformers import AutoTokenizer
-
-    if not (out / "train.jsonl").is_file():
-        sys.exit(f"error: {out}/train.jsonl is missing: make the base set first (without --more)")
+def plan_more(seed: int, n: int) -> list[Utterance]:
+    """n more training utterances: new sentences (in neither split), many more voices, a random pitch and
+    rate each. Their own random streams, so the base set does not depend on n."""
     rng = random.Random(f"extra-{seed}")
     train, valid = make_sentences(seed)
     seen = set(train) | set(valid)
-    sentences: list[str] = []
-    while len(sentences) < n:
-        s = random_sentence(rng)
-        if s not in seen:
-            seen.add(s)
-            sentences.append(s)
-    folder = out / "audio" / "more"
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    tok = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
-    lines = (out / "train.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = Path(tmp) / "espeak.wav"
-        for i, text in enumerate(sentences):
-            voice = f"{rng.choice(MORE_ACCENTS)}+{rng.choice(MORE_VARIANTS)}"
-            rate, pitch = rng.randint(*MORE_RATE_RANGE), rng.randint(*MORE_PITCH_RANGE)
-            run(["espeak-ng", "-v", voice, "-s", str(rate), "-p", str(pitch), "-w", str(raw), text])
-            path = folder / f"x{i:04d}.ogg"
-            run(["sox", "-D", str(raw), "-r", str(SAMPLE_RATE), "-c", "1", "-C", "-1", str(path), "gain", "-1",
-                 "silence", "1", "0.02", "0.3%", "reverse", "silence", "1", "0.02", "0.3%", "reverse", "pad", "0.05", "0.05"])
-            utt = Utterance("train", len(train) + i + 1, text, voice, rate, "ogg")
-            record = jsonl_record(utt, sf.info(str(path)).duration, len(tok.tokenize(text)))
-            record["messages"][1]["content"] = f"{USER_PROMPT}<|startofspeech|>!audio/more/{path.name}<|endofspeech|>"
-            lines.append(json.dumps(record, ensure_ascii=False) + "\n")
-    write_text(out / "train_more.jsonl", "".join(lines))
-    size = sum(p.stat().st_size for p in folder.iterdir())
-    print(f"wrote {n} more training utterances ({size / 1e6:.2f} MB of Ogg/Vorbis) to {folder} and {out / 'train_more.jsonl'}")
+    utts: list[Utterance] = []
+    while len(utts) < n:
+        text = random_sentence(rng)
+        if text in seen:
+            continue
+        seen.add(text)
+        voice = f"{rng.choice(MORE_ACCENTS)}+{rng.choice(MORE_VARIANTS)}"
+        rate, pitch = rng.randint(*MORE_RATE_RANGE), rng.randint(*MORE_PITCH_RANGE)
+        utts.append(Utterance("more", len(utts) + 1, text, voice, rate, "ogg", pitch))
+    return utts
 
 
 def run(cmd: list[str]) -> None:
@@ -238,10 +231,12 @@ def run(cmd: list[str]) -> None:
         raise RuntimeError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr}")
 
 
-def synthesize(text: str, voice: str, rate: int, out_path: Path, tmp_dir: Path) -> None:
-    """espeak-ng -> 22050 Hz WAV -> sox -> trimmed 16 kHz mono 16-bit FLAC/WAV."""
+def synthesize(text: str, voice: str, rate: int, out_path: Path, tmp_dir: Path, pitch: int | None = None) -> None:
+    """espeak-ng -> 22050 Hz WAV -> sox -> trimmed 16 kHz mono 16-bit FLAC/WAV, or Ogg/Opus for an .ogg path
+    (sox writes the 16-bit WAV, libsndfile encodes it: sox cannot write Opus)."""
     raw = tmp_dir / "espeak.wav"
-    run(["espeak-ng", "-v", voice, "-s", str(rate), "-w", str(raw), text])
+    run(["espeak-ng", "-v", voice, "-s", str(rate), *(["-p", str(pitch)] if pitch is not None else []), "-w", str(raw), text])
+    target = tmp_dir / "lossless.wav" if out_path.suffix == ".ogg" else out_path
     # -D: no dither.  sox dithers with random noise by default when it
     # resamples, which would make every run differ (and compress worse).
     # "gain -1" leaves 1 dB of headroom: espeak-ng peaks at full scale and the
@@ -250,9 +245,14 @@ def synthesize(text: str, voice: str, rate: int, out_path: Path, tmp_dir: Path) 
     # trailing silence (~0.3 s an utterance, a fifth of the audio) and "pad"
     # puts back 50 ms at each end, so the set stays small.
     run(["sox", "-D", str(raw), "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16",
-         "-e", "signed-integer", str(out_path), "gain", "-1",
+         "-e", "signed-integer", str(target), "gain", "-1",
          "silence", "1", "0.02", "0.3%", "reverse", "silence", "1", "0.02", "0.3%", "reverse",
          "pad", "0.05", "0.05"])
+    if target != out_path:
+        import soundfile as sf
+
+        wave, rate_hz = sf.read(str(target), dtype="int16")
+        sf.write(str(out_path), wave, rate_hz, format="OGG", subtype="OPUS", compression_level=OPUS_LEVEL)
 
 
 def check_tools() -> None:
@@ -390,8 +390,9 @@ def write_readme(out: Path, seed: int, utts: list[Utterance], durations: dict[st
         return sum(durations[u.key] for u in utts if u.split == split)
 
     n_train = sum(u.split == "train" for u in utts)
-    n_valid = len(utts) - n_train
-    total_s = seconds("train") + seconds("valid")
+    n_more = sum(u.split == "more" for u in utts)
+    n_valid = len(utts) - n_train - n_more
+    total_s = seconds("train") + seconds("valid") + seconds("more")
     n_words = [len(u.text.split()) for u in utts]
     wavs = ", ".join(f"`utt{i:04d}.wav`" for i in WAV_TRAIN_UTTS)
     train_voices = ", ".join(f"`{v}`" for v in TRAIN_VOICES)
@@ -430,11 +431,17 @@ python tools/make_demo_data.py --out data/demo --seed {seed}
 
 | split | utterances | audio | duration |
 |-------|-----------:|-------|---------:|
-| train | {n_train} | `audio/train/*.flac` ({wavs} are WAV) | {seconds("train"):.1f} s |
+| train | {n_train} | `audio/train/`: utt0001-utt{LOSSLESS_TRAIN:04d} FLAC ({wavs} are WAV), the rest Ogg/Opus | {seconds("train"):.1f} s |
+| more (training) | {n_more} | `audio/more/*.ogg` (Ogg/Opus) | {seconds("more"):.1f} s |
 | valid | {n_valid} | `audio/valid/*.flac` | {seconds("valid"):.1f} s |
 
 Total: {total_s:.1f} s ({total_s / 60:.1f} min) of audio in {total_bytes / 1e6:.2f} MB; utterances last
-{min(durations.values()):.2f}-{max(durations.values()):.2f} s.
+{min(durations.values()):.2f}-{max(durations.values()):.2f} s. `train_more.jsonl` holds the {n_train} training
+lines and the {n_more} more: {n_train + n_more} training utterances, {seconds("train") + seconds("more"):.1f} s.
+The more utterances are new sentences spoken by {len(MORE_VARIANTS)} espeak-ng variants on {len(MORE_ACCENTS)}
+accents (never a validation voice's variant) at a pitch of {MORE_PITCH_RANGE[0]}-{MORE_PITCH_RANGE[1]} and
+{MORE_RATE_RANGE[0]}-{MORE_RATE_RANGE[1]} words per minute. Ogg/Opus at libsndfile's compression level
+{OPUS_LEVEL}: lossy, about 3 KB/s.
 
 * `train.jsonl`, `valid.jsonl`: FunASR `scp2jsonl` format, one JSON object per
   line: `key`, `messages` (system, user, assistant), `speech_length` (fbank
@@ -471,7 +478,8 @@ def prepare_out_dir(out: Path) -> None:
             shutil.rmtree(out / sub)
     for name in ("train.jsonl", "valid.jsonl", "README.md", "am.mvn"):
         (out / name).unlink(missing_ok=True)
-    for split in ("train", "valid"):
+    (out / "train_more.jsonl").unlink(missing_ok=True)
+    for split in ("train", "valid", "more"):
         (out / "audio" / split).mkdir(parents=True)
 
 
@@ -480,29 +488,26 @@ def main() -> None:
     parser.add_argument("--out", default="data/demo", help="output folder (default: data/demo)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
                         help=f"random seed for sentences and rates (default: {DEFAULT_SEED})")
-    parser.add_argument("--more", type=int, default=0,
-                        help="add N more training utterances (audio/more/, train_more.jsonl) to an existing set")
+    parser.add_argument("--more", type=int, default=N_MORE,
+                        help=f"extra training utterances in audio/more/ and train_more.jsonl (default: {N_MORE})")
     args = parser.parse_args()
     out = Path(args.out)
 
     check_tools()
-    if args.more:
-        write_more(out, args.seed, args.more)
-        return
     import soundfile as sf  # imported late so the tool check comes first
     from transformers import AutoTokenizer
 
-    utts = plan_utterances(args.seed)
+    utts = plan_utterances(args.seed) + plan_more(args.seed, args.more)
     prepare_out_dir(out)
     with tempfile.TemporaryDirectory() as tmp:
         check_voices(Path(tmp))
         for n, utt in enumerate(utts, 1):
             path = out / utt.rel_path
-            synthesize(utt.text, utt.voice, utt.rate, path, Path(tmp))
-            if sf.info(str(path)).duration < MIN_SECONDS and utt.rate > RATE_RANGE[0]:
+            synthesize(utt.text, utt.voice, utt.rate, path, Path(tmp), utt.pitch)
+            if utt.split != "more" and sf.info(str(path)).duration < MIN_SECONDS and utt.rate > RATE_RANGE[0]:
                 utt.rate = RATE_RANGE[0]
-                synthesize(utt.text, utt.voice, utt.rate, path, Path(tmp))
-            if n % 50 == 0:
+                synthesize(utt.text, utt.voice, utt.rate, path, Path(tmp), utt.pitch)
+            if n % 200 == 0:
                 print(f"synthesized {n}/{len(utts)}", flush=True)
 
     total_bytes = sum((out / u.rel_path).stat().st_size for u in utts)
@@ -514,13 +519,16 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
 
     durations: dict[str, float] = {}
-    for split in ("train", "valid"):
-        lines = []
+    manifests: dict[str, list[str]] = {}
+    for split in ("train", "valid", "more"):
+        lines = manifests.setdefault(split, [])
         for utt in (u for u in utts if u.split == split):
             durations[utt.key] = sf.info(str(out / utt.rel_path)).duration
             record = jsonl_record(utt, durations[utt.key], len(tok.tokenize(utt.text)))
             lines.append(json.dumps(record, ensure_ascii=False) + "\n")
-        write_text(out / f"{split}.jsonl", "".join(lines))
+    write_text(out / "train.jsonl", "".join(manifests["train"]))
+    write_text(out / "valid.jsonl", "".join(manifests["valid"]))
+    write_text(out / "train_more.jsonl", "".join(manifests["train"] + manifests["more"]))
 
     special_ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     write_readme(out, args.seed, utts, durations, total_bytes, len(tok), special_ids)

@@ -62,8 +62,16 @@ def close(a, b, tol):
         assert err < 20 * tol, (n, float(err))
 
 
-def test_fla_packed_equals_padded_and_the_reference(batches):
+def needs_fla():
+    """fla installed and willing to train here (0.6 refuses its backward on Hopper with Triton < 3.7.1)."""
     pytest.importorskip("fla")
+    reason = K.fla_refusal()
+    if reason:
+        pytest.skip(reason)
+
+
+def test_fla_packed_equals_padded_and_the_reference(batches):
+    needs_fla()
     padded, packed = batches
     ref = model(QWEN3_5)
     fast = model(QWEN3_5)
@@ -79,7 +87,7 @@ def test_fla_packed_equals_padded_and_the_reference(batches):
 
 
 def test_fla_in_bf16_trains_like_the_reference(batches):
-    pytest.importorskip("fla")
+    needs_fla()
     _, packed = batches
     ref, fast = model(QWEN3_5, "bf16"), model(QWEN3_5, "bf16")
     fast.load_state_dict(ref.state_dict())
@@ -93,6 +101,8 @@ def test_liger_kernels_and_fused_loss(arch, batches):
     pytest.importorskip("liger_kernel")
     padded, _ = batches
     over = QWEN3_5 if arch == "qwen3_5" else []
+    if arch == "qwen3_5" and K.available("fla") and K.fla_refusal():
+        pytest.skip("transformers routes Gated DeltaNet to the importable fla, which refuses here: " + K.fla_refusal())
     ref, fast = model(over), model(over)
     fast.load_state_dict(ref.state_dict())
     note = K.apply_liger_kernels(fast)
