@@ -14,7 +14,8 @@ Arms (each a fresh process; real tokens/s = non-pad tokens of the timed steps ov
                   package (no wheel) transformers' short conv ignores the boundaries (3 tokens of leak a
                   boundary): the same work, so the speed is comparable; brisk's fla swap keeps them apart
   b_trl_liger     TRL SFTTrainer as its users run it: assistant_only_loss, padding_free=True,
-                  use_liger_kernel=True, bf16 (fla importable)
+                  use_liger_kernel=True, bf16 (fla importable), TRL's default gradient checkpointing
+  b2_trl_liger_nockpt  the same without gradient checkpointing (TRL tuned by a user with the memory)
   c_brisk_default brisk's step with every switch off (padded, eager)
   d_brisk_fast    brisk's step: packing (varlen attention), fla varlen kernels for Gated DeltaNet, liger
                   RMSNorm/SwiGLU, label_head (LM head + loss on labelled rows), fused AdamW
@@ -39,8 +40,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # Run in this order (every model's arm before the next arm), so a short time budget keeps the main comparison.
-ARMS = ("a_loop", "d_brisk_fast", "b_trl_liger", "k_loop_kernels", "p_loop_packed", "c_brisk_default")
-FLA_ARMS = {"k_loop_kernels", "p_loop_packed", "b_trl_liger", "d_brisk_fast"}
+ARMS = ("a_loop", "d_brisk_fast", "b_trl_liger", "b2_trl_liger_nockpt", "k_loop_kernels", "p_loop_packed",
+        "c_brisk_default")
+TRL_ARMS = {"b_trl_liger", "b2_trl_liger_nockpt"}
+FLA_ARMS = {"k_loop_kernels", "p_loop_packed", "d_brisk_fast"} | TRL_ARMS
 MODELS = {"qwen3_5_2b": "configs/sft_qwen3_5_2b.yaml", "qwen3_1p7b": "configs/sft_qwen3_1p7b.yaml",
           "qwen3_5_9b": "configs/sft_qwen3_5_9b.yaml", "qwen3_8b": "configs/sft_qwen3_8b.yaml",
           "tiny": "configs/sft_demo.yaml"}  # tiny: a smoke test of this script (--device cpu)
@@ -155,15 +158,15 @@ def worker(args) -> dict:
         batches = [(runner.collate(g).to(DEVICE), sum(len(s.tokens.input_ids) for s in g)) for g in sample_groups]
         times, tokens = timed(runner.run, batches, args.warmup, prof)
         note = "; ".join(runner.parts.plan.notes + tuple(runner.parts.accel.notes)) or "no switch"
-    else:  # b_trl_liger
-        times, tokens, note = trl_arm(args, cfg, sample_groups)
+    else:  # TRL_ARMS
+        times, tokens, note = trl_arm(args, cfg, sample_groups, checkpointing=arm == "b_trl_liger")
     per_s = [k / t for k, t in zip(tokens, times)]
     return {"model": args.model, "arm": arm, "steps": len(times), "tokens_per_s": sum(tokens) / sum(times),
             "tps_steps": per_s, "ms_per_step": 1000 * statistics.mean(times), "tokens_per_step": statistics.mean(tokens),
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else 0.0, "note": note}
 
 
-def trl_arm(args, cfg, sample_groups):
+def trl_arm(args, cfg, sample_groups, checkpointing: bool = True):
     import torch
     from datasets import Dataset
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -201,11 +204,12 @@ def trl_arm(args, cfg, sample_groups):
                       use_liger_kernel=True, bf16=True, per_device_train_batch_size=per_batch, max_steps=n,
                       max_length=None,  # padding_free without packing: TRL refuses a max_length
                       learning_rate=1e-5, logging_steps=1000, save_strategy="no", report_to=[],
-                      gradient_checkpointing=True,  # TRL's own default, stated: the arm is TRL as its users run it
+                      gradient_checkpointing=checkpointing,  # True is TRL's own default
                       dataloader_num_workers=0, use_cpu=DEVICE == "cpu")
     Counting(model=model, args=targs, train_dataset=ds, processing_class=tok, callbacks=[Clock()]).train()
     times = [marks[2 * i + 1] - marks[2 * i] for i in range(len(marks) // 2)][args.warmup:]
-    return times, counts[args.warmup:len(times) + args.warmup], f"{per_batch} conversations a step (padding_free row)"
+    return times, counts[args.warmup:len(times) + args.warmup], (f"{per_batch} conversations a step (padding_free row), "
+                                                                  f"gradient checkpointing {'on' if checkpointing else 'off'}")
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -251,7 +255,7 @@ def driver(args) -> None:
             if time.time() > deadline:
                 rows.append({"model": model, "arm": arm, "error": "skipped: out of the time budget"})
                 continue
-            paths = [str(REPO)] + ([str(trl)] if arm == "b_trl_liger" and trl else [str(fla)] if arm in FLA_ARMS and fla else [])
+            paths = [str(REPO)] + ([str(trl)] if arm in TRL_ARMS and trl else [str(fla)] if arm in FLA_ARMS and fla else [])
             # The caller's PYTHONPATH (brisk's own needs, such as soundfile) goes last: an arm's kernels come first.
             paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "TOKENIZERS_PARALLELISM": "false",
