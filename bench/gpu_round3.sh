@@ -10,6 +10,7 @@
 #   bash bench/gpu_round3.sh levers    # GPU tests, then the preset's two open levers (bench_levers.yaml)
 #   LEVERS="speed.fresh_grads=true ..." bash bench/gpu_round3.sh prompt   # FunASR's workload, whole run, probe
 #   bash bench/gpu_round3.sh sft       # chat SFT table (issue 21), then the memory/speed table (issue 23)
+#   bash bench/gpu_round3.sh profile   # kernel classes of the fast path and the preset on FunASR's workload
 set -uo pipefail
 T0=$(date +%s)
 OUT=${OUT:-bench/tmp/gpu_out}
@@ -115,7 +116,18 @@ sft)
         2>&1 | tee "$OUT/memory_speed.log" | tail -n 14
     cp /tmp/ms/memory_speed.md /tmp/ms/memory_speed.json "$OUT/" 2>/dev/null
     ;;
+profile)
+    [ -f /tmp/nano/model.pt ] || timeout 120 python3 tools/make_nano_folder.py --out /tmp/nano > "$OUT/make_nano.log" 2>&1
+    W="model.path=/tmp/nano data.train=bench/tmp/wholerun_data/train.jsonl"
+    FASTP="speed.packing=true speed.cuda_graph=true speed.frozen_eval=true speed.encoder_dtype=bf16 speed.compile=true"
+    for arm in fast preset; do
+        [ $arm = fast ] && S="$FASTP" || S="speed.preset=fast"
+        timeout "$(left 560)" python3 -m brisk profile configs/bench_prompt.yaml $W $S --out /tmp/prof_$arm \
+            > /tmp/prof_$arm.log 2>&1 || echo "profile $arm exited with $?"
+        cp /tmp/prof_$arm/profile.md "$OUT/profile_prompt_$arm.md" 2>/dev/null; grep -A14 -i "kernel class" /tmp/prof_$arm/profile.md | head -16
+    done
+    ;;
 *)
-    echo "usage: bash bench/gpu_round3.sh tests|compare|llm|levers|prompt|sft"; exit 2 ;;
+    echo "usage: bash bench/gpu_round3.sh tests|compare|llm|levers|prompt|sft|profile"; exit 2 ;;
 esac
 echo "part ${1} done in $(( $(date +%s) - T0 )) s"
