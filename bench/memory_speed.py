@@ -44,7 +44,7 @@ BASE = [f"data.profile={REPO / 'brisk/bench/profiles/aishell1_like.jsonl'}", "da
         "data.num_workers=0", "train.device=cuda", "train.parallel=ddp", "speed.packing=true", "speed.frozen_eval=true",
         "speed.fused_adamw=true", "speed.encoder_dtype=bf16", "speed.label_head=true",
         "speed.sdpa_backends=[flash,efficient,math]", "optim.warmup_steps=10"]
-CANDIDATES = [6000, 12000, 24000, 48000, 96000, 192000, 384000]
+CANDIDATES = [6000, 12000, 24000, 48000, 96000, 192000, 384000, 768000]  # 384k fit 0.6B and 1.7B in round 3b
 
 
 def measure(size: str, arm: str, args, flops_per_token: dict) -> dict:
