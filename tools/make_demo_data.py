@@ -476,9 +476,8 @@ def prepare_out_dir(out: Path) -> None:
     for sub in ("audio", "tokenizer"):
         if (out / sub).exists():
             shutil.rmtree(out / sub)
-    for name in ("train.jsonl", "valid.jsonl", "README.md", "am.mvn"):
+    for name in ("train.jsonl", "valid.jsonl", "train_more.jsonl", "README.md", "am.mvn"):
         (out / name).unlink(missing_ok=True)
-    (out / "train_more.jsonl").unlink(missing_ok=True)
     for split in ("train", "valid", "more"):
         (out / "audio" / split).mkdir(parents=True)
 
