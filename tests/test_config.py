@@ -71,3 +71,13 @@ def test_fun_asr_nano_config_has_the_real_sizes():
     assert param_count(m, trainable=True) == 596_049_920  # encoder and adaptor frozen, LLM trained
     assert (cfg.data.batch_tokens, cfg.data.max_utts, cfg.data.sort_size) == (6000, 10, 1024)
     assert (cfg.optim.lr, cfg.optim.grad_clip, cfg.model.llm.dtype) == (2e-4, 5.0, "bf16")
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "configs").glob("*.yaml")))
+def test_every_shipped_config_and_bench_arm_loads(name):
+    """A shipped config with a typo or a rule-breaking bench arm fails here, not on the GPU machine."""
+    from brisk.bench.bench import with_overrides
+
+    cfg = load_config(REPO / "configs" / f"{name}.yaml")
+    for arm in cfg.bench.arms:
+        with_overrides(cfg, arm.overrides)
