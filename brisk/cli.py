@@ -72,7 +72,11 @@ def cmd_train(args) -> int:
 
         folder = demo_dir()
         items.append(f"train.output_dir={folder}")
-        cfg = _load(items, DEMO)
+        try:
+            cfg = _load(items, DEMO)
+        except Exception:
+            folder.rmdir()  # still empty: a mistake in the overrides leaves no folder behind
+            raise
         print(f"run folder: {folder}", flush=True)
     else:
         cfg = _load(items, DEMO)

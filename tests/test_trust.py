@@ -127,6 +127,12 @@ def _demo_lines(n: int) -> list[str]:
     return [x.replace("!audio/", f"!{DEMO}/audio/") for x in lines]
 
 
+def test_the_demo_with_a_mistaken_override_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # `brisk train` alone makes ./runs/demo-<time>
+    assert "speed.preset='fastest'" in _error_line(capsys, ["train", "speed.preset=fastest"])
+    assert list((tmp_path / "runs").glob("demo-*")) == []
+
+
 def test_a_start_that_failed_on_data_does_not_block_the_rerun(tmp_path, capsys):
     run, data = tmp_path / "run", tmp_path / "d.jsonl"
     lines = _demo_lines(4)
