@@ -19,8 +19,9 @@ Arms (each a fresh process; real tokens/s = non-pad tokens of the timed steps ov
   c_brisk_default brisk's step with every switch off (padded, eager)
   d_brisk_fast    brisk's step: packing (varlen attention), fla varlen kernels for Gated DeltaNet, liger
                   RMSNorm/SwiGLU, label_head (LM head + loss on labelled rows), fused AdamW
-Every arm but TRL trains on the same batches in the same order (groups of conversations under a padded-token
-budget); TRL batches its own way (per_device_train_batch_size = the mean conversations of those groups).
+Every arm, TRL too, trains on the same batches in the same order (groups of whole conversations under a
+padded-token budget; data.overlong=skip): TRL tokenises the same messages itself and its loader is handed the
+groups.
 Op tables (torch.profiler, top CUDA kernels of one step) for a_loop and d_brisk_fast go to $OUT/ops_*.txt.
 Wheels: fla-core (fla arms), liger-kernel, trl, datasets, dill, multiprocess (TRL arm), installed with
 --no-deps into private folders under --work (with the generated data), so the torch-path arms never
@@ -57,7 +58,8 @@ def load_cfg(model: str, data: Path, extra: list[str]):
     from brisk.config import load_config
 
     tiny = ["model.llm.config.vocab_size=392", "data.max_len=1024", "data.batch_tokens=2048"] if model == "tiny" else []
-    return load_config(REPO / MODELS[model], [f"data.train={data / 'train.jsonl'}", "data.valid=null",
+    # overlong=skip: every arm, TRL too, trains on whole conversations (TRL's padding-free rows do not truncate)
+    return load_config(REPO / MODELS[model], [f"data.train={data / 'train.jsonl'}", "data.valid=null", "data.overlong=skip",
                                                f"data.tokenizer={data / 'tokenizer'}", f"train.device={DEVICE}",
                                                *tiny, *extra])
 
@@ -175,13 +177,18 @@ def trl_arm(args, cfg, sample_groups, checkpointing: bool = True):
     from brisk.data.chat import read_chat_jsonl
 
     convs, _ = read_chat_jsonl(Path(args.data) / "train.jsonl", skip_bad=False)
-    per_batch = max(1, round(statistics.mean(len(g) for g in sample_groups)))
+    # The other arms' batches, conversation for conversation: TRL tokenises the same messages and its loader
+    # is given the same groups (TRL's own loader would take a fixed number of conversations in file order).
+    messages = {conv.key: conv.messages for conv in convs}
+    sizes = [len(g) for g in sample_groups]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    batches = [list(range(a, a + k)) for a, k in zip(starts, sizes)]
     n = args.warmup + args.steps
     tok = AutoTokenizer.from_pretrained(str(Path(args.data) / "tokenizer"), local_files_only=True)
     c = dict(cfg.model.llm.config)
     with torch.device(DEVICE):
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(c.pop("model_type"), **c), dtype=torch.bfloat16)
-    ds = Dataset.from_list([{"messages": conv.messages} for conv in convs[: per_batch * n]])
+    ds = Dataset.from_list([{"messages": messages[sample.key]} for g in sample_groups for sample in g])
     marks: list[float] = []
 
     class Clock(TrainerCallback):
@@ -196,20 +203,29 @@ def trl_arm(args, cfg, sample_groups, checkpointing: bool = True):
     counts: list[int] = []
 
     class Counting(SFTTrainer):
+        def get_train_dataloader(self):
+            from torch.utils.data import DataLoader
+
+            keep = [k for k in self.train_dataset.column_names if k != "messages"]  # TRL's tokens and masks
+            loader = DataLoader(self.train_dataset.select_columns(keep), batch_sampler=batches,
+                                collate_fn=self.data_collator)
+            return self.accelerator.prepare(loader)
+
         def training_step(self, model, inputs, *a, **kw):
             counts.append(int(inputs["input_ids"].numel()))  # padding-free: one row of real tokens
             return super().training_step(model, inputs, *a, **kw)
 
     targs = SFTConfig(output_dir=str(Path(args.out) / "trl"), assistant_only_loss=True, padding_free=True,
-                      use_liger_kernel=True, bf16=True, per_device_train_batch_size=per_batch, max_steps=n,
+                      use_liger_kernel=DEVICE == "cuda",  # Triton kernels; the CPU smoke test runs without them
+                      bf16=True, per_device_train_batch_size=max(sizes), max_steps=n,
                       max_length=None,  # padding_free without packing: TRL refuses a max_length
                       learning_rate=1e-5, logging_steps=1000, save_strategy="no", report_to=[],
                       gradient_checkpointing=checkpointing,  # True is TRL's own default
                       dataloader_num_workers=0, use_cpu=DEVICE == "cpu")
     Counting(model=model, args=targs, train_dataset=ds, processing_class=tok, callbacks=[Clock()]).train()
     times = [marks[2 * i + 1] - marks[2 * i] for i in range(len(marks) // 2)][args.warmup:]
-    return times, counts[args.warmup:len(times) + args.warmup], (f"{per_batch} conversations a step (padding_free row), "
-                                                                  f"gradient checkpointing {'on' if checkpointing else 'off'}")
+    return times, counts[args.warmup:len(times) + args.warmup], ("the other arms' batches (padding_free row), gradient "
+                                                                  f"checkpointing {'on' if checkpointing else 'off'}")
 
 
 # ------------------------------------------------------------------------------------------ driver
