@@ -11,6 +11,11 @@
 #   LEVERS="speed.fresh_grads=true ..." bash bench/gpu_round3.sh prompt   # FunASR's workload, whole run, probe
 #   bash bench/gpu_round3.sh sft       # chat SFT table (issue 21), then the memory/speed table (issue 23)
 #   bash bench/gpu_round3.sh profile   # kernel classes of the fast path and the preset on FunASR's workload
+# Round 3c (third session; bench/results/2026-12-01-h200-round3c/README.md):
+#   bash bench/gpu_round3.sh sft2      # GPU test of the batched Gated DeltaNet path, chat table (2B, 9B) at 8k tokens
+#   bash bench/gpu_round3.sh sft3      # the dense row like for like (TRL on the same batches), the hybrid's other arms
+#   bash bench/gpu_round3.sh big       # the ~9B / 8B chat configs (LoRA), then configs/bench_buckets.yaml
+#   bash bench/gpu_round3.sh final     # the 9B config as shipped, probe of the preset as shipped
 set -uo pipefail
 T0=$(date +%s)
 OUT=${OUT:-bench/tmp/gpu_out}
@@ -120,14 +125,65 @@ profile)
     [ -f /tmp/nano/model.pt ] || timeout 120 python3 tools/make_nano_folder.py --out /tmp/nano > "$OUT/make_nano.log" 2>&1
     W="model.path=/tmp/nano data.train=bench/tmp/wholerun_data/train.jsonl"
     FASTP="speed.packing=true speed.cuda_graph=true speed.frozen_eval=true speed.encoder_dtype=bf16 speed.compile=true"
-    for arm in fast preset; do
-        [ $arm = fast ] && S="$FASTP" || S="speed.preset=fast"
+    BUCKETS="speed.pack_buckets=[256,384,512,640,768,896,1024,1280,1536,1792,2048,2304,2560,3072,4096]"
+    for arm in ${ARMS:-fast preset buckets}; do
+        case $arm in fast) S="$FASTP";; preset) S="speed.preset=fast";; buckets) S="speed.preset=fast $BUCKETS";; esac
         timeout "$(left 560)" python3 -m brisk profile configs/bench_prompt.yaml $W $S --out /tmp/prof_$arm \
             > /tmp/prof_$arm.log 2>&1 || echo "profile $arm exited with $?"
         cp /tmp/prof_$arm/profile.md "$OUT/profile_prompt_$arm.md" 2>/dev/null; grep -A14 -i "kernel class" /tmp/prof_$arm/profile.md | head -16
     done
     ;;
+sft2)
+    # round 3c: the batched Gated DeltaNet path (GPU test without fla on the path), then the chat table at
+    # 8,192 padded tokens a batch (the seed's loop ran out of memory at 16,384 on Qwen3.5 2B)
+    timeout 120 python3 -m pytest -o addopts="" -q -rs -p no:warnings --timeout 100 tests/gpu/test_llm_kernels_cuda.py \
+        -k batched 2>&1 | tee "$OUT/gpu_tests_batched.log" | tail -n 4
+    timeout "$(left 590)" python3 bench/sft_bench.py --wheels .whl --no-fla --out /tmp/sft --budget-s "$(left 470)" \
+        --steps 4 --batch-tokens 8192 --models ${MODELS:-qwen3_5_2b,qwen3_5_9b} \
+        --arms ${SFT_ARMS:-a_loop,d_brisk_fast,b2_trl_liger_nockpt} 2>&1 | tee "$OUT/sft_bench.log" | tail -n 12
+    tar czf "$OUT/sft_logs.tgz" -C /tmp sft 2>/dev/null
+    ;;
+sft3)
+    # round 3c: the dense model's row like for like (TRL on the same batches, with and without its default
+    # gradient checkpointing), the hybrid's remaining arms, at 8,192 padded tokens a batch
+    timeout "$(left 330)" python3 bench/sft_bench.py --wheels .whl --no-fla --out /tmp/sft --budget-s "$(left 250)" \
+        --steps 4 --batch-tokens 8192 --models qwen3_1p7b \
+        --arms a_loop,d_brisk_fast,b_trl_liger,b2_trl_liger_nockpt,c_brisk_default 2>&1 | tee "$OUT/sft_bench_dense.log" | tail -n 8
+    timeout "$(left 590)" python3 bench/sft_bench.py --wheels .whl --no-fla --out /tmp/sft_h --budget-s "$(left 500)" \
+        --steps 4 --batch-tokens 8192 --models qwen3_5_2b \
+        --arms d1_brisk_fast_per_sequence,c_brisk_default,p_loop_packed,b_trl_liger 2>&1 | tee "$OUT/sft_bench_hybrid.log" | tail -n 7
+    tar czf "$OUT/sft_logs.tgz" -C /tmp sft sft_h 2>/dev/null
+    ;;
+big)
+    # round 3c: the ~9B chat configs (LoRA on every decoder linear layer: full fine-tuning's 16 bytes a parameter
+    # do not fit one H200), then the preset with and without finer pack buckets on FunASR's workload
+    timeout 300 python3 bench/sft_bench.py --wheels .whl --no-fla --out /tmp/sft_big --budget-s 230 --steps 4 \
+        --models qwen3_5_9b,qwen3_8b --arms d_brisk_fast,c_brisk_default 2>&1 | tee "$OUT/sft_bench_big.log" | tail -n 7
+    tar czf "$OUT/sft_big_logs.tgz" -C /tmp sft_big 2>/dev/null
+    [ -f /tmp/nano/model.pt ] || timeout 120 python3 tools/make_nano_folder.py --out /tmp/nano > "$OUT/make_nano.log" 2>&1
+    timeout "$(left 590)" python3 -m brisk bench configs/bench_buckets.yaml model.path=/tmp/nano \
+        data.train=bench/tmp/wholerun_data/train.jsonl --out /tmp/bench_buckets > "$OUT/bench_buckets.log" 2>&1
+    tail -n 8 /tmp/bench_buckets/bench.md; cp /tmp/bench_buckets/bench.md "$OUT/bench_buckets.md"
+    ;;
+final)
+    # round 3c: the hybrid ~9B config as shipped (LoRA + activation checkpointing), then the probe of the preset
+    # as shipped (finer pack buckets now) against the eager reference
+    timeout 200 python3 bench/sft_bench.py --wheels .whl --no-fla --out /tmp/sft_9b --budget-s 100 --steps 4 \
+        --models qwen3_5_9b --arms d_brisk_fast 2>&1 | tee "$OUT/sft_bench_9b.log" | tail -n 3
+    tar czf "$OUT/sft_9b_logs.tgz" -C /tmp sft_9b 2>/dev/null
+    R=/tmp/probe_runs; mkdir -p $R
+    P="configs/fun_asr_nano.yaml data.profile=brisk/bench/profiles/aishell1_like.jsonl train.max_steps=120
+       train.device=cuda probe.enabled=true train.progress=false train.log_every=40 train.tensorboard=false
+       train.export=none train.save_final=false data.num_workers=4 train.overwrite=true"
+    for arm in eager_ref preset; do
+        [ $arm = eager_ref ] && S="speed.frozen_eval=true speed.sdpa_backends=[flash,efficient,math]" || S="speed.preset=fast"
+        timeout "$(left 520)" python3 -m brisk train $P train.output_dir=$R/$arm $S > $R/$arm.log 2>&1 || echo "$arm exited with $?"
+        grep -h "acceleration:\|preset" $R/$arm.log | head -3 | cut -c1-400; done
+    python3 -m brisk probe compare $R/eager_ref $R/preset --tolerances kernel_noise --out "$OUT/probe_preset_vs_eager_ref.md" \
+        > /tmp/cmp.txt 2>&1; echo "== probe preset vs eager_ref: exit $?"; tail -n 6 /tmp/cmp.txt
+    cp $R/eager_ref.log $R/preset.log "$OUT/" 2>/dev/null
+    ;;
 *)
-    echo "usage: bash bench/gpu_round3.sh tests|compare|llm|levers|prompt|sft|profile"; exit 2 ;;
+    echo "usage: bash bench/gpu_round3.sh tests|compare|llm|levers|prompt|sft|sft2|sft3|big|final|profile"; exit 2 ;;
 esac
 echo "part ${1} done in $(( $(date +%s) - T0 )) s"

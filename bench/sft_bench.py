@@ -17,8 +17,12 @@ Arms (each a fresh process; real tokens/s = non-pad tokens of the timed steps ov
                   use_liger_kernel=True, bf16 (fla importable), TRL's default gradient checkpointing
   b2_trl_liger_nockpt  the same without gradient checkpointing (TRL tuned by a user with the memory)
   c_brisk_default brisk's step with every switch off (padded, eager)
-  d_brisk_fast    brisk's step: packing (varlen attention), fla varlen kernels for Gated DeltaNet, liger
-                  RMSNorm/SwiGLU, label_head (LM head + loss on labelled rows), fused AdamW
+  d1_brisk_fast_per_sequence  d_brisk_fast with each packed conversation through the Gated DeltaNet layers on
+                  its own (the reference path) instead of one padded batch: that lever's before/after
+  d_brisk_fast    brisk's step: packing (varlen attention), fla varlen kernels for Gated DeltaNet (with
+                  --no-fla: the row's conversations as one right-padded batch through transformers' torch
+                  layer, speed.linear_attention_batched), liger RMSNorm/SwiGLU, label_head (LM head + loss on
+                  labelled rows), fused AdamW
 Every arm, TRL too, trains on the same batches in the same order (groups of whole conversations under a
 padded-token budget; data.overlong=skip): TRL tokenises the same messages itself and its loader is handed the
 groups.
@@ -42,9 +46,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 # Run in this order (every model's arm before the next arm), so a short time budget keeps the main comparison.
 ARMS = ("a_loop", "d_brisk_fast", "b_trl_liger", "b2_trl_liger_nockpt", "k_loop_kernels", "p_loop_packed",
-        "c_brisk_default")
+        "c_brisk_default", "d1_brisk_fast_per_sequence")
 TRL_ARMS = {"b_trl_liger", "b2_trl_liger_nockpt"}
-FLA_ARMS = {"k_loop_kernels", "p_loop_packed", "d_brisk_fast"} | TRL_ARMS
+FLA_ARMS = {"k_loop_kernels", "p_loop_packed", "d_brisk_fast", "d1_brisk_fast_per_sequence"} | TRL_ARMS
 MODELS = {"qwen3_5_2b": "configs/sft_qwen3_5_2b.yaml", "qwen3_1p7b": "configs/sft_qwen3_1p7b.yaml",
           "qwen3_5_9b": "configs/sft_qwen3_5_9b.yaml", "qwen3_8b": "configs/sft_qwen3_8b.yaml",
           "tiny": "configs/sft_demo.yaml"}  # tiny: a smoke test of this script (--device cpu)
@@ -53,11 +57,15 @@ PROFILED = {"a_loop", "d_brisk_fast"}
 
 
 # ------------------------------------------------------------------------------------------ worker
+BATCH_TOKENS: int | None = None  # --batch-tokens: data.batch_tokens for every arm (the configs' 16,384 by default)
+
+
 def load_cfg(model: str, data: Path, extra: list[str]):
     sys.path.insert(0, str(REPO))
     from brisk.config import load_config
 
     tiny = ["model.llm.config.vocab_size=392", "data.max_len=1024", "data.batch_tokens=2048"] if model == "tiny" else []
+    tiny += [f"data.batch_tokens={BATCH_TOKENS}"] if BATCH_TOKENS else []
     # overlong=skip: every arm, TRL too, trains on whole conversations (TRL's padding-free rows do not truncate)
     return load_config(REPO / MODELS[model], [f"data.train={data / 'train.jsonl'}", "data.valid=null", "data.overlong=skip",
                                                f"data.tokenizer={data / 'tokenizer'}", f"train.device={DEVICE}",
@@ -149,12 +157,14 @@ def worker(args) -> dict:
 
         times, tokens = timed(step, batches, args.warmup, prof)
         note = f"gated delta rule from {linear_attention_impl()}"
-    elif arm in ("c_brisk_default", "d_brisk_fast"):
+    elif arm in ("c_brisk_default", "d_brisk_fast", "d1_brisk_fast_per_sequence"):
         from brisk.bench.harness import build_runner
 
         fast = ["speed.packing=true", "speed.label_head=true", "speed.fused_adamw=true", "speed.pack_buckets=[1024]"]
         if DEVICE == "cuda":  # Triton kernels (the CPU smoke test runs the rest)
             fast += ["speed.liger=true"] + ([] if os.environ.get("SFT_BENCH_NO_FLA") else ["speed.fla_kernels=true"])
+        if arm == "d_brisk_fast":  # Gated DeltaNet layers where fla is off (fla wins when on)
+            fast += ["speed.linear_attention_batched=true"]
         cfg = load_cfg(args.model, Path(args.data), [] if arm == "c_brisk_default" else fast)
         runner = build_runner(cfg)  # the run's parts as `brisk train` assembles them
         batches = [(runner.collate(g).to(DEVICE), sum(len(s.tokens.input_ids) for s in g)) for g in sample_groups]
@@ -239,17 +249,22 @@ def install(wheels: Path, target: Path, names: list[str]) -> Path:
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| model | arm | real tokens/s (mean ± sd over steps) | vs a_loop | ms/step | tokens/step | peak GiB |",
-           "|---|---|---|---|---|---|---|"]
-    base = {r["model"]: r["tokens_per_s"] for r in rows if r["arm"] == "a_loop" and "tokens_per_s" in r}
+    """Real tokens/s of the timed steps (all tokens over all time), the per-step spread, and the median step's
+    tokens/s (steadier when a few steps are much slower than the rest), each against the model's a_loop."""
+    out = ["| model | arm | real tokens/s (all steps; sd over steps) | vs a_loop | median step tokens/s | vs a_loop "
+           "| ms/step | tokens/step | peak GiB |", "|---|---|---|---|---|---|---|---|---|"]
+    base = {r["model"]: r for r in rows if r["arm"] == "a_loop" and "tokens_per_s" in r}
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['model']} | {r['arm']} | failed: {r['error'][:80]} | | | | |")
+            out.append(f"| {r['model']} | {r['arm']} | failed: {r['error'][:80]} | | | | | | |")
             continue
         sd = statistics.pstdev(r["tps_steps"]) if len(r["tps_steps"]) > 1 else 0.0
-        ratio = f"{r['tokens_per_s'] / base[r['model']]:.2f}x" if r["model"] in base else "-"
-        out.append(f"| {r['model']} | {r['arm']} | {r['tokens_per_s']:,.0f} ± {sd:,.0f} | {ratio} | "
-                   f"{r['ms_per_step']:.0f} | {r['tokens_per_step']:,.0f} | {r['peak_gib']:.1f} |")
+        med = statistics.median(r["tps_steps"])
+        b = base.get(r["model"])
+        ratio = f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x" if b else "-"
+        med_ratio = f"{med / statistics.median(b['tps_steps']):.2f}x" if b else "-"
+        out.append(f"| {r['model']} | {r['arm']} | {r['tokens_per_s']:,.0f} ± {sd:,.0f} | {ratio} | {med:,.0f} | "
+                   f"{med_ratio} | {r['ms_per_step']:.0f} | {r['tokens_per_step']:,.0f} | {r['peak_gib']:.1f} |")
     return "\n".join(out)
 
 
@@ -277,7 +292,8 @@ def driver(args) -> None:
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "TOKENIZERS_PARALLELISM": "false",
                    "SFT_BENCH_NO_FLA": "1" if args.no_fla else ""}
             cmd = [sys.executable, __file__, "--worker", "--arm", arm, "--model", model, "--data", str(data),
-                   "--out", str(out), "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
+                   "--out", str(out), "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device,
+                   *(["--batch-tokens", str(args.batch_tokens)] if args.batch_tokens else [])]
             t0 = time.time()
             try:
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
@@ -314,12 +330,17 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=500, help="no new arm starts after this many seconds")
     ap.add_argument("--no-fla", action="store_true", help="leave flash-linear-attention out of every arm (its gated "
                     "delta rule backward refuses Triton < 3.7.1 on Hopper: torch 2.11's Triton 3.6)")
+    ap.add_argument("--batch-tokens", type=int, help="data.batch_tokens (padded tokens a batch) for every arm")
     ap.add_argument("--out")
     ap.add_argument("--work", default="/tmp/sft_bench_work", help="generated data and wheel installs")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (--models tiny)")
+    ap.add_argument("--table", nargs="+", help="print the table of these results.jsonl files (no run)")
     args = ap.parse_args()
-    global DEVICE
-    DEVICE = args.device
+    if args.table:
+        print(table([json.loads(x) for f in args.table for x in Path(f).read_text().splitlines() if x.strip()]))
+        return
+    global DEVICE, BATCH_TOKENS
+    DEVICE, BATCH_TOKENS = args.device, args.batch_tokens
     if args.worker:
         sys.path.insert(0, str(REPO))
         print("RESULT " + json.dumps(worker(args)), flush=True)

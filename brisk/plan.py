@@ -47,6 +47,8 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("fresh_grads", "step", True, "the graphed backward writes new gradients (no zeroing, no adding)"),
     Switch("fused_adamw", "optimizer", True, "torch's fused AdamW; non-finite steps skipped on the device"),
     Switch("tf32", "process", True, "TF32 matmuls and convolutions for fp32 work (process-wide, restored after)"),
+    Switch("linear_attention_batched", "model", False, "a packed row's sequences as one padded batch in Gated DeltaNet "
+           "layers (task chat)"),
     Switch("fla_kernels", "model", True, "flash-linear-attention's kernels for Gated DeltaNet layers (task chat)"),
     Switch("liger", "model", True, "liger-kernel's fused RMSNorm and SwiGLU (task chat)"),
     Switch("liger_loss", "step", True, "liger-kernel's fused linear cross-entropy (task chat)"),
@@ -63,13 +65,18 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {  # name -> task -> values
     "fast": {
         "speech": {"packing": True, "cuda_graph": True, "frozen_eval": True, "encoder_dtype": "bf16", "compile": True,
                    "fused_adamw": True, "label_head": True, "label_rows_frac": 0.3, "fresh_grads": True,
-                   "fuse_projections": True},
-        "chat": {"packing": True, "fused_adamw": True, "label_head": True, "fla_kernels": True},
+                   "fuse_projections": True,
+                   # 1,792 and 2,304 too: FunASR's ~1,600-token steps pad to 1,741 positions, not 1,971 (28.0 ms
+                   # against 30.1, bench/results/2026-12-01-h200-round3c)
+                   "pack_buckets": [256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2304, 2560, 3072,
+                                    4096]},
+        "chat": {"packing": True, "fused_adamw": True, "label_head": True, "fla_kernels": True,
+                 "linear_attention_batched": True},  # the Gated DeltaNet path where fla is left off
     },
 }
 PACKAGES = {"fla_kernels": "fla", "liger": "liger_kernel", "liger_loss": "liger_kernel"}  # a preset skips them if missing
 SPEECH_ONLY = ("frozen_eval", "encoder_dtype", "encoder_cache", "cuda_graph", "fresh_grads")
-CHAT_ONLY = ("fla_kernels", "liger", "liger_loss")
+CHAT_ONLY = ("linear_attention_batched", "fla_kernels", "liger", "liger_loss")
 FROZEN_AUDIO = ("frozen_eval", "encoder_dtype", "encoder_cache", "cuda_graph", "fresh_grads")  # need frozen audio
 
 
@@ -124,10 +131,11 @@ RULES: tuple[Rule, ...] = (
     Rule("task, speech switches", "config",
          lambda c, d, w: c.task == "chat" and any(k in switches_on(c.speed) for k in SPEECH_ONLY),
          "task chat: {speech_on} act on the audio path or the speech fast path's graphs; set them false "
-         "(the chat path takes packing, compile, fused_adamw, label_head, fla_kernels, liger, liger_loss)"),
+         "(the chat path takes packing, compile, fused_adamw, label_head, linear_attention_batched, fla_kernels, "
+         "liger, liger_loss)"),
     Rule("task, chat switches", "config",
          lambda c, d, w: c.task == "speech" and any(k in switches_on(c.speed) for k in CHAT_ONLY),
-         "speed.fla_kernels, speed.liger and speed.liger_loss are for task: chat (the speech-LLM's Qwen3 decoder has "
+         "speed.linear_attention_batched, fla_kernels, liger and liger_loss are for task: chat (the speech-LLM's Qwen3 decoder has "
          "neither linear attention nor a liger path here); set them false"),
     Rule("task, train.export", "config", lambda c, d, w: c.task == "chat" and c.train.export == "funasr",
          "train.export=funasr is a speech-LLM folder; with task: chat use train.export=hf or none"),
@@ -266,7 +274,10 @@ def make_plan(cfg: "Config", device: str, world: int = 1,
         if changes:
             speed = dataclasses.replace(speed, **changes)
         on = [k for k in switches_on(speed) if k in values]
+        settings = [f"{k}={getattr(speed, k)}" for k in values if k not in SWITCH_KEYS and k in
+                    {f.name for f in dataclasses.fields(speed)} and getattr(speed, k) == values[k]]
         notes.append(f"preset {speed.preset}: on {', '.join(on) or 'nothing'}" +
+                     (f"; with {', '.join(settings)}" if settings else "") +
                      "".join(f"; left off {k} ({why})" for k, why in off.items() if k in changes))
         if not frozen and cfg.task == "speech":
             notes.append(f"preset {speed.preset}: the frozen-audio switches ({', '.join(FROZEN_AUDIO)}) stay off: "

@@ -64,6 +64,29 @@ def test_packed_equals_padded(arch, samples):
         assert torch.allclose(g1[n], g2[n], rtol=1e-4, atol=1e-6), n
 
 
+def test_batched_linear_attention_equals_per_sequence_and_padded(samples):
+    """The right-padded batch path: the same loss and gradients as each conversation on its own and as the
+    padded batch, on a row whose conversations differ in length and end in a bucket's padding tail."""
+    from brisk.speed.llm_kernels import PaddedBatch, apply_linear_attention_batched
+
+    ref = build_model(chat_cfg(QWEN3_5).model, task="chat")
+    fast = build_model(chat_cfg(QWEN3_5).model, task="chat")
+    apply_linear_attention_per_sequence(ref)
+    assert "2 Gated DeltaNet" in apply_linear_attention_batched(fast)
+    assert list(fast.state_dict()) == list(ref.state_dict())
+    assert sum(isinstance(m, PaddedBatch) for m in fast.modules()) == 2
+    padded, packed = Collator()(samples), Collator(packed=True, token_buckets=(512,))(samples)
+    lengths = (packed.cu_seqlens[1:] - packed.cu_seqlens[:-1]).tolist()
+    assert len(set(x for x in lengths if x)) > 2 and int(packed.cu_seqlens[-1]) == packed.input_ids.shape[1]
+    l0, g0, _ = loss_and_grads(ref, packed)
+    for batch in (packed, padded):
+        l1, g1, _ = loss_and_grads(fast, batch)
+        assert torch.allclose(l0, l1, rtol=1e-5, atol=1e-6), (l0, l1)
+        assert g1.keys() == g0.keys()
+        for n in g0:
+            assert torch.allclose(g0[n], g1[n], rtol=1e-4, atol=1e-6), n
+
+
 def test_linear_attention_leaks_across_a_packed_row_without_the_swap(samples):
     """Why the swap exists: transformers' torch path cannot keep packed sequences apart."""
     model = build_model(chat_cfg(QWEN3_5).model, task="chat")
@@ -88,12 +111,51 @@ def test_hidden_feeds_lm_head(arch, samples):
     assert torch.allclose(model.llm.get_output_embeddings()(hidden), logits, atol=1e-5)
 
 
+LORA = ["model.llm.lora.enabled=true", "model.llm.lora.only=true", "model.llm.lora.dropout=0.0",
+        "model.llm.lora.target_modules=[q_proj,v_proj,gate_proj,in_proj_qkv,out_proj]"]
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
-def test_hf_export_round_trip(arch, samples, tmp_path):
+def test_lora_and_activation_checkpointing_in_chat_models(arch, samples):
+    """model.llm.lora and model.llm.activation_checkpoint act on task: chat too: only the adapters train, the
+    base weights keep their names, and recomputing every layer gives the same loss and gradients."""
+    from brisk.adapters.lora import LoraLinear
+
+    base = QWEN3 if arch == "qwen3" else QWEN3_5
+    plain = build_model(chat_cfg(base).model, task="chat")
+    lora = build_model(chat_cfg(base + LORA).model, task="chat")
+    trainable = [n for n, p in lora.named_parameters() if p.requires_grad]
+    assert trainable and all(n.rsplit(".", 1)[1] in ("lora_A", "lora_B") for n in trainable)
+    assert any(isinstance(m, LoraLinear) for m in lora.modules())
+    assert set(plain.state_dict()) <= set(lora.state_dict())
+    ckpt = build_model(chat_cfg(base + LORA + ["model.llm.activation_checkpoint=1"]).model, task="chat")
+    ckpt.load_state_dict(lora.state_dict())
+    with torch.no_grad():  # B starts at zero: give the adapters an update to check
+        for m in (lora, ckpt):
+            for n, p in m.named_parameters():
+                if n.endswith("lora_B"):
+                    p.copy_(torch.linspace(-0.1, 0.1, p.numel()).reshape(p.shape))
+    layers = ckpt.llm.base_model.layers
+    assert all(type(m).__name__.startswith("Checkpointed") for m in layers) and len(layers) > 1
+    batch = Collator()(samples)
+    l1, g1, _ = loss_and_grads(lora, batch)
+    l2, g2, _ = loss_and_grads(ckpt, batch)
+    assert torch.allclose(l1, l2) and g1.keys() == g2.keys() == set(trainable)
+    for n in g1:
+        assert torch.allclose(g1[n], g2[n], rtol=1e-5, atol=1e-7), n
+
+
+@pytest.mark.parametrize("arch,lora", [("qwen3", False), ("qwen3_5", False), ("qwen3_5", True)])
+def test_hf_export_round_trip(arch, lora, samples, tmp_path):
     from brisk.models.export import export_folder
 
-    cfg = chat_cfg(QWEN3 if arch == "qwen3" else QWEN3_5)
+    cfg = chat_cfg((QWEN3 if arch == "qwen3" else QWEN3_5) + (LORA if lora else []))
     model = build_model(cfg.model, task="chat").eval()
+    if lora:  # a trained adapter: the export folds W + (alpha / r) B A into transformers' plain layers
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n.endswith("lora_B"):
+                    p.copy_(torch.linspace(-0.1, 0.1, p.numel()).reshape(p.shape))
     out = export_folder(model, cfg, tmp_path / "hf", "hf", "fp32")
     loaded = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True).eval()
     tok = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
@@ -102,7 +164,10 @@ def test_hf_export_round_trip(arch, samples, tmp_path):
     with torch.no_grad():
         ours = model(batch)
         theirs = loaded(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    assert torch.equal(ours, theirs)
+    if lora:  # folding rounds once in fp32
+        assert torch.allclose(ours, theirs, atol=1e-5) and not torch.allclose(ours, theirs * 0)
+    else:
+        assert torch.equal(ours, theirs)
 
 
 def fake_fla(monkeypatch):

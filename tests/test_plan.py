@@ -137,7 +137,7 @@ def test_chat_switches_and_rules(tmp_path):
     with pytest.raises(ConfigError, match="need a CUDA device"):
         make_plan(cfg, "cpu", 1)
     cfg, plan = make_plan(load_config(demo, [f"train.output_dir={tmp_path}", "speed.preset=fast"]), "cpu", 1)
-    assert set(plan.on) == {"packing", "label_head"} and "frozen_eval" not in cfg.speed.__dict__.get("on", ())
+    assert set(plan.on) == {"packing", "label_head", "linear_attention_batched"}
     assert "left off fla_kernels" in plan.notes[0] and "frozen-audio" not in " ".join(plan.notes)
 
 
@@ -152,5 +152,6 @@ def test_a_preset_leaves_off_what_this_machine_cannot_run(tmp_path, monkeypatch)
 
     cfg = load_config(REPO / "configs" / "sft_demo.yaml", [f"train.output_dir={tmp_path}", "speed.preset=fast"])
     cfg, plan = make_plan(cfg, "cuda", 1, unusable={"fla_kernels": "fla refuses Triton 3.6 on Hopper"})
-    assert "fla_kernels" not in plan.on and {"packing", "label_head", "fused_adamw"} <= set(plan.on)
+    assert "fla_kernels" not in plan.on
+    assert {"packing", "label_head", "fused_adamw", "linear_attention_batched"} <= set(plan.on)
     assert "left off fla_kernels (fla refuses Triton 3.6 on Hopper)" in plan.notes[0]

@@ -95,16 +95,17 @@ def _after_loading(model: SpeechLLM, cfg: ModelConfig) -> SpeechLLM:
 
 
 def build_chat_model(cfg: ModelConfig, device: torch.device | str | None = None) -> ChatLM:
-    """A ChatLM: seeded random initialisation (from model.llm.config, or model.llm.path's config.json), then the
-    folder's *.safetensors (when model.llm.load_weights), then model.init (a brisk checkpoint or .safetensors)."""
+    """A ChatLM: seeded random initialisation (from model.llm.config, or model.llm.path's config.json), LoRA
+    adapters (model.llm.lora), then the folder's *.safetensors (when model.llm.load_weights), then model.init (a
+    brisk checkpoint or .safetensors), then activation checkpointing (model.llm.activation_checkpoint)."""
     torch.manual_seed(cfg.seed)
     with torch.device(device or "cpu"):
-        model = ChatLM(cfg, build_llm(cfg))
+        model = _with_adapters(ChatLM(cfg, build_llm(cfg)), cfg)
     if cfg.llm.path and cfg.llm.load_weights and _has_hf_weights(Path(cfg.llm.path)):
         _load_hf_llm_weights(model, Path(cfg.llm.path))
     if cfg.init:
         load_weights(model, Path(cfg.init))
-    return model
+    return _after_loading(model, cfg)
 
 
 

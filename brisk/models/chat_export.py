@@ -22,6 +22,10 @@ def write_chat_hf(model, cfg: Config, state: dict[str, torch.Tensor], out: Path,
     written = json.loads(cfg_file.read_text(encoding="utf-8"))
     written["dtype"] = {"bf16": "bfloat16", "fp32": "float32"}[dtype]
     cfg_file.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    if cfg.model.llm.lora.enabled:  # transformers' model has no adapter layers: W + (alpha / r) B A
+        from ..adapters.lora import fold_lora
+
+        state = fold_lora(state, cfg.model.llm.lora)
     weights = {k.removeprefix("llm."): v for k, v in state.items() if k.startswith("llm.")}
     if getattr(llm_cfg, "tie_word_embeddings", False):  # stored once, as transformers writes tied weights
         weights.pop("lm_head.weight", None)

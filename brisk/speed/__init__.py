@@ -100,12 +100,14 @@ def accelerate(model, plan: SpeedPlan) -> Accelerated:
 def _chat_kernels(model, plan: SpeedPlan) -> list[str]:
     """A plain causal LM's layers: Gated DeltaNet layers under packing (each packed conversation on its own,
     or flash-linear-attention's varlen kernels), liger-kernel's fused norms and MLPs."""
-    from .llm_kernels import (apply_fla_linear_attention, apply_liger_kernels, apply_linear_attention_per_sequence,
-                              linear_attention_layers)
+    from .llm_kernels import (apply_fla_linear_attention, apply_liger_kernels, apply_linear_attention_batched,
+                              apply_linear_attention_per_sequence, linear_attention_layers)
 
     s, notes = plan.speed, []
     if s.fla_kernels:
         notes.append(apply_fla_linear_attention(model))
+    elif s.packing and s.linear_attention_batched:
+        notes.append(apply_linear_attention_batched(model))
     elif s.packing and linear_attention_layers(model.llm):
         notes.append(apply_linear_attention_per_sequence(model))
     if s.liger:

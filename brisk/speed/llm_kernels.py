@@ -9,8 +9,9 @@ Why the linear-attention layers need a swap for packing: Gated DeltaNet (Qwen3.5
 causal convolution and a recurrence along the row. In a packed row both would carry state from one
 conversation into the next. transformers' torch fallback ignores cu_seqlens for the convolution and, in
 5.24, refuses cu_seqlens for the recurrence; ``apply_linear_attention_per_sequence`` runs each packed
-sequence through the layer's own forward on its own (exact, one host read of cu_seqlens a layer: CPU and
-reference use), and ``apply_fla_linear_attention`` runs flash-linear-attention's varlen Triton kernels
+sequence through the layer's own forward on its own (exact, one host read of cu_seqlens a layer: the
+reference), ``apply_linear_attention_batched`` runs them as one right-padded batch through that forward (exact
+for real tokens; one chunk loop a layer instead of one a sequence), and ``apply_fla_linear_attention`` runs flash-linear-attention's varlen Triton kernels
 (short conv and chunked gated delta rule, both given cu_seqlens) on the whole row (GPU).
 
 Note on defaults: transformers 5.24 binds flash-linear-attention at import time when the package is
@@ -105,6 +106,36 @@ def apply_linear_attention_per_sequence(model, cfg=None) -> str:
         return "linear attention per sequence: no linear-attention layer in this model (nothing swapped)"
     return (f"linear attention per sequence: {n} Gated DeltaNet layers run each packed sequence on its own "
             "(the layer's own forward; exact, one host read of cu_seqlens a layer)")
+
+
+class PaddedBatch:
+    """Gated DeltaNet on a packed row: the row's sequences right-padded into one batch [N, longest, D], through
+    the layer's own forward once, then back into the row. Exact for every real token: the short conv, the
+    chunked recurrence and the in-chunk solve are causal, so the padding after a sequence never reaches it;
+    the padding's own outputs are dropped. One chunk loop of longest/64 iterations a layer instead of one a
+    sequence (PerSequence), for the padded positions' compute (N x longest against the row's tokens)."""
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        cu = kwargs.pop("cu_seq_lens_q", None)
+        for k in ("cu_seq_lens_k", "max_length_q", "max_length_k", "position_ids"):
+            kwargs.pop(k, None)
+        if cu is None or hidden_states.shape[0] != 1 or _cached(args, kwargs):
+            return super().forward(hidden_states, *args, **kwargs)
+        kwargs["attention_mask"] = None  # the row's mask (if any) is [1, T]; right padding needs none
+        bounds = cu.tolist()  # one host read a layer (the sizes decide the batch's shape)
+        spans = [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        row = hidden_states[0]
+        batch = torch.nn.utils.rnn.pad_sequence([row[a:b] for a, b in spans], batch_first=True)
+        out = super().forward(batch, *args, **kwargs)
+        return torch.cat([out[i, :b - a] for i, (a, b) in enumerate(spans)], dim=0)[None]
+
+
+def apply_linear_attention_batched(model, cfg=None) -> str:
+    n = _swap_all(model.llm, linear_attention_layers(model.llm), PaddedBatch)
+    if not n:
+        return "linear attention batched: no linear-attention layer in this model (nothing swapped)"
+    return (f"linear attention batched: {n} Gated DeltaNet layers run a packed row's sequences as one right-padded "
+            "batch (the layer's own forward once; exact for real tokens, one host read of cu_seqlens a layer)")
 
 
 # ------------------------------------------------------------------------- flash-linear-attention

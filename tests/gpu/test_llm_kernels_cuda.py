@@ -96,6 +96,22 @@ def test_fla_in_bf16_trains_like_the_reference(batches):
     close(loss_grads(fast, packed), loss_grads(ref, packed), 2e-2)
 
 
+@pytest.mark.parametrize("dtype,tol", [("fp32", 1e-4), ("bf16", 2e-2)])
+def test_batched_linear_attention_on_cuda_equals_the_reference(batches, dtype, tol):
+    """speed.linear_attention_batched on CUDA (transformers' torch Gated DeltaNet, fla off the path): a packed
+    row's conversations as one padded batch give the per-conversation reference's loss and gradients."""
+    if K.available("fla"):
+        pytest.skip("transformers routes Gated DeltaNet to fla when it is importable; run without fla on the path")
+    padded, packed = batches
+    ref, fast = model(QWEN3_5, dtype), model(QWEN3_5, dtype)
+    fast.load_state_dict(ref.state_dict())
+    K.apply_linear_attention_per_sequence(ref)
+    assert "2 Gated DeltaNet" in K.apply_linear_attention_batched(fast)
+    want = loss_grads(ref, packed)
+    close(loss_grads(fast, packed), want, tol)
+    close(loss_grads(fast, padded), want, tol)
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
 def test_liger_kernels_and_fused_loss(arch, batches):
     pytest.importorskip("liger_kernel")
