@@ -27,6 +27,20 @@ unset PYTHONDONTWRITEBYTECODE
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/brisk_inductor
 left() { local s=$(( $1 - ($(date +%s) - T0) )); echo $(( s > 10 ? s : 10 )); }
+# The eager reference and the preset (plus "$1"), 120 real-size steps each, then the probe comparison;
+# the second argument is the time budget (seconds since the start) the runs must end by.
+probe_preset() {
+    R=/tmp/probe_runs; mkdir -p $R
+    P="configs/fun_asr_nano.yaml data.profile=brisk/bench/profiles/aishell1_like.jsonl train.max_steps=120
+       train.device=cuda probe.enabled=true train.progress=false train.log_every=40 train.tensorboard=false
+       train.export=none train.save_final=false data.num_workers=4 train.overwrite=true"
+    for arm in eager_ref preset; do
+        [ $arm = eager_ref ] && S="speed.frozen_eval=true speed.sdpa_backends=[flash,efficient,math]" || S="speed.preset=fast $1"
+        timeout "$(left "$2")" python3 -m brisk train $P train.output_dir=$R/$arm $S > $R/$arm.log 2>&1 || echo "$arm exited with $?"
+        grep -h "acceleration:\|preset" $R/$arm.log | head -3 | cut -c1-400; done
+    python3 -m brisk probe compare $R/eager_ref $R/preset --tolerances kernel_noise --out "$OUT/probe_preset_vs_eager_ref.md" \
+        > /tmp/cmp.txt 2>&1; echo "== probe preset vs eager_ref: exit $?"; tail -n 6 /tmp/cmp.txt
+}
 { date -u; nvidia-smi -L; python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers',
 transformers.__version__)"; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
@@ -102,16 +116,7 @@ prompt)
     timeout "$(left 450)" python3 bench/whole_run.py --speed preset --model /tmp/nano --data bench/tmp/wholerun_data \
         --out /tmp/wr --work /tmp/wr_work --timeout 150 ${LEVERS:-} 2>&1 | tail -n 16
     cp /tmp/wr/whole_run.md /tmp/wr/whole_run.json /tmp/wr/whole_run_logs.tgz "$OUT/" 2>/dev/null
-    R=/tmp/probe_runs; mkdir -p $R
-    P="configs/fun_asr_nano.yaml data.profile=brisk/bench/profiles/aishell1_like.jsonl train.max_steps=120
-       train.device=cuda probe.enabled=true train.progress=false train.log_every=40 train.tensorboard=false
-       train.export=none train.save_final=false data.num_workers=4 train.overwrite=true"
-    for arm in eager_ref preset; do
-        [ $arm = eager_ref ] && S="speed.frozen_eval=true speed.sdpa_backends=[flash,efficient,math]" || S="speed.preset=fast ${LEVERS:-}"
-        timeout "$(left 590)" python3 -m brisk train $P train.output_dir=$R/$arm $S > $R/$arm.log 2>&1 || echo "$arm exited with $?"
-        grep -h "acceleration:" $R/$arm.log | cut -c1-240; done
-    python3 -m brisk probe compare $R/eager_ref $R/preset --tolerances kernel_noise --out "$OUT/probe_preset_vs_eager_ref.md" \
-        > /tmp/cmp.txt 2>&1; echo "== probe preset vs eager_ref: exit $?"; tail -n 6 /tmp/cmp.txt
+    probe_preset "${LEVERS:-}" 590
     ;;
 sft)
     timeout "$(left 380)" python3 bench/sft_bench.py --wheels .whl --no-fla --out /tmp/sft --budget-s "$(left 300)" \
@@ -171,16 +176,7 @@ final)
     timeout 200 python3 bench/sft_bench.py --wheels .whl --no-fla --out /tmp/sft_9b --budget-s 100 --steps 4 \
         --models qwen3_5_9b --arms d_brisk_fast 2>&1 | tee "$OUT/sft_bench_9b.log" | tail -n 3
     tar czf "$OUT/sft_9b_logs.tgz" -C /tmp sft_9b 2>/dev/null
-    R=/tmp/probe_runs; mkdir -p $R
-    P="configs/fun_asr_nano.yaml data.profile=brisk/bench/profiles/aishell1_like.jsonl train.max_steps=120
-       train.device=cuda probe.enabled=true train.progress=false train.log_every=40 train.tensorboard=false
-       train.export=none train.save_final=false data.num_workers=4 train.overwrite=true"
-    for arm in eager_ref preset; do
-        [ $arm = eager_ref ] && S="speed.frozen_eval=true speed.sdpa_backends=[flash,efficient,math]" || S="speed.preset=fast"
-        timeout "$(left 520)" python3 -m brisk train $P train.output_dir=$R/$arm $S > $R/$arm.log 2>&1 || echo "$arm exited with $?"
-        grep -h "acceleration:\|preset" $R/$arm.log | head -3 | cut -c1-400; done
-    python3 -m brisk probe compare $R/eager_ref $R/preset --tolerances kernel_noise --out "$OUT/probe_preset_vs_eager_ref.md" \
-        > /tmp/cmp.txt 2>&1; echo "== probe preset vs eager_ref: exit $?"; tail -n 6 /tmp/cmp.txt
+    probe_preset "" 520
     cp $R/eager_ref.log $R/preset.log "$OUT/" 2>/dev/null
     ;;
 *)

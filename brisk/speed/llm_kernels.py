@@ -100,12 +100,16 @@ class PerSequence:
         return torch.cat(pieces, dim=1)
 
 
-def apply_linear_attention_per_sequence(model, cfg=None) -> str:
-    n = _swap_all(model.llm, linear_attention_layers(model.llm), PerSequence)
+def _swap_for_packing(model, mixin: type, name: str, how: str) -> str:
+    n = _swap_all(model.llm, linear_attention_layers(model.llm), mixin)
     if not n:
-        return "linear attention per sequence: no linear-attention layer in this model (nothing swapped)"
-    return (f"linear attention per sequence: {n} Gated DeltaNet layers run each packed sequence on its own "
-            "(the layer's own forward; exact, one host read of cu_seqlens a layer)")
+        return f"linear attention {name}: no linear-attention layer in this model (nothing swapped)"
+    return f"linear attention {name}: {n} Gated DeltaNet layers {how}"
+
+
+def apply_linear_attention_per_sequence(model, cfg=None) -> str:
+    return _swap_for_packing(model, PerSequence, "per sequence", "run each packed sequence on its own (the layer's "
+                             "own forward; exact, one host read of cu_seqlens a layer)")
 
 
 class PaddedBatch:
@@ -131,11 +135,8 @@ class PaddedBatch:
 
 
 def apply_linear_attention_batched(model, cfg=None) -> str:
-    n = _swap_all(model.llm, linear_attention_layers(model.llm), PaddedBatch)
-    if not n:
-        return "linear attention batched: no linear-attention layer in this model (nothing swapped)"
-    return (f"linear attention batched: {n} Gated DeltaNet layers run a packed row's sequences as one right-padded "
-            "batch (the layer's own forward once; exact for real tokens, one host read of cu_seqlens a layer)")
+    return _swap_for_packing(model, PaddedBatch, "batched", "run a packed row's sequences as one right-padded batch "
+                             "(the layer's own forward once; exact for real tokens, one host read of cu_seqlens a layer)")
 
 
 # ------------------------------------------------------------------------- flash-linear-attention
