@@ -131,6 +131,8 @@ def test_chat_switches_and_rules(tmp_path):
         load_config(demo, [f"train.output_dir={tmp_path}", "speed.frozen_eval=true"])
     with pytest.raises(ConfigError, match="are for task: chat"):
         tiny_config(tmp_path, **{"speed.liger": True})
+    with pytest.raises(ConfigError, match="a task: chat model has no encoder"):
+        load_config(demo, [f"train.output_dir={tmp_path}", "model.encoder.activation_checkpoint=1"])
     with pytest.raises(ConfigError, match="two ways to compute the loss"):
         load_config(demo, [f"train.output_dir={tmp_path}", "speed.label_head=true", "speed.liger_loss=true"])
     cfg = load_config(demo, [f"train.output_dir={tmp_path}", "speed.fla_kernels=true"])

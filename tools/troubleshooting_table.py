@@ -196,6 +196,24 @@ def main_table() -> None:
     case("probe calibrate on runs with different learning rates", ["probe", "calibrate", f"{tmp}/pa", f"{tmp}/pc"],
          shown="brisk probe calibrate <run lr=0.002> <run lr=0.01>")
 
+    # task: chat (the causal-LM path): its data lines and the speech-only keys
+    sft = str(REPO / "configs" / "sft_demo.yaml")
+    chat = (REPO / "data" / "chat_demo" / "train.jsonl").read_text(encoding="utf-8").splitlines()[:6]
+    case("chat: a speech switch with task: chat", ["train", sft, "speed.frozen_eval=true"])
+    case("chat: the encoder's activation checkpointing", ["train", sft, "model.encoder.activation_checkpoint=1"])
+    case("chat: a FunASR export of a chat model", ["train", sft, "train.export=funasr"])
+    case("chat: a LoRA target the model does not have", ["train", sft, f"train.output_dir={tmp}/lt", "train.max_steps=1",
+                                                          "model.llm.lora.enabled=true", "model.llm.lora.target_modules=[qkv]"])
+    norole = list(chat)
+    norole[2] = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"content": "hello"}]})
+    case("chat: a turn without a role", ["train", sft, f"train.output_dir={tmp}/cr", f"data.train={jsonl(tmp, 'norole.jsonl', norole)}"],
+         shown="brisk train configs/sft_demo.yaml data.train=<chat jsonl, line 3: a turn without a role>")
+    noanswer = list(chat)
+    noanswer[4] = json.dumps({"messages": [{"role": "user", "content": "hi"}]})
+    case("chat: a conversation without an assistant turn",
+         ["train", sft, f"train.output_dir={tmp}/cn", f"data.train={jsonl(tmp, 'noanswer.jsonl', noanswer)}"],
+         shown="brisk train configs/sft_demo.yaml data.train=<chat jsonl, line 5: no assistant turn>")
+
     print("| mistake | command | what brisk prints | exit |")
     print("|---|---|---|---|")
     for what, cmd, line, rc in rows:

@@ -77,7 +77,8 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> str:
     found = _targets(model.llm, cfg.target_modules)
     if not found:
         raise ConfigError(f"model.llm.lora.target_modules={cfg.target_modules}: no linear layer of the LLM has such a "
-                          "name (Qwen3: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)")
+                          "name (Qwen3: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; Qwen3.5's "
+                          "linear attention also in_proj_qkv, in_proj_z, out_proj)")
     for name, linear in found:
         parent_name, _, child = name.rpartition(".")
         parent = model.llm.get_submodule(parent_name) if parent_name else model.llm
