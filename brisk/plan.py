@@ -135,8 +135,8 @@ RULES: tuple[Rule, ...] = (
          "liger, liger_loss)"),
     Rule("task, chat switches", "config",
          lambda c, d, w: c.task == "speech" and any(k in switches_on(c.speed) for k in CHAT_ONLY),
-         "speed.linear_attention_batched, fla_kernels, liger and liger_loss are for task: chat (the speech-LLM's Qwen3 decoder has "
-         "neither linear attention nor a liger path here); set them false"),
+         "speed.linear_attention_batched, fla_kernels, liger and liger_loss are for task: chat (the speech-LLM's "
+         "Qwen3 decoder has neither linear attention nor a liger path here); set them false"),
     Rule("task, model.encoder.activation_checkpoint", "config",
          lambda c, d, w: c.task == "chat" and c.model.encoder.activation_checkpoint,
          "model.encoder.activation_checkpoint recomputes the speech encoder's blocks; a task: chat model has no "

@@ -11,8 +11,9 @@ conversation into the next. transformers' torch fallback ignores cu_seqlens for 
 5.24, refuses cu_seqlens for the recurrence; ``apply_linear_attention_per_sequence`` runs each packed
 sequence through the layer's own forward on its own (exact, one host read of cu_seqlens a layer: the
 reference), ``apply_linear_attention_batched`` runs them as one right-padded batch through that forward (exact
-for real tokens; one chunk loop a layer instead of one a sequence), and ``apply_fla_linear_attention`` runs flash-linear-attention's varlen Triton kernels
-(short conv and chunked gated delta rule, both given cu_seqlens) on the whole row (GPU).
+for real tokens; one chunk loop a layer instead of one a sequence), and ``apply_fla_linear_attention`` runs
+flash-linear-attention's varlen Triton kernels (short conv and chunked gated delta rule, both given cu_seqlens)
+on the whole row (GPU).
 
 Note on defaults: transformers 5.24 binds flash-linear-attention at import time when the package is
 installed, for every model in the process; brisk's default (no swap) is then transformers' choice. The
