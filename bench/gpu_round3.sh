@@ -130,9 +130,10 @@ profile)
     [ -f /tmp/nano/model.pt ] || timeout 120 python3 tools/make_nano_folder.py --out /tmp/nano > "$OUT/make_nano.log" 2>&1
     W="model.path=/tmp/nano data.train=bench/tmp/wholerun_data/train.jsonl"
     FASTP="speed.packing=true speed.cuda_graph=true speed.frozen_eval=true speed.encoder_dtype=bf16 speed.compile=true"
-    BUCKETS="speed.pack_buckets=[256,384,512,640,768,896,1024,1280,1536,1792,2048,2304,2560,3072,4096]"
-    for arm in ${ARMS:-fast preset buckets}; do
-        case $arm in fast) S="$FASTP";; preset) S="speed.preset=fast";; buckets) S="speed.preset=fast $BUCKETS";; esac
+    # preset_3b: the preset before round 3c added the 1,792 and 2,304 buckets; preset: as shipped
+    OLD_BUCKETS="speed.pack_buckets=[256,384,512,640,768,896,1024,1280,1536,2048,2560,3072,4096]"
+    for arm in ${ARMS:-fast preset_3b preset}; do
+        case $arm in fast) S="$FASTP";; preset_3b) S="speed.preset=fast $OLD_BUCKETS";; preset) S="speed.preset=fast";; esac
         timeout "$(left 560)" python3 -m brisk profile configs/bench_prompt.yaml $W $S --out /tmp/prof_$arm \
             > /tmp/prof_$arm.log 2>&1 || echo "profile $arm exited with $?"
         cp /tmp/prof_$arm/profile.md "$OUT/profile_prompt_$arm.md" 2>/dev/null; grep -A14 -i "kernel class" /tmp/prof_$arm/profile.md | head -16

@@ -278,8 +278,7 @@ def make_plan(cfg: "Config", device: str, world: int = 1,
         if changes:
             speed = dataclasses.replace(speed, **changes)
         on = [k for k in switches_on(speed) if k in values]
-        settings = [f"{k}={getattr(speed, k)}" for k in values if k not in SWITCH_KEYS and k in
-                    {f.name for f in dataclasses.fields(speed)} and getattr(speed, k) == values[k]]
+        settings = [f"{k}={values[k]}" for k in values if k not in SWITCH_KEYS and getattr(speed, k) == values[k]]
         notes.append(f"preset {speed.preset}: on {', '.join(on) or 'nothing'}" +
                      (f"; with {', '.join(settings)}" if settings else "") +
                      "".join(f"; left off {k} ({why})" for k, why in off.items() if k in changes))

@@ -86,16 +86,25 @@ def _cached(args, kwargs) -> bool:
 
 
 # --------------------------------------------------------------------------- packing, reference path
+def _packed_bounds(hidden_states: torch.Tensor, args, kwargs: dict) -> list[int] | None:
+    """Takes the varlen keys out of ``kwargs`` (the layer's own forward would pass them on to its kernels) and
+    returns the row's sequence boundaries when this call is a packed row to split, else None. The boundaries
+    are one host read a layer: the sizes decide the pieces' shapes."""
+    cu = kwargs.pop("cu_seq_lens_q", None)
+    for k in ("cu_seq_lens_k", "max_length_q", "max_length_k", "position_ids"):
+        kwargs.pop(k, None)
+    if cu is None or hidden_states.shape[0] != 1 or _cached(args, kwargs):
+        return None
+    return cu.tolist()
+
+
 class PerSequence:
     """Gated DeltaNet on a packed row: each sequence of cu_seqlens through the layer's own forward."""
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
-        cu = kwargs.pop("cu_seq_lens_q", None)
-        for k in ("cu_seq_lens_k", "max_length_q", "max_length_k"):
-            kwargs.pop(k, None)
-        if cu is None or hidden_states.shape[0] != 1 or _cached(args, kwargs):
+        bounds = _packed_bounds(hidden_states, args, kwargs)
+        if bounds is None:
             return super().forward(hidden_states, *args, **kwargs)
-        bounds = cu.tolist()  # a host read: this is the reference path, not the fast one
         pieces = [super(PerSequence, self).forward(hidden_states[:, a:b], *args, **kwargs)
                   for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
         return torch.cat(pieces, dim=1)
@@ -121,13 +130,10 @@ class PaddedBatch:
     sequence (PerSequence), for the padded positions' compute (N x longest against the row's tokens)."""
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
-        cu = kwargs.pop("cu_seq_lens_q", None)
-        for k in ("cu_seq_lens_k", "max_length_q", "max_length_k", "position_ids"):
-            kwargs.pop(k, None)
-        if cu is None or hidden_states.shape[0] != 1 or _cached(args, kwargs):
+        bounds = _packed_bounds(hidden_states, args, kwargs)
+        if bounds is None:
             return super().forward(hidden_states, *args, **kwargs)
         kwargs["attention_mask"] = None  # the row's mask (if any) is [1, T]; right padding needs none
-        bounds = cu.tolist()  # one host read a layer (the sizes decide the batch's shape)
         spans = [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
         row = hidden_states[0]
         batch = torch.nn.utils.rnn.pad_sequence([row[a:b] for a, b in spans], batch_first=True)
