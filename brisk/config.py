@@ -627,7 +627,9 @@ def read_yaml(path: Path, _seen: tuple = ()) -> dict:
             close = difflib.get_close_matches(path.stem, shipped_names(), n=1, cutoff=0.75)
             raise ConfigError(f"config file {path} does not exist, nor a shipped config of that name "
                               f"({', '.join(shipped_names())})" + (f"; did you mean {close[0]}?" if close else ""))
-        raise ConfigError(f"config file {path} does not exist")
+        shipped = path.stem if not _seen and path.stem in shipped_names() else None  # e.g. configs/x.yaml elsewhere
+        raise ConfigError(f"config file {path} does not exist" +
+                          (f" here; brisk ships one of that name: brisk train {shipped}" if shipped else ""))
     if path.resolve() in _seen:
         raise ConfigError(f"{path}: include cycle")
     try:

@@ -81,3 +81,11 @@ def test_every_shipped_config_and_bench_arm_loads(name):
     cfg = load_config(REPO / "configs" / f"{name}.yaml")
     for arm in cfg.bench.arms:
         with_overrides(cfg, arm.overrides)
+
+
+def test_a_shipped_config_path_from_another_folder_names_the_shipped_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # README examples say configs/sft_demo.yaml: that path exists in the checkout only
+    with pytest.raises(ConfigError, match=r"configs/sft_demo.yaml does not exist here; .*brisk train sft_demo"):
+        load_config("configs/sft_demo.yaml")
+    with pytest.raises(ConfigError, match=r"nope/other.yaml does not exist$"):
+        load_config("nope/other.yaml")
