@@ -22,6 +22,7 @@ import yaml
 
 from .errors import ConfigError  # noqa: F401 - re-exported: config errors are raised everywhere
 from .formats.funasr import funasr_folder_config, funasr_folder_data_config
+from .formats.brisk_keys import keys_tree, read_keys_file
 from .formats.hf import hf_folder_model_config, is_hf_folder
 from .plan import PRESETS, check_rules, expand_preset
 
@@ -687,7 +688,24 @@ def _with_model_folder(tree: dict, folder: str) -> dict:
         found = hf_folder_model_config(folder)
         tree = _merge(tree, {"model": found})
         tree["model"]["llm"].update(path=None, config=found["llm"]["config"])
-        return _merge({"data": {"tokenizer": str(folder)}}, tree)
+        return _with_export_keys(_merge({"data": {"tokenizer": str(folder)}}, tree), folder)
+    return _with_export_keys(_with_funasr_folder(tree, folder), folder)
+
+
+def _with_export_keys(tree: dict, folder: str) -> dict:
+    """A brisk export's brisk.json (brisk.formats.brisk_keys): its front end and splicing win over the YAML, as
+    the folder's sizes do; its prompt keys and LLM dtype are defaults the YAML may change."""
+    found = read_keys_file(folder)
+    if found is None:
+        return tree
+    keys = keys_tree(found["keys"])
+    model = keys.get("model", {})
+    policy = {"llm": model.pop("llm", {})}
+    tree = _merge(tree, {"model": model})
+    return _merge({"model": policy, "data": keys.get("data", {})}, tree)
+
+
+def _with_funasr_folder(tree: dict, folder: str) -> dict:
     found = funasr_folder_config(folder)
     policy: dict = {}
     for part, key in POLICY_KEYS:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -13,6 +14,17 @@ from ..formats.run_folder import folder_kind, run_weights
 from ..models.build import build_model, read_state_dict
 
 log = logging.getLogger("brisk")
+
+
+def chat_folder_overrides(path: Path) -> list[str]:
+    """A causal LM folder as a chat model: its weights and tokenizer, and the keys its brisk.json recorded
+    (the chat template, max_len, dtype the run trained with)."""
+    from ..formats.brisk_keys import read_keys_file
+
+    found = read_keys_file(path) or {"keys": {}}
+    keys = {k: v for k, v in found["keys"].items() if k.startswith(("data.", "model.llm."))}
+    return ["task=chat", "train.export=hf", f"model.llm.path={path}", f"data.tokenizer={path}",
+            *(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in keys.items())]
 
 
 def load_for_inference(path: str | Path, device: str | torch.device = "cpu", overrides: list[str] | None = None,
@@ -37,6 +49,9 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", ove
                 raise ConfigError(f"{weights}: {len(unknown)} keys the run's model lacks (e.g. {unknown[:3]})")
             model.load_state_dict(state, strict=False)
             log.info("loaded %d tensors from %s", len(state), weights)
+    elif kind == "chat":
+        cfg = load_config(None, [*chat_folder_overrides(path), *(overrides or [])])
+        model = build_model(cfg.model, task="chat")
     else:
         cfg = load_config(None, [f"model.path={path}", *(overrides or [])])
         model = build_model(cfg.model)

@@ -19,7 +19,8 @@ def ranked(index: dict[str, dict], metric: str) -> list[str]:
 
 # ------------------------------------------------------------------------------------------ loading
 def folder_kind(path: str | Path) -> str:
-    """'run' (a brisk run folder), 'funasr' (FunASR model folder) or 'hf' (transformers-native folder)."""
+    """'run' (a brisk run folder), 'funasr' (FunASR model folder), 'hf' (transformers-native Fun-ASR-Nano folder)
+    or 'chat' (a causal LM's transformers folder, as a chat run exports it)."""
     path = Path(path)
     if is_hf_folder(path):
         return "hf"
@@ -27,8 +28,10 @@ def folder_kind(path: str | Path) -> str:
     if cfg_file.is_file():
         raw = yaml.safe_load(cfg_file.read_text(encoding="utf-8")) or {}
         return "run" if isinstance(raw.get("model"), dict) else "funasr"
-    raise ConfigError(f"{path}: not a brisk run folder, a FunASR model folder (config.yaml) or a native "
-                      "Fun-ASR-Nano folder (config.json with model_type fun_asr_nano)")
+    if (path / "config.json").is_file():  # a causal LM's save_pretrained folder (a chat run's export)
+        return "chat"
+    raise ConfigError(f"{path}: not a brisk run folder, a FunASR model folder (config.yaml), a native "
+                      "Fun-ASR-Nano folder (config.json with model_type fun_asr_nano) or a causal LM folder (config.json)")
 
 
 def run_weights(run_dir: Path, which: str | None = None, metric: str = "loss") -> Path | None:

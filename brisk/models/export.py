@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from ..config import Config, ConfigError
+from ..formats.brisk_keys import CMVN_NAME, FILE_KEYS, KEYS_FILE, inference_keys
 from ..files import SYNCER, ensure_free, fsync_dir, fsync_file, no_crc32, share_modes, tensor_bytes
 
 log = logging.getLogger("brisk")
@@ -52,6 +53,7 @@ def export_folder(model, cfg: Config, out: str | Path, fmt: str = "funasr", dtyp
             from .chat_export import write_chat_hf as writer
         with no_crc32():
             writer(model, cfg, state, tmp, dtype, tokenizer)
+        write_inference_keys(tmp, cfg)
         _write_readme(tmp, fmt, dtype, cfg)
         share_modes(tmp)  # mkdtemp made it 0o700: a model folder is for sharing
         if sync:  # torch.save and save_file do not fsync: the data is on disk before the rename
@@ -140,7 +142,8 @@ def funasr_yaml(cfg: Config, llm_dim: int) -> dict:
     raw["frontend"] = "WavFrontend"
     raw["frontend_conf"] = {**(raw.get("frontend_conf") or {}), **dict(
         fs=fe.fs, window=fe.window, n_mels=fe.n_mels, frame_length=fe.frame_length, frame_shift=fe.frame_shift,
-        lfr_m=fe.lfr_m, lfr_n=fe.lfr_n, cmvn_file=None)}
+        lfr_m=fe.lfr_m, lfr_n=fe.lfr_n, cmvn_file=CMVN_NAME if fe.cmvn_file else None,
+        dither=0.0, upsacle_samples=fe.upscale_samples)}  # dither off: FunASR's runtime decodes as brisk eval does
     if m.ctc.enabled:
         c = m.ctc
         raw["ctc_decoder"] = raw.get("ctc_decoder") or "Transformer"
@@ -180,7 +183,10 @@ def _write_funasr(model, cfg: Config, state: dict, out: Path, dtype: str, tokeni
     llm_dim = model.llm.get_input_embeddings().weight.shape[-1]
     raw = funasr_yaml(cfg, llm_dim)
     (out / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True), encoding="utf-8")
-    (out / "configuration.json").write_text(json.dumps(CONFIGURATION_JSON, indent=2) + "\n", encoding="utf-8")
+    conf = json.loads(json.dumps(CONFIGURATION_JSON))
+    if cfg.model.frontend.cmvn_file:  # FunASR resolves the folder's files named here against the folder
+        conf["file_path_metas"]["frontend_conf"] = {"cmvn_file": CMVN_NAME}
+    (out / "configuration.json").write_text(json.dumps(conf, indent=2) + "\n", encoding="utf-8")
     torch.save({"state_dict": state}, out / "model.pt")
     llm = out / LLM_DIR
     llm.mkdir()
@@ -219,12 +225,31 @@ def _write_hf(model, cfg: Config, state: dict, out: Path, dtype: str, tokenizer)
     extractor = dict(feature_extractor_type="FunAsrNanoFeatureExtractor", processor_class="FunAsrNanoProcessor",
                      feature_size=fe.n_mels, sampling_rate=fe.fs, frame_length=int(fe.frame_length),
                      frame_shift=int(fe.frame_shift), num_frames_lfr=fe.lfr_m, stride_lfr=fe.lfr_n, window=fe.window,
-                     padding_value=0.0, padding_side="right", return_attention_mask=True)
+                     padding_value=0.0, padding_side="right", return_attention_mask=True,
+                     # FunASR's front end as trained (the native extractor ignores these; brisk reads brisk.json)
+                     cmvn_file=CMVN_NAME if fe.cmvn_file else None, dither=0.0, upscale_samples=fe.upscale_samples)
     (out / "preprocessor_config.json").write_text(json.dumps(extractor, indent=2) + "\n", encoding="utf-8")
     if audio_id is not None:  # without the native audio placeholder in the tokenizer there is no processor
         processor = {"processor_class": "FunAsrNanoProcessor", "audio_token": AUDIO_TOKEN}
         (out / "processor_config.json").write_text(json.dumps(processor, indent=2) + "\n", encoding="utf-8")
     tokenizer.save_pretrained(out)
+
+
+def write_inference_keys(out: Path, cfg: Config) -> None:
+    """brisk.json, and the files it names (CMVN, a chat template) copied into the folder: what the run computed
+    with travels with the model (brisk.formats.brisk_keys)."""
+    tree = cfg.to_dict()
+    for key, name in FILE_KEYS.items():
+        section, *rest = key.split(".")
+        src = tree[section]
+        for part in rest:
+            src = src[part] if isinstance(src, dict) else None
+        if src:
+            if not Path(src).is_file():
+                raise ConfigError(f"{key}={src}: the file is gone; the export needs it (it changes what the model computes)")
+            shutil.copyfile(src, out / name)
+    keys = inference_keys(tree, cfg.task)
+    (out / KEYS_FILE).write_text(json.dumps(keys, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 # ------------------------------------------------------------------------------------------ README
