@@ -85,3 +85,45 @@ def test_chat_export_evaluates_as_its_run(tmp_path, capsys):
     _eval(capsys, run / "model-hf", data, tmp_path / "exp.jsonl", "--answers", "3", "--max-new-tokens", "8")
     s_exp = json.loads((tmp_path / "exp.summary.json").read_text())
     assert s_exp == s_run and (tmp_path / "exp.jsonl").read_text() == ans_run
+
+
+# ------------------------------------------------------------------------------------------- resume
+def _hashes(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _sft_argv(run: Path, *extra: str) -> list[str]:
+    return ["train", "sft_demo", f"train.output_dir={run}", "diagnose.report=false", "train.tensorboard=false",
+            "train.export=none", *extra]
+
+
+def test_a_resume_with_another_model_is_refused_and_leaves_the_folder_byte_identical(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(_sft_argv(run, "train.max_steps=4")) == 0
+    before = _hashes(run)
+    capsys.readouterr()
+    assert main(_sft_argv(run, "train.max_steps=8", "train.resume=true", "model.llm.config.hidden_size=64",
+                          "data.max_len=256")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model.llm.config.hidden_size: 128 -> 64" in err and "data.max_len" in err, err
+    assert "train.max_steps" not in err  # allowed keys are not named as refused
+    assert _hashes(run) == before
+    # eval and export given a run whose files disagree: one line too, nothing written
+    cfg = run / "config.yaml"
+    cfg.write_text(cfg.read_text(encoding="utf-8").replace("hidden_size: 128", "hidden_size: 64"), encoding="utf-8")
+    before = _hashes(run)
+    data = ROOT / "data" / "chat_demo" / "valid.jsonl"
+    for argv in (["eval", str(run), str(data)], ["export", str(run), "--format", "hf"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "model.llm.config.hidden_size: 128 -> 64" in err, err
+    assert _hashes(run) == before
+
+
+def test_a_resume_may_extend_the_run_and_says_so(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(_sft_argv(run, "train.max_steps=4")) == 0
+    capsys.readouterr()
+    assert main(_sft_argv(run, "train.max_steps=6", "train.resume=true", "train.log_every=3")) == 0
+    assert "resume: 2 allowed changes: train.log_every: 10 -> 3; train.max_steps: 4 -> 6" in capsys.readouterr().out

@@ -11,6 +11,7 @@ import torch
 from ..config import ConfigError, load_config
 from ..data.loader import load_tokenizer
 from ..formats.run_folder import folder_kind, run_weights
+from ..formats.run_state import check_run_files
 from ..models.build import build_model, read_state_dict
 
 log = logging.getLogger("brisk")
@@ -39,11 +40,17 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", ove
     kind = folder_kind(path)
     if kind == "run":
         cfg = load_config(path / "config.yaml", overrides, check_paths=False)  # its data may have moved
-        model = build_model(cfg.model, task=cfg.task)
         weights = run_weights(path, weights, cfg.train.keep_metric)
+        check_run_files(path, weights)  # config.yaml and the checkpoint describe the same model, or one line
+        model = build_model(cfg.model, task=cfg.task)
         if weights is not None:
             state = read_state_dict(weights)
             own = model.state_dict()
+            shapes = [f"{k} {tuple(v.shape)} (the model: {tuple(own[k].shape)})" for k, v in state.items()
+                      if k in own and own[k].shape != v.shape]
+            if shapes:
+                raise ConfigError(f"{weights}: {len(shapes)} tensors do not fit the model {path / 'config.yaml'} "
+                                  f"describes, e.g. {shapes[0]}")
             unknown = sorted(set(state) - set(own))
             if unknown:
                 raise ConfigError(f"{weights}: {len(unknown)} keys the run's model lacks (e.g. {unknown[:3]})")

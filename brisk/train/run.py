@@ -164,6 +164,12 @@ def train(cfg: Config) -> dict:
     """Train while holding the run folder's lock (brisk.train.run_dir.run_lock)."""
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(None, rank)  # what is said before the run folder is ready (a cleared failed start) is shown too
+    if cfg.train.resume or cfg.train.resume_from:  # before the folder is locked, logged to or rewritten
+        from ..formats.run_state import check_resume
+
+        allowed = check_resume(cfg.train.output_dir, cfg.to_dict(), cfg.train.resume_from)
+        if allowed and rank == 0:
+            log.info("resume: %d allowed change%s: %s", len(allowed), "" if len(allowed) == 1 else "s", "; ".join(allowed))
     with run_dirs.run_lock(cfg.train.output_dir, rank):
         return _train(cfg)
 

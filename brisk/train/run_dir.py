@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from ..config import Config, ConfigError, config_changes
+from ..formats.run_state import RESUME_HARMLESS  # noqa: F401 - the keys a resume may change, in one place
 
 log = logging.getLogger("brisk")
 
@@ -31,11 +32,7 @@ RUN_FILES = ("config.yaml", "accel.json", "steps.jsonl", "slow_steps.jsonl", "hi
 RUN_DIRS = ("checkpoints", "tb")
 LOCK = ".brisk.lock"  # held (flock) by the process training in the folder; never deleted (a rename would race)
 STEP_LOGS = ("steps.jsonl", "slow_steps.jsonl", "history.jsonl", "metrics.jsonl")
-# Keys whose change between a checkpoint and its resume is expected (where and how long, not what is computed).
-RESUME_HARMLESS = {"train.resume", "train.resume_from", "train.overwrite", "train.output_dir", "train.max_steps",
-                   "train.max_epochs", "train.progress", "train.tensorboard", "train.log_every", "train.save_every",
-                   "train.val_every", "train.keep_n", "train.save_final", "train.export", "train.export_dtype", "data.num_workers",
-                   "data.pin_memory", "diagnose.report"}
+
 
 
 def demo_dir(root: Path | None = None) -> Path:
