@@ -127,3 +127,14 @@ def test_a_resume_may_extend_the_run_and_says_so(tmp_path, capsys):
     capsys.readouterr()
     assert main(_sft_argv(run, "train.max_steps=6", "train.resume=true", "train.log_every=3")) == 0
     assert "resume: 2 allowed changes: train.log_every: 10 -> 3; train.max_steps: 4 -> 6" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------- device
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
+@pytest.mark.parametrize("verb", ["eval", "transcribe"])
+def test_device_cuda_without_cuda_is_one_line(verb, capsys):
+    # checked before the model is loaded: no run is needed
+    argv = [verb, str(ROOT / "no-such-run"), str(DEMO / "valid.jsonl"), "--device", "cuda"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--device cuda: no CUDA device is available" in err, err

@@ -109,8 +109,23 @@ def summary_table(s: dict) -> str:
 
 
 def pick_device(name: str) -> str:
+    """--device -> a device name; cuda on a machine without it (or a GPU it does not have) is one line."""
+    from ..config import ConfigError
+
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"--device {name}: use cpu, cuda, cuda:N or auto") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {name}: no CUDA device is available here (torch {torch.__version__}); "
+                              "use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    elif dev.type != "cpu":
+        raise ConfigError(f"--device {name}: use cpu, cuda, cuda:N or auto")
     return name
 
 
