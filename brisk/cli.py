@@ -27,7 +27,7 @@ from . import __version__
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = Path(__file__).resolve().parent / "configs" / "demo.yaml"  # shipped in the package (configs/ in the repo)
-DEMO_DATA = REPO / "data" / "demo"  # its data: in a checkout only
+DEMO_DATA = Path(__file__).resolve().parent / "bundled" / "demo"  # shipped in the package (data/ in the repo)
 
 
 def _config_and_overrides(items: list[str], default: Path | None) -> tuple[Path | None, list[str]]:
@@ -37,8 +37,10 @@ def _config_and_overrides(items: list[str], default: Path | None) -> tuple[Path 
         from .config import ConfigError, _known_path, shipped_config
 
         first = items[0]
-        if not Path(first).exists() and shipped_config(first) is not None:
-            return shipped_config(first), items[1:]
+        # configs/NAME.yaml as the docs write it names the shipped config where there is no such file (pip install)
+        named = shipped_config(Path(first).name) if Path(first).parts[:1] == ("configs",) else shipped_config(first)
+        if not Path(first).exists() and named is not None:
+            return named, items[1:]
         if not Path(first).exists() and not first.endswith((".yaml", ".yml")) and _known_path(first):
             raise ConfigError(f"{first} has no value: did you mean key=value, for example {first}=VALUE?")
         return Path(first), items[1:]
@@ -52,8 +54,7 @@ def _load(items: list[str], default: Path | None = None):
     if path is None:
         raise ConfigError("give a config: a file, or the name of a shipped one (for example fun_asr_nano)")
     if path == DEMO and not DEMO_DATA.exists():
-        raise ConfigError(f"the demo's data {DEMO_DATA} is missing (it is not in the package): run the demo from a "
-                          "checkout of brisk (pip install -e .)")
+        raise ConfigError(f"the demo's data {DEMO_DATA} is missing: reinstall brisk (it ships the demo sets)")
     return load_config(path, overrides)
 
 
@@ -70,12 +71,15 @@ def cmd_train(args) -> int:
         # The demo with no config: a fresh folder under ./runs each time, so runs never mix.
         from .train.run_dir import demo_dir
 
+        had_runs = (Path.cwd() / "runs").exists()
         folder = demo_dir()
         items.append(f"train.output_dir={folder}")
         try:
             cfg = _load(items, DEMO)
         except Exception:
             folder.rmdir()  # still empty: a mistake in the overrides leaves no folder behind
+            if not had_runs:
+                folder.parent.rmdir()  # nor the ./runs made for it
             raise
         print(f"run folder: {folder}", flush=True)
     else:
@@ -152,7 +156,10 @@ def cmd_export(args) -> int:
     default = src / f"model-{args.format}" if folder_kind(src) == "run" else src.parent / f"{src.name}-{args.format}"
     out = Path(args.out) if args.out else default
     replaced = out.exists()
-    if replaced and not args.overwrite:  # e.g. the model-funasr/ folder written at the end of training
+    # The run's own export of this format (the one training ended with) is rewritten from the run's weights;
+    # any other existing folder is replaced only on request.
+    own = args.out is None and folder_kind(src) == "run"
+    if replaced and not (args.overwrite or own):
         from .config import ConfigError
 
         raise ConfigError(f"{out} already exists: pass --overwrite to replace it, or --out for another folder")
@@ -182,6 +189,25 @@ def cmd_profile(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .config import ConfigError
+    from .data.audio import AudioError
+    from .data.jsonl import DataError
+
+    try:
+        return args.fn(args)
+    except (ConfigError, DataError, AudioError, FileNotFoundError) as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a file the system refused (permissions, a folder where a file goes): name it
+        if not e.filename:
+            raise
+        print(f"error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The brisk command's arguments (tests parse every documented command with it)."""
     p = argparse.ArgumentParser(prog="brisk", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"brisk {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -212,9 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("export", help="write a FunASR or transformers-native model folder")
     e.add_argument("run", help="a run folder (or a FunASR / native Fun-ASR-Nano folder to convert)")
     e.add_argument("--format", choices=["funasr", "hf"], default="funasr")
-    e.add_argument("--out", help="output folder (default: RUN/model-FORMAT)")
+    e.add_argument("--out", help="output folder (default: RUN/model-FORMAT, replacing the run's own export of that format)")
     e.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="weights dtype (FunASR stores bf16)")
-    e.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    e.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     e.set_defaults(fn=cmd_export)
 
     b = sub.add_parser("bench", help="interleaved A/B arms on the same batches")
@@ -232,22 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     from .eval.evaluate import add_verbs
 
     add_verbs(sub)  # eval, transcribe
-
-    args = p.parse_args(argv)
-    from .config import ConfigError
-    from .data.audio import AudioError
-    from .data.jsonl import DataError
-
-    try:
-        return args.fn(args)
-    except (ConfigError, DataError, AudioError, FileNotFoundError) as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        return 2
-    except OSError as e:  # a file the system refused (permissions, a folder where a file goes): name it
-        if not e.filename:
-            raise
-        print(f"error: {e.filename}: {e.strerror or e}", file=sys.stderr)
-        return 2
+    return p
 
 
 def one_line(e: BaseException) -> str:

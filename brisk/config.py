@@ -429,13 +429,17 @@ def _type_name(tp) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+def _none_word(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() == "none"
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check (and gently convert) ``value`` against the annotation ``tp``; raise naming ``key``."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
+        if (value is None or _none_word(value)) and type(None) in args:
+            return None  # `none`, as --help-config prints an unset default, means null
         errors = []
         for a in args:
             if a is type(None):
@@ -589,9 +593,12 @@ def _resolve_paths(tree: dict, base: Path, keys: set[str]) -> None:
             node = node.get(p) if isinstance(node, dict) else None
             if node is None:
                 break
-        if isinstance(node, dict) and isinstance(node.get(parts[-1]), str):
+        if isinstance(node, dict) and isinstance(node.get(parts[-1]), str) and not _none_word(node[parts[-1]]):
             p = Path(node[parts[-1]]).expanduser()
-            node[parts[-1]] = str(p if p.is_absolute() else (base / p).resolve())
+            full = p if p.is_absolute() else (base / p).resolve()
+            if not full.exists() and not p.is_absolute():  # data/demo/... as the docs write it: the shipped set
+                full = shipped_data(p) or full
+            node[parts[-1]] = str(full)
 
 
 def _flatten(tree: dict, prefix: str = "") -> set[str]:
@@ -613,6 +620,28 @@ def shipped_config(name: str) -> Path | None:
         return None
     path = SHIPPED / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
     return path if path.is_file() else None
+
+
+BUNDLED = Path(__file__).resolve().parent / "bundled"  # the repository's data/: the demo sets, shipped too
+
+
+def shipped_data(path: str | Path) -> Path | None:
+    """``data/demo/...`` or ``data/chat_demo/...`` (as the docs write them) -> the file shipped with brisk, when the
+    path names one; None otherwise. Used only where the path does not exist as given, so a user's own data/
+    always wins."""
+    parts = Path(path).parts
+    if len(parts) < 2 or parts[0] != "data":
+        return None
+    found = BUNDLED.joinpath(*parts[1:])
+    return found if found.exists() else None
+
+
+def data_path(path: str) -> str:
+    """A data file named on the command line: as given if it exists, else the shipped file of that name."""
+    if Path(path).exists():
+        return path
+    found = shipped_data(path)
+    return str(found) if found is not None else path
 
 
 def shipped_names() -> list[str]:

@@ -12,7 +12,7 @@ from .conftest import DEMO_CONFIG, REPO
 
 def test_demo_config_loads_and_resolves_paths_against_the_file():
     cfg = load_config(DEMO_CONFIG)
-    assert cfg.data.train == str(REPO / "data/demo/train_more.jsonl")
+    assert cfg.data.train == str((REPO / "data/demo/train_more.jsonl").resolve())  # data/ links to brisk/bundled
     assert cfg.speed.compile is False and cfg.speed.sdpa_backends is None  # eager defaults
 
 

@@ -461,14 +461,16 @@ def test_eval_of_a_jsonl_that_is_not_utf8_is_one_line(tiny_run, tmp_path, capsys
     assert f"{path}:2: not UTF-8 (byte 0xe7" in _error_line(capsys, ["eval", str(run), str(path)])
 
 
-def test_export_refuses_to_replace_without_overwrite_and_shares_its_files(tiny_run, capsys):
+def test_export_refuses_to_replace_without_overwrite_and_shares_its_files(tiny_run, capsys, tmp_path):
     from brisk.files import current_umask
 
     run, _ = tiny_run
-    out = run / "model-funasr"  # written at the end of training
-    line = _error_line(capsys, ["export", str(run)])
-    assert f"{out} already exists: pass --overwrite to replace it" in line
-    assert main(["export", str(run), "--overwrite"]) == 0
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    line = _error_line(capsys, ["export", str(run), "--out", str(other)])
+    assert f"{other} already exists: pass --overwrite to replace it" in line
+    out = run / "model-funasr"  # written at the end of training: the run's own export is rewritten (README step 6)
+    assert main(["export", str(run)]) == 0
     printed = capsys.readouterr().out
     assert f"exported funasr folder {out}" in printed and "replacing the one there" in printed
     mask = current_umask()
@@ -515,7 +517,7 @@ def test_configs_ship_in_the_package_and_load_by_name(tmp_path, monkeypatch):
     assert _config_and_overrides(["fun_asr_nano", "train.max_steps=3"], None) == (SHIPPED / "fun_asr_nano.yaml", ["train.max_steps=3"])
     assert shipped_config("demo.yaml") == SHIPPED / "demo.yaml" and shipped_config("configs/demo") is None
     cfg = load_config(shipped_config("demo"))
-    assert Path(cfg.data.train) == REPO / "data" / "demo" / "train_more.jsonl" and Path(cfg.data.train).is_file()
+    assert Path(cfg.data.train) == (REPO / "data" / "demo" / "train_more.jsonl").resolve() and Path(cfg.data.train).is_file()
     assert load_config(shipped_config("bench_nano")).data.profile.endswith("brisk/bench/profiles/aishell1_like.jsonl")
 
 

@@ -124,6 +124,7 @@ class ChatEncoder:
     def __init__(self, tokenizer, template: str, max_len: int, overlong: str):
         self.tok, self.template = tokenizer, template
         self.max_len, self.overlong = max_len, overlong
+        quiet_length_warning(tokenizer)
 
     def render(self, messages: list[dict]) -> tuple[list[int], list[int]]:
         out = self.tok.apply_chat_template(messages, tokenize=True, return_dict=True, chat_template=self.template,
@@ -145,6 +146,14 @@ class ChatEncoder:
             raise DataError(f"{conv.source}: the chat template starts with an assistant token; a conversation must "
                             "open with a system or user turn")
         return Tokens(ids, labels), what
+
+
+def quiet_length_warning(tokenizer) -> None:
+    """Mark transformers' "Token indices sequence length is longer than the specified maximum ... will result in
+    indexing errors" as already shown: brisk truncates or skips by data.max_len itself and says how many."""
+    warned = getattr(tokenizer, "deprecation_warnings", None)
+    if isinstance(warned, dict):
+        warned["sequence-length-is-longer-than-the-specified-maximum"] = True
 
 
 @dataclass
@@ -182,7 +191,8 @@ def build_chat_dataset(path: str, tokenizer, *, max_len: int, overlong: str, ski
         log.info("%s: %d conversations over data.max_len=%d %s", path, counts["truncated"] + counts["skipped"],
                  max_len, "truncated" if overlong == "truncate" else "skipped (data.overlong=skip)")
     if counts["unlabelled"]:
-        log.info("%s: %d conversations dropped: no assistant token left within data.max_len", path, counts["unlabelled"])
+        log.warning("%s: %d conversations dropped: no assistant token left within data.max_len=%d", path,
+                    counts["unlabelled"], max_len)
     if not tokens:
         raise DataError(f"{path}: no usable conversations")
     return ChatDataset(tokens, keys, counts), skipped

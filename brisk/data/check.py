@@ -2,7 +2,8 @@
 
 - Every audio file named in a jsonl is stat'ed before training (no reading: 100k files take about a
   second), so a missing file stops the run at start with a count and the first few file:line, not after
-  step 10 inside a DataLoader worker traceback.
+  step 10 inside a DataLoader worker traceback; then its header is read (soundfile.info, on threads), so a
+  file that cannot be decoded is found at start too, not at the step-0 validation or once per epoch.
 - When a file is loaded, its real length is compared with the declared speech_length (10 ms frames, as
   FunASR's scp2jsonl writes it): batching budgets tokens by the declared length, so a wrong one silently
   builds batches far past data.batch_tokens.
@@ -39,6 +40,7 @@ SHORT_FRAMES = 10  # clips under 0.1 s (10 ms frames) are counted as suspect: to
 def check_audio_files(index: JsonlIndex, path: str | Path, skip_bad: bool) -> None:
     missing = [(u, p) for u in index.utterances for p in u.audio_paths() if not os.path.isfile(p)]
     if not missing:
+        check_audio_headers(index, path, skip_bad)
         return
     total = sum(len(u.audio_paths()) for u in index.utterances)
     folders = sum(os.path.isdir(p) for _, p in missing)
@@ -52,6 +54,48 @@ def check_audio_files(index: JsonlIndex, path: str | Path, skip_bad: bool) -> No
     index.skipped += [f"{u.source}: audio file {p} not found" for u, p in missing]
     log.warning("%s: %d of %d audio files %s; their %d lines are skipped (data.skip_bad=true), first: %s",
                 path, len(missing), total, what, len(bad), first)
+    check_audio_headers(index, path, skip_bad)
+
+
+def _undecodable(path: str) -> str | None:
+    import soundfile as sf
+
+    try:
+        info = sf.info(path)
+    except (sf.LibsndfileError, RuntimeError, OSError) as e:
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return "it has no samples" if info.frames == 0 else None
+
+
+_HEADERS_READ: set[tuple] = set()  # (jsonl, its mtime, skip_bad) whose audio headers all decoded in this process
+
+
+def check_audio_headers(index: JsonlIndex, path: str | Path, skip_bad: bool) -> None:
+    """Every audio file's header read (soundfile.info, not the samples): a file that cannot be decoded stops the
+    run before the model is built (or, with skip_bad, its lines are skipped with one warning), not at the
+    step-0 validation or once per epoch."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    key = (str(Path(path).resolve()), os.stat(path).st_mtime_ns, skip_bad)
+    if key in _HEADERS_READ:  # read before the model was built (brisk.data.loader.check_data_files)
+        return
+    pairs = [(u, p) for u in index.utterances for p in u.audio_paths()]
+    with ThreadPoolExecutor(min(16, 2 * (os.cpu_count() or 1))) as pool:  # file opens: I/O-bound, GIL released
+        reasons = list(pool.map(_undecodable, [p for _, p in pairs]))
+    bad = [(u, p, why) for (u, p), why in zip(pairs, reasons) if why]
+    if not bad:
+        _HEADERS_READ.add(key)
+        return
+    first = "; ".join(f"{u.source}: {p} ({why})" for u, p, why in bad[:SHOW])
+    total = sum(len(u.audio_paths()) for u in index.utterances)
+    if not skip_bad:
+        raise DataError(f"{path}: {len(bad)} of {total} audio files cannot be decoded, first: {first} "
+                        "(set data.skip_bad=true to skip and count such lines)")
+    ids = {id(u) for u, _, _ in bad}
+    index.utterances = [u for u in index.utterances if id(u) not in ids]
+    index.skipped += [f"{u.source}: audio file {p} cannot be decoded ({why})" for u, p, why in bad]
+    log.warning("%s: %d of %d audio files cannot be decoded; their %d lines are skipped (data.skip_bad=true), "
+                "first: %s", path, len(bad), total, len(ids), first)
 
 
 def fbank_frames(samples: int, fe: FrontendConfig) -> int:

@@ -29,6 +29,24 @@ def load_tokenizer(cfg: Config):
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
+def check_data_files(cfg: Config) -> None:
+    """Read and check the data files (every line; audio files exist and decode) before the model is built: a
+    bad line is one line at start, not after a minute of loading a 2B model. With data.skip_bad the bad lines
+    are skipped and counted when the splits are built, so nothing is read twice to warn twice."""
+    d = cfg.data
+    if d.skip_bad:
+        return
+    for path in (d.train, d.valid):
+        if not path:
+            continue
+        if cfg.task == "chat":
+            from .chat import read_chat_jsonl
+
+            read_chat_jsonl(path, skip_bad=False)
+        else:
+            read_jsonl(path, max_speech_length=d.max_speech_length, max_text_length=d.max_text_length, skip_bad=False)
+
+
 @dataclass
 class Split:
     dataset: torch.utils.data.Dataset

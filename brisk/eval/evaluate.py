@@ -134,6 +134,9 @@ def eval_main(args) -> int:
     from ..formats.run_folder import describe_weights, folder_kind
 
     device = pick_device(args.device)
+    from ..config import data_path
+
+    args.data = data_path(args.data)  # data/demo/valid.jsonl names the shipped set when there is no such file here
     cfg, model, tok, w = load_run(args.model, args.weights, device)
     if cfg.task == "chat":
         from .chat_eval import chat_eval_main
@@ -160,9 +163,38 @@ def eval_main(args) -> int:
     return 0
 
 
+def audio_note(paths: list[str], fs: int) -> str | None:
+    """One line saying which files are resampled to ``fs`` or down-mixed to mono before decoding (headers
+    only; the decode does the conversion), or None when every file is already mono at ``fs``."""
+    import soundfile as sf
+
+    rates, stereo = {}, []
+    for p in paths:
+        try:
+            info = sf.info(p)
+        except (sf.LibsndfileError, RuntimeError, OSError):
+            continue  # the decode names it
+        if info.samplerate != fs:
+            rates.setdefault(info.samplerate, []).append(p)
+        if info.channels > 1:
+            stereo.append(p)
+    parts = [f"{len(v)} file(s) resampled from {r} Hz to {fs} Hz (first: {v[0]})" for r, v in sorted(rates.items())]
+    if stereo:
+        parts.append(f"{len(stereo)} file(s) down-mixed to mono (first: {stereo[0]})")
+    return "audio: " + "; ".join(parts) if parts else None
+
+
 def transcribe_main(args) -> int:
+    import sys
+
+    from ..config import data_path
+
     device = pick_device(args.device)
+    args.audio = [data_path(a) for a in args.audio]
     cfg, model, tok, _ = load_run(args.model, args.weights, device)
+    note = audio_note(args.audio, cfg.model.frontend.fs)
+    if note:  # on stderr: stdout holds only the transcripts
+        print(f"INFO {note}", file=sys.stderr)
     rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
                      fast_compile=args.fast_compile)
     for path, r in zip(args.audio, rec.transcribe(args.audio, args.batch_size)):

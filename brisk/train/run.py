@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..config import Config, ConfigError, save_config
-from ..data.loader import build_split, load_tokenizer
+from ..data.loader import build_split, check_data_files, load_tokenizer
 from ..diagnose.accel import acceleration_state, write_state
 from ..diagnose.report import one_line
 from ..diagnose.timer import StepTimer
@@ -76,6 +76,7 @@ def build_trainer(cfg: Config) -> Trainer:
     if threads:
         log.info(threads)
 
+    check_data_files(cfg)  # a bad line or audio file: one line now, before the model is built
     parts = assemble(cfg, ranks)
     cfg = parts.cfg  # the effective config: what the plan resolved for this device is what the run saves
     if rank == 0:
