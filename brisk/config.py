@@ -429,6 +429,29 @@ def _type_name(tp) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+def optional_keys(cls: Any = None, prefix: str = "") -> list[str]:
+    """Dotted keys whose type admits None (--help-config prints their unset default as none)."""
+    out = []
+    for name, tp in typing.get_type_hints(cls or Config).items():
+        key = f"{prefix}.{name}" if prefix else name
+        if dataclasses.is_dataclass(tp):
+            out += optional_keys(tp, key)
+        elif typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp):
+            out.append(key)
+    return out
+
+
+def _nulls(tree: dict) -> None:
+    """`none` (as --help-config prints an unset default) -> null, for every key that may be null; before the
+    paths are resolved, so data.valid=none is no file named none."""
+    for key in optional_keys():
+        node, parts = tree, key.split(".")
+        for p in parts[:-1]:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict) and _none_word(node.get(parts[-1])):
+            node[parts[-1]] = None
+
+
 def _none_word(value: Any) -> bool:
     return isinstance(value, str) and value.strip().lower() == "none"
 
@@ -670,6 +693,7 @@ def read_yaml(path: Path, _seen: tuple = ()) -> dict:
         raise ConfigError(f"{path}{yaml_error(e)}") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model, data, train, ...)")
+    _nulls(tree)
     _resolve_paths(tree, path.parent.resolve(), (PATH_KEYS - CWD_KEYS) & _flatten(tree))
     base = tree.pop("include", None)
     if base is not None:
@@ -685,6 +709,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for text in overrides or []:
         key, value = parse_override(text)
         _set_dotted(cli, key, value)
+    _nulls(cli)
     _resolve_paths(cli, Path.cwd(), PATH_KEYS & _flatten(cli))
     folder = (_merge(tree, cli).get("model") or {}).get("path")
     if folder:

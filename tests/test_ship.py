@@ -138,3 +138,106 @@ def test_device_cuda_without_cuda_is_one_line(verb, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--device cuda: no CUDA device is available" in err, err
+
+
+# ------------------------------------------------------------------------------------ smaller things
+def _demo_lines(n: int) -> list[str]:
+    lines = (DEMO / "train.jsonl").read_text(encoding="utf-8").splitlines()[:n]
+    return [x.replace("!audio/", f"!{DEMO}/audio/") for x in lines]
+
+
+def test_data_is_checked_before_the_model_is_built(tmp_path, capsys, monkeypatch):
+    import brisk.train.assemble as assemble
+    import brisk.train.run as run_mod
+
+    built = []
+    real = assemble.assemble
+    monkeypatch.setattr(run_mod, "assemble", lambda *a, **k: built.append(1) or real(*a, **k))
+    lines = _demo_lines(4)
+    lines[2] = '{"key": "x", "messages": ['
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    from .conftest import tiny_overrides
+
+    argv = ["train", str(ROOT / "configs" / "demo.yaml"), *tiny_overrides(tmp_path / "r", **{"data.train": str(bad)})]
+    assert main(argv) == 2
+    assert f"{bad}:3: not valid JSON" in capsys.readouterr().err and not built
+
+
+def test_an_undecodable_audio_file_is_found_at_start_and_skipped_once(tmp_path, caplog):
+    from brisk.data.jsonl import DataError, read_jsonl
+
+    (tmp_path / "noise.wav").write_bytes(b"RIFF not really a wave file" * 10)
+    lines = _demo_lines(5)
+    obj = json.loads(lines[1])
+    obj["messages"][1]["content"] = f"语音转写：<|startofspeech|>!{tmp_path / 'noise.wav'}<|endofspeech|>"
+    lines[1] = json.dumps(obj, ensure_ascii=False)
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"1 of 5 audio files cannot be decoded, first: {data}:2: .*noise.wav"):
+        read_jsonl(data, max_speech_length=8000, max_text_length=100, skip_bad=False)
+    index = read_jsonl(data, max_speech_length=8000, max_text_length=100, skip_bad=True)
+    assert len(index.utterances) == 4 and "cannot be decoded" in index.skipped[0]
+
+
+def test_a_bad_override_of_the_demo_leaves_no_runs_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "optim.lr=abc"]) == 2
+    assert "optim.lr" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+
+
+def test_transcribe_says_once_what_it_did_to_the_audio(speech_run, tmp_path, capsys):
+    import numpy as np
+    import soundfile as sf
+
+    wave, rate = sf.read(str(DEMO / "audio" / "valid" / "utt0001.flac"))
+    sf.write(tmp_path / "st22k.wav", np.stack([wave[::1], wave[::1]], 1), 22050)
+    assert main(["transcribe", str(speech_run), str(tmp_path / "st22k.wav"), str(tmp_path / "st22k.wav"),
+                 "--max-new-tokens", "2"]) == 0
+    err = capsys.readouterr().err
+    notes = [x for x in err.splitlines() if x.startswith("INFO audio:")]
+    assert len(notes) == 1 and "2 file(s) resampled from 22050 Hz to 16000 Hz" in notes[0] and "down-mixed" in notes[0]
+
+
+def test_every_default_the_help_prints_is_a_value(tmp_path):
+    from brisk.config import load_config
+    from brisk.config_help import rows
+
+    nones = [key for key, _tp, default, _ in rows() if default == "none"]
+    assert "data.valid" in nones and "train.resume_from" in nones
+    cfg = load_config(ROOT / "configs" / "demo.yaml", [f"{k}=none" for k in nones])
+    from brisk.config import get_dotted
+
+    from brisk.config import optional_keys
+
+    # an optional key's none is null; a key whose values include the word none (lora.bias) keeps it
+    assert all(get_dotted(cfg, k) is None if k in optional_keys() else get_dotted(cfg, k) == "none" for k in nones)
+
+
+def test_a_dropped_conversation_is_one_warning_and_transformers_stays_quiet(tmp_path, caplog):
+    import logging
+
+    from transformers import AutoTokenizer
+
+    from brisk.data.chat import build_chat_dataset
+
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "data" / "chat_demo" / "tokenizer"), local_files_only=True)
+    tok.model_max_length = 16  # what makes transformers warn about "indexing errors"
+    long = {"messages": [{"role": "user", "content": "repeat: " + " ".join(["dog"] * 60)},
+                         {"role": "assistant", "content": "dog"}]}
+    short = {"messages": [{"role": "user", "content": "repeat: dog"}, {"role": "assistant", "content": "dog"}]}
+    data = tmp_path / "c.jsonl"
+    data.write_text("\n".join(json.dumps(x) for x in (long, long, short)) + "\n", encoding="utf-8")
+    from transformers.utils import logging as hf_logging
+
+    caplog.set_level(logging.INFO)
+    logging.getLogger("brisk").propagate = True
+    hf_logging.enable_propagation()
+    try:
+        build_chat_dataset(str(data), tok, max_len=40, overlong="truncate", skip_bad=False)
+    finally:
+        logging.getLogger("brisk").propagate = False
+        hf_logging.disable_propagation()
+    dropped = [r for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(dropped) == 1 and dropped[0].levelname == "WARNING" and "2 conversations dropped" in dropped[0].getMessage()
+    assert "indexing errors" not in caplog.text

@@ -99,6 +99,16 @@ def main_table() -> None:
           "data.valid=null"], pick="differs from the checkpoint", want="out",
          shown="brisk train configs/demo.yaml train.output_dir=<a run folder> train.resume=true optim.lr=0.003")
 
+    case("resuming with another model (shapes)",
+         ["train", c, *TINY, f"train.output_dir={run_dir}", "train.max_steps=3", "train.resume=true",
+          "model.llm.config.hidden_size=64", "data.valid=null"],
+         shown="brisk train configs/demo.yaml train.output_dir=<a run folder> train.resume=true model.llm.config.hidden_size=64")
+    case("brisk eval --device cuda on a machine without CUDA", ["eval", str(run_dir), str(DATA / "valid.jsonl"), "--device", "cuda"],
+         shown="brisk eval <run> data/demo/valid.jsonl --device cuda (no GPU)")
+    case("brisk transcribe --device cuda on a machine without CUDA", ["transcribe", str(run_dir), "a.wav", "--device", "cuda"],
+         shown="brisk transcribe <run> a.wav --device cuda (no GPU)")
+    case("a bad override of the demo (no folder is left behind)", ["train", "optim.lr=abc"])
+
     missing = list(demo)
     for i in (2, 5, 9):
         missing[i] = missing[i].replace(f"!{DATA}/audio/", f"!{tmp}/gone/")
@@ -184,7 +194,16 @@ def main_table() -> None:
     case("a model.pt of another model", ["train", c, *TINY, f"train.output_dir={tmp}/o", f"model.init={tmp}/other.pt"],
          shown="brisk train configs/demo.yaml model.init=<a model.pt with other keys>")
     run(["train", c, *TINY, f"train.output_dir={tmp}/x", "train.max_steps=1", "data.valid=null", "train.export=funasr"], tmp)
-    case("exporting over an existing export", ["export", f"{tmp}/x"], shown="brisk export <run whose training exported model-funasr>")
+    (tmp / "taken").mkdir()
+    case("exporting into a folder that exists (--out)", ["export", f"{tmp}/x", "--out", f"{tmp}/taken"],
+         shown="brisk export <run> --out <an existing folder>")
+    import yaml as _yaml
+
+    raw = _yaml.safe_load((tmp / "x" / "config.yaml").read_text(encoding="utf-8"))
+    raw["model"]["llm"]["config"]["hidden_size"] = 64
+    (tmp / "x" / "config.yaml").write_text(_yaml.safe_dump(raw), encoding="utf-8")
+    case("eval of a run whose config.yaml and checkpoint disagree", ["eval", f"{tmp}/x", str(DATA / "valid.jsonl")],
+         shown="brisk eval <run whose config.yaml was edited to hidden_size 64> data/demo/valid.jsonl")
     case("a report of a folder that is not a run", ["report", str(tmp)], shown="brisk report <any folder>")
     case("probe compare without probe records", ["probe", "compare", str(run_dir), str(run_dir)],
          shown="brisk probe compare <run> <run> (trained without probe.enabled=true)")
@@ -213,6 +232,13 @@ def main_table() -> None:
     case("chat: a conversation without an assistant turn",
          ["train", sft, f"train.output_dir={tmp}/cn", f"data.train={jsonl(tmp, 'noanswer.jsonl', noanswer)}"],
          shown="brisk train configs/sft_demo.yaml data.train=<chat jsonl, line 5: no assistant turn>")
+
+    unlabelled = list(chat[:3]) + [json.dumps({"messages": [{"role": "user", "content": " ".join(["dog"] * 80)},
+                                                             {"role": "assistant", "content": "dog"}]})] * 2
+    case("chat: conversations with no assistant token within data.max_len",
+         ["train", sft, f"train.output_dir={tmp}/cl", "train.max_steps=1", "data.max_len=64", "data.valid=none",
+          f"data.train={jsonl(tmp, 'unlabelled.jsonl', unlabelled)}"], pick="dropped", want="out",
+         shown="brisk train configs/sft_demo.yaml data.max_len=64 data.train=<chat jsonl with 2 user turns of 80 words>")
 
     print("| mistake | command | what brisk prints | exit |")
     print("|---|---|---|---|")
