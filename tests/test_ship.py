@@ -214,7 +214,7 @@ def test_every_default_the_help_prints_is_a_value(tmp_path):
     assert all(get_dotted(cfg, k) is None if k in optional_keys() else get_dotted(cfg, k) == "none" for k in nones)
 
 
-def test_a_dropped_conversation_is_one_warning_and_transformers_stays_quiet(tmp_path, caplog):
+def test_a_dropped_conversation_is_one_warning_and_transformers_stays_quiet(tmp_path):
     import logging
 
     from transformers import AutoTokenizer
@@ -228,16 +228,19 @@ def test_a_dropped_conversation_is_one_warning_and_transformers_stays_quiet(tmp_
     short = {"messages": [{"role": "user", "content": "repeat: dog"}, {"role": "assistant", "content": "dog"}]}
     data = tmp_path / "c.jsonl"
     data.write_text("\n".join(json.dumps(x) for x in (long, long, short)) + "\n", encoding="utf-8")
-    from transformers.utils import logging as hf_logging
-
-    caplog.set_level(logging.INFO)
-    logging.getLogger("brisk").propagate = True
-    hf_logging.enable_propagation()
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    loggers = [logging.getLogger("brisk"), logging.getLogger("transformers")]
+    saved = [(lg, lg.handlers[:], lg.level) for lg in loggers]
+    for lg in loggers:
+        lg.handlers = [handler]
+        lg.setLevel(logging.INFO)
     try:
         build_chat_dataset(str(data), tok, max_len=40, overlong="truncate", skip_bad=False)
     finally:
-        logging.getLogger("brisk").propagate = False
-        hf_logging.disable_propagation()
-    dropped = [r for r in caplog.records if "dropped" in r.getMessage()]
+        for lg, hs, level in saved:
+            lg.handlers, lg.level = hs, level
+    dropped = [r for r in records if "dropped" in r.getMessage()]
     assert len(dropped) == 1 and dropped[0].levelname == "WARNING" and "2 conversations dropped" in dropped[0].getMessage()
-    assert "indexing errors" not in caplog.text
+    assert not any("indexing errors" in r.getMessage() for r in records)
