@@ -85,6 +85,8 @@ def test_chat_export_evaluates_as_its_run(tmp_path, capsys):
     _eval(capsys, run / "model-hf", data, tmp_path / "exp.jsonl", "--answers", "3", "--max-new-tokens", "8")
     s_exp = json.loads((tmp_path / "exp.summary.json").read_text())
     assert s_exp == s_run and (tmp_path / "exp.jsonl").read_text() == ans_run
+    rows = [json.loads(x) for x in ans_run.splitlines()]  # the exact-match rate is the share of exact answers
+    assert s_run["answered"] == 3 and s_run["exact_match"] == sum(r["exact"] for r in rows) / 3
 
 
 # ------------------------------------------------------------------------------------------- resume

@@ -140,11 +140,12 @@ def test_a_start_that_failed_on_data_does_not_block_the_rerun(tmp_path, capsys):
     argv = ["train", str(DEMO_CONFIG), *tiny_overrides(run), f"data.train={data}", "data.valid=null",
             "train.max_steps=1", "train.save_final=false"]
     assert "audio files do not exist" in _error_line(capsys, argv)
-    assert (run / "config.yaml").exists()  # what the failed start wrote
+    # the data is checked before the model is built (issue 32): the failed start wrote its log, not its config
+    assert (run / "train.log").exists() and not (run / "config.yaml").exists()
     data.write_text("\n".join(lines) + "\n", encoding="utf-8")  # the data fixed, the same command
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "held a start that never reached its first checkpoint (config.yaml" in out and "removed those files" in out
+    assert "held a start that never reached its first checkpoint (train.log" in out and "removed those files" in out
     assert [line for line in (run / "steps.jsonl").read_text().splitlines()]  # it trained
 
 
