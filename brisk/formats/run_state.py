@@ -26,7 +26,7 @@ RESUME_HARMLESS = {"train.resume", "train.resume_from", "train.overwrite", "trai
                    "train.val_every", "train.val_decode", "train.val_decode_fast", "train.keep_n", "train.keep_metric",
                    "train.save_final", "train.export", "train.export_dtype", "train.gc_every", "train.cpu_threads",
                    "train.async_checkpoint", "data.num_workers", "data.pin_memory", "diagnose.report",
-                   "diagnose.slow_factor", "probe.enabled"}
+                   "diagnose.slow_factor", "diagnose.warmup_steps", "diagnose.window", "probe.enabled"}
 # Model keys that change no shape and no computed number of a resumed run (its weights come from the checkpoint).
 MODEL_FREE = {"model.init", "model.seed", "model.llm.load_weights", "model.encoder.activation_checkpoint",
               "model.llm.activation_checkpoint"}
@@ -56,9 +56,11 @@ def refused(key: str) -> bool:
 
 
 def changes(saved: dict, now: dict) -> dict[str, tuple]:
-    """{key: (saved value, new value)} for every dotted key that differs."""
+    """{key: (saved value, new value)} for every dotted key that differs. A config key one side lacks (a run
+    saved by an older brisk) is no change; a key of the free-form LLM config one side lacks is one."""
     a, b = flat(saved), flat(now)
-    return {k: (a.get(k, "(absent)"), b.get(k, "(absent)")) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+    keys = (set(a) & set(b)) | {k for k in set(a) ^ set(b) if k.startswith("model.llm.config.")}
+    return {k: (a.get(k, "(absent)"), b.get(k, "(absent)")) for k in sorted(keys) if a.get(k) != b.get(k)}
 
 
 def _describe(diff: dict[str, tuple]) -> str:
