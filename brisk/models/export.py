@@ -279,8 +279,10 @@ def _write_readme(out: Path, fmt: str, dtype: str, cfg: Config) -> None:
 Load with FunASR 1.4.x: `funasr.AutoModel(model="<this folder>")`; fine-tune again with FunASR's
 `train_ds.py` or with brisk (`model.path=<this folder>`). Weights: `model.pt` ({{"state_dict": ...}}, {dtype}).
 `{LLM_DIR}/` holds the LLM's config.json and tokenizer (its weights are in model.pt).
-This runtime behaves like training: FunASR's own front end, prompt and splicing. The model was trained
-{header}; FunASR's inference prompt carries none.
+This runtime behaves like training: FunASR's own front end (with the run's CMVN file, `am.mvn`, when it had
+one, and no dither), prompt and splicing. The model was trained {header}; FunASR's inference prompt carries
+none. `brisk.json` holds the settings that change what the model computes (front end, prompt keys, LLM dtype);
+brisk reads it back when it loads this folder.
 """
     else:
         body = f"""# Fun-ASR-Nano, transformers-native layout (FunAsrNanoForConditionalGeneration), exported by brisk
