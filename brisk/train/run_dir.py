@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from ..config import Config, ConfigError, config_changes
-from ..formats.run_state import RESUME_HARMLESS  # noqa: F401 - the keys a resume may change, in one place
+from ..formats.run_state import RESUME_HARMLESS  # the keys a resume may change: with the resume checks
 
 log = logging.getLogger("brisk")
 
@@ -32,7 +32,6 @@ RUN_FILES = ("config.yaml", "accel.json", "steps.jsonl", "slow_steps.jsonl", "hi
 RUN_DIRS = ("checkpoints", "tb")
 LOCK = ".brisk.lock"  # held (flock) by the process training in the folder; never deleted (a rename would race)
 STEP_LOGS = ("steps.jsonl", "slow_steps.jsonl", "history.jsonl", "metrics.jsonl")
-
 
 
 def demo_dir(root: Path | None = None) -> Path:
