@@ -246,3 +246,26 @@ def test_a_dropped_conversation_is_one_warning_and_transformers_stays_quiet(tmp_
     dropped = [r for r in records if "dropped" in r.getMessage()]
     assert len(dropped) == 1 and dropped[0].levelname == "WARNING" and "2 conversations dropped" in dropped[0].getMessage()
     assert not any("indexing errors" in r.getMessage() for r in records)
+
+
+def test_funasr_runtime_takes_the_exported_cmvn_and_computes_brisks_features(speech_run):
+    """FunASR's own AutoModel, given the export, builds its front end from the folder's am.mvn, without dither,
+    and computes the features brisk trained on."""
+    pytest.importorskip("funasr")
+    from funasr import AutoModel
+
+    from brisk.data.audio import read_audio
+    from brisk.data.features import Frontend
+    from brisk.eval.load import load_for_inference
+
+    folder = speech_run / "model-funasr"
+    am = AutoModel(model=str(folder), device="cpu", disable_update=True)
+    fe = am.kwargs["frontend"]
+    assert fe.cmvn is not None and Path(fe.cmvn_file).resolve() == (folder / "am.mvn").resolve() and fe.dither == 0.0
+    _, _, cfg = load_for_inference(speech_run)
+    wave = read_audio(str(DEMO / "audio" / "valid" / "utt0001.flac"), 16000)
+    ref, _ = fe(wave[None], torch.tensor([wave.numel()]))
+    import dataclasses
+
+    ours = Frontend(dataclasses.replace(cfg.model.frontend, dither=0.0))(wave)
+    assert ref.shape[1:] == ours.shape and torch.allclose(ref[0], ours, atol=1e-3, rtol=1e-4)
