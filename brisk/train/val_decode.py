@@ -32,7 +32,7 @@ class ValDecoder:
             self.paths = [u.audio_paths()[0] for u in utts]
             self.refs = [u.assistant[0] for u in utts]
 
-    def run(self, model, step: int) -> dict:
+    def run(self, model, step: int, tag: str | None = None) -> dict:
         if self.valid is None:
             return {}
         ds = self.valid.dataset
@@ -51,5 +51,5 @@ class ValDecoder:
         self.last_rows = rows
         with (self.run_dir / "valid_decode.jsonl").open("a", encoding="utf-8") as f:
             for row in rows:
-                f.write(json.dumps({"step": step, **row}, ensure_ascii=False) + "\n")
+                f.write(json.dumps({"step": step, **({"weights": tag} if tag else {}), **row}, ensure_ascii=False) + "\n")
         return {"cer": summary["cer"], "wer": summary["wer"], "decoded": len(rows), "decode_seconds": seconds}
