@@ -184,16 +184,18 @@ class Recognizer:
 
     def transcribe(self, paths: list[str], batch_size: int = 8, max_new_tokens: int | None = None) -> list[Result]:
         chunks = [paths[b:b + batch_size] for b in range(0, len(paths), batch_size)]
+        return [r for results in self.transcribe_batches(chunks, max_new_tokens) for r in results]
 
+    def transcribe_batches(self, chunks: list[list[str]], max_new_tokens: int | None = None):
+        """Yield the Results of each chunk of audio paths, decoded together; the next chunk's audio is read (and
+        featurized) on a thread while this one decodes (``prefetch``)."""
         def load(chunk: list[str]) -> tuple[tuple[torch.Tensor, ...], tuple[float, ...]]:
             return tuple(zip(*(self.features(p) for p in chunk)))
 
-        out: list[Result] = []
         with ThreadPoolExecutor(1) if self.prefetch and len(chunks) > 1 else nullcontext() as pool:
             for feats, secs in (one_ahead(pool, load, chunks) if pool is not None else map(load, chunks)):
-                for ids, s in zip(self.decode_features(list(feats), max_new_tokens), secs):
-                    out.append(Result(ids, self.text(ids), s))
-        return out
+                ids = self.decode_features(list(feats), max_new_tokens)
+                yield [Result(i, self.text(i), s) for i, s in zip(ids, secs)]
 
 
 def one_ahead(pool: ThreadPoolExecutor, fn, items: list):
