@@ -146,7 +146,7 @@ def eval_main(args) -> int:
     print(which, flush=True)
     out = Path(args.out) if args.out else (Path(args.model) / "eval" / f"{Path(args.data).stem}.jsonl")
     rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
-                     fast_compile=args.fast_compile)
+                     fast_compile=args.fast_compile, device_features=not args.cpu_features)
     rows, s = evaluate(rec, items, out, args.batch_size, resume=args.resume, max_utts=args.max_utts,
                        progress=show_progress(args))
     print(f"model: {args.model} ({which}); data: {args.data}")
@@ -175,7 +175,7 @@ def transcribe_main(args) -> int:
     device = pick_device(args.device)
     cfg, model, tok, _ = load_run(args.model, args.weights, device)
     rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
-                     fast_compile=args.fast_compile)
+                     fast_compile=args.fast_compile, device_features=not args.cpu_features)
     items = read_items(args.audio, skip_bad=cfg.data.skip_bad)
     if args.resume and not args.out:
         raise ConfigError("--resume continues the jsonl given by --out: give --out FILE")
@@ -208,6 +208,8 @@ def add_verbs(sub) -> None:
         p.add_argument("--max-utts", type=int, default=None,
                        help="stop after the batch that reaches N utterances decoded in this call (--resume continues)")
         p.add_argument("--no-progress", action="store_true", help="no progress bar (shown on a terminal by default)")
+        p.add_argument("--cpu-features", action="store_true",
+                       help="fbank + LFR one utterance at a time on the CPU (default: a batch at once on --device)")
 
     e = sub.add_parser("eval", help="decode a jsonl, CER/WER with jiwer, one line per utterance "
                                     "(task chat: loss, perplexity and greedy answers)")

@@ -131,6 +131,9 @@ def test_recognizer_fast_equals_plain_on_cuda_fp32(tmp_path, tokenizer):
     fast = Recognizer(model, tokenizer, cfg.frontend, device="cuda", max_new_tokens=16, fast=True)
     expected = [r.ids for r in plain.transcribe(paths, batch_size=1)]
     assert len({tuple(e) for e in expected}) > 1
+    # Features on the GPU (the default, Frontend.batch) or one at a time on the CPU: the same transcripts.
+    cpu_features = Recognizer(model, tokenizer, cfg.frontend, device="cuda", max_new_tokens=16, device_features=False)
+    assert [r.ids for r in cpu_features.transcribe(paths, batch_size=6)] == expected
     for batch_size in (1, 6):
         assert [r.ids for r in fast.transcribe(paths, batch_size=batch_size)] == expected, batch_size
     assert fast._fast.graphs
