@@ -86,6 +86,7 @@ class Recognizer:
         self.fast = fast or bool(fast_compile)
         self.fast_compile = fast_compile  # a torch.compile backend for the fast decoder's step ("inductor")
         self._fast = None  # the FastGreedy decoder, built on first use
+        self._encode = None  # fast on CUDA: the encoder's graphs (brisk.eval.fast_decode.GraphedEncode)
         self._prompts: dict[int, tuple[list[int], int]] = {}  # prompt ids and first audio slot, by audio slot count
         # Features of the next batches on a thread while this one decodes; by default on CUDA only (on the CPU
         # the thread would take the cores the decoder uses).
@@ -99,6 +100,7 @@ class Recognizer:
         if self._fast is not None:
             self._fast.release()
             self._fast = None
+        self._encode = None
 
     # ------------------------------------------------------------------------------------- prompt
     def prompt_ids(self, n_audio: int) -> tuple[list[int], int]:
@@ -181,7 +183,14 @@ class Recognizer:
         else:
             speech = pad_sequence(feats, batch_first=True).to(self.device)  # [N, F, D]
             lengths = torch.tensor([f.shape[0] for f in feats], device=self.device)
-        adapted = model.encode_audio(speech, lengths)  # [N, F', llm_dim]
+        if self.fast and self.device.type == "cuda":
+            if self._encode is None:
+                from .fast_decode import GraphedEncode
+
+                self._encode = GraphedEncode(model, self.device)
+            adapted = self._encode(speech, lengths)  # [N, F', llm_dim]
+        else:
+            adapted = model.encode_audio(speech, lengths)  # [N, F', llm_dim]
         return self.splice(adapted, lengths.tolist())
 
     def splice(self, adapted: torch.Tensor, frames: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

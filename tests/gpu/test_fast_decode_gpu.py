@@ -30,6 +30,9 @@ def test_graphed_fp32_gives_generates_ids(attn):
         a = graphed.generate(embeds, mask, 24)
         b = eager.generate(embeds, mask, 24)
         assert graphed.graphs and not eager.graphs and all(r.graph is not None for r in graphed.rooms.values())
+        # The prefill is a graph too (one a room and padded prompt length), the eager decoder's is not.
+        assert all(p.graph is not None for r in graphed.rooms.values() for p in r.prefills.values())
+        assert all(p.graph is None for r in eager.rooms.values() for p in r.prefills.values())
         assert torch.equal(a, b), lengths  # the replayed graph computes what the eager step computes
         assert cut(a.tolist(), stop) == expected, lengths
         # A second batch of the same bucket replays the same graph.
@@ -136,6 +139,6 @@ def test_recognizer_fast_equals_plain_on_cuda_fp32(tmp_path, tokenizer):
     assert [r.ids for r in cpu_features.transcribe(paths, batch_size=6)] == expected
     for batch_size in (1, 6):
         assert [r.ids for r in fast.transcribe(paths, batch_size=batch_size)] == expected, batch_size
-    assert fast._fast.graphs
+    assert fast._fast.graphs and fast._encode.graphs  # the decode step, the prefill and the encoder replayed
     fast.release()
-    assert fast._fast is None
+    assert fast._fast is None and fast._encode is None
