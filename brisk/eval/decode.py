@@ -183,15 +183,18 @@ class Recognizer:
         else:
             speech = pad_sequence(feats, batch_first=True).to(self.device)  # [N, F, D]
             lengths = torch.tensor([f.shape[0] for f in feats], device=self.device)
+        return self.splice(self.encode(speech, lengths), lengths.tolist())
+
+    def encode(self, speech: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Padded LFR features [N, F, D] -> adaptor outputs [N, F', llm_dim]; fast on CUDA, replayed from a graph
+        per batch and frame bucket (brisk.eval.fast_decode.GraphedEncode)."""
         if self.fast and self.device.type == "cuda":
             if self._encode is None:
                 from .fast_decode import GraphedEncode
 
-                self._encode = GraphedEncode(model, self.device)
-            adapted = self._encode(speech, lengths)  # [N, F', llm_dim]
-        else:
-            adapted = model.encode_audio(speech, lengths)  # [N, F', llm_dim]
-        return self.splice(adapted, lengths.tolist())
+                self._encode = GraphedEncode(self.model, self.device)
+            return self._encode(speech, lengths)
+        return self.model.encode_audio(speech, lengths)
 
     def splice(self, adapted: torch.Tensor, frames: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Adaptor outputs [N, F', D] of utterances of ``frames`` LFR frames -> left-padded prompt embeddings

@@ -334,15 +334,24 @@ class GraphedEncode:
         self.model, self.device = model, torch.device(device)
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple[int, int], tuple] = {}
+        self.failed = False
 
     @torch.no_grad()
     def __call__(self, speech: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """speech [N, F, D], lengths [N] -> adaptor outputs [N, F', llm_dim] (views of the graph's output: use
         them before the next call)."""
         n, f, d = speech.shape
+        if self.failed:
+            return self.model.encode_audio(speech, lengths)
         key = (bucket(n), -(-f // FRAME_ROUND) * FRAME_ROUND)
         if key not in self.graphs:
-            self.graphs[key] = self._capture(*key, d, speech.dtype)
+            try:
+                self.graphs[key] = self._capture(*key, d, speech.dtype)
+            except RuntimeError as e:  # a capture CUDA refuses: the eager encoder is still correct
+                log.warning("fast decode: capturing the encoder failed (%s); it runs eagerly from here",
+                            str(e).splitlines()[0] if str(e) else type(e).__name__)
+                self.failed = True
+                return self.model.encode_audio(speech, lengths)
         graph, x, lens, out = self.graphs[key]
         x.zero_()
         x[:n, :f] = speech
