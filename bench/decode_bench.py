@@ -13,10 +13,11 @@ Arms (each warmed once on its first batch: graph capture and compile are reporte
   funasr cannot be imported);
 - plain: brisk's Recognizer (``llm.generate``, dynamic cache), batches 1, 16, 64;
 - fast: the same with ``fast=True`` (static KV cache, the decode step a CUDA graph a batch bucket);
-- fast_compile: the same with the step compiled by Inductor before capture;
-- fast_eos: ``fast`` with one more stop token, picked from an earlier arm's batch-1 ids (a token most rows emit
+- fast_buckets: ``fast_buckets=True`` (also the encoder and the prefill replayed from graphs per length bucket);
+- fast_compile, fast_compile_buckets: those with the step compiled by Inductor before capture;
+- fast_eos: ``fast_buckets`` with one more stop token, picked from its batch-1 ids (a token most rows emit
   first mid-utterance), so rows stop at different lengths as a trained model's do; its ids are compared with
-  the fast arm's cut at that token.
+  the fast_buckets arm's cut at that token.
 
 Per arm and batch: utterances/s and RTF of the whole transcribe (audio reading, features, encoder, decode;
 what `brisk eval` reports), and ms a generated token of the decode alone (prompt embeddings ready; the time
@@ -104,7 +105,8 @@ def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: 
     from brisk.eval.decode import timed_transcribe
     from brisk.eval.evaluate import recognizer
 
-    kw = {"fast": name != "plain", "fast_compile": "inductor" if name == "fast_compile" else None}
+    kw = {"fast": name != "plain", "fast_compile": "inductor" if name.startswith("fast_compile") else None,
+          "fast_buckets": name in ("fast_buckets", "fast_compile_buckets", "fast_eos")}
     rec = recognizer(cfg, model, tok, device, max_new_tokens=a.max_new, **kw)
     if name == "fast_eos":  # a model that stops: one more stop token, one the random model emits mid-utterance
         rec.stop = sorted({*rec.stop, a.eos_token})
@@ -193,13 +195,13 @@ def agreement(rows: list[dict]) -> dict:
     out = {}
     for r in rows:
         if r["arm"] == "fast_eos":
-            ref = next((p for p in rows if p["arm"] in ("fast", "fast_compile") and p["batch"] == r["batch"]), None)
+            ref = next((p for p in rows if p["arm"] == "fast_buckets" and p["batch"] == r["batch"]), None)
             if ref is not None:
                 eos = r["eos_token"]
                 pairs = list(zip([x[:x.index(eos)] if eos in x else x for x in ref["ids"]], r["ids"]))
                 out[f"fast_eos b{r['batch']} (vs {ref['arm']} cut at the EOS token)"] = (
                     sum(x == y for x, y in pairs) / max(len(pairs), 1))
-        if r["arm"] in ("fast", "fast_compile"):
+        if r["arm"] in ("fast", "fast_buckets", "fast_compile", "fast_compile_buckets"):
             ref = next((p for p in rows if p["arm"] == "plain" and p["batch"] == r["batch"]), None)
             if ref is not None:
                 pairs = list(zip(ref["ids"], r["ids"]))
@@ -216,8 +218,10 @@ def table(rows: list[dict], skipped: dict, meta: dict) -> str:
              "features ms (CPU, one by one) | warm-up s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     names = {"funasr": "FunASR FunASRNano.inference (AutoModel.generate, batch 1)", "plain": "brisk plain (generate)",
-             "fast": "brisk fast (graphs: encoder, prefill, step)", "fast_compile": "brisk fast + compiled step",
-             "fast_eos": "brisk fast, stopping at an EOS token"}
+             "fast": "brisk fast (step graph)", "fast_buckets": "brisk fast, length buckets (graphs: encoder, prefill, step)",
+             "fast_compile": "brisk fast + compiled step",
+             "fast_compile_buckets": "brisk fast, length buckets + compiled step",
+             "fast_eos": "brisk fast, length buckets, stopping at an EOS token"}
     for r in rows:
         tok = (f"{r['ms_per_token']:.2f}" if "ms_per_token" in r else "-") + (" (whole call)" if r["arm"] == "funasr" else "")
         prof = " | ".join(f"{r[k]:.1f}" if k in r else "-" for k in
@@ -245,7 +249,7 @@ def main() -> int:
     ap.add_argument("--data", default=None, help="a jsonl (default: bench/tmp/wholerun_data/valid.jsonl, else the demo's)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny model folder (CPU check of this script)")
-    ap.add_argument("--arms", default="fast_compile,fast,fast_eos,funasr,plain")
+    ap.add_argument("--arms", default="fast,fast_buckets,fast_eos,plain,fast_compile_buckets,funasr")
     ap.add_argument("--eos-token", type=int, default=None, dest="eos_token",
                     help="the fast_eos arm's extra stop token (default: picked from the batch-1 ids of an earlier arm)")
     ap.add_argument("--batches", default="1,16,64")
@@ -306,7 +310,7 @@ def main() -> int:
                 skipped[f"{arm} b{b}"] = f"over the {a.budget:.0f} s budget"
                 continue
             if arm == "fast_eos" and a.eos_token is None:
-                ref = next((r for r in rows if r["arm"] in ("fast", "fast_compile", "plain") and r["batch"] == 1), None)
+                ref = next((r for r in rows if r["arm"] == "fast_buckets" and r["batch"] == 1), None)
                 if ref is None:
                     skipped[f"{arm} b{b}"] = "no batch-1 ids to pick an EOS token from (run fast first)"
                     continue

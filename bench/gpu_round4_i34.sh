@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 34's one GPU call (round 4): the decoder's GPU tests, then bench/decode_bench.py (fast, compiled step,
+# Issue 34's one GPU call (round 4; run at 9b979b6, when --fast meant today's --fast-buckets: the arms are
+# named as the code names them now): the decoder's GPU tests, then bench/decode_bench.py (fast, compiled step,
 # an arm that stops at EOS, plain, FunASR's inference) at batches 1, 16, 64. From the repo root on the GPU
 # machine with the wheels in .whl/:
 #   bash bench/gpu_round4_i34.sh        # ~6 minutes; results in $OUT (bench/results/2026-12-01-h200-round4/)
@@ -21,7 +22,7 @@ cat "$OUT/machine.txt"
 timeout 120 python3 -m pytest -o addopts="" -q -rs -p no:warnings --durations=6 \
     tests/gpu/test_fast_decode_gpu.py tests/gpu/test_device_features_gpu.py -s 2>&1 \
     | grep -v "^$" | tee "$OUT/gpu_tests.log" | tail -n 14
-timeout "$(left "$BUDGET")" python3 bench/decode_bench.py --out /tmp/decode --arms fast,fast_eos,plain,fast_compile,funasr \
+timeout "$(left "$BUDGET")" python3 bench/decode_bench.py --out /tmp/decode --arms fast_buckets,fast_eos,plain,fast_compile_buckets,funasr \
     --plain-profile 1 --slow-utts 4 --repeats 2 --budget "$(( $(left "$BUDGET") - 45 ))" > /tmp/decode.log 2>&1
 echo "decode_bench exit $?"
 tail -n 22 /tmp/decode.log

@@ -68,7 +68,8 @@ class Recognizer:
 
     def __init__(self, model, tokenizer, frontend_cfg, *, device: torch.device | str = "cpu", sys_prompt: bool = True,
                  do_think: bool = True, prompt: str | None = None, max_new_tokens: int = 512, fast: bool = False,
-                 fast_compile: str | None = None, prefetch: bool | None = None, device_features: bool = True):
+                 fast_compile: str | None = None, prefetch: bool | None = None, device_features: bool = True,
+                 fast_buckets: bool = False):
         self.model, self.tok = model, tokenizer
         self.device = torch.device(device)
         self.frontend = Frontend(dataclasses.replace(frontend_cfg, dither=0.0))
@@ -83,7 +84,9 @@ class Recognizer:
         eos = list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
         self.stop = sorted({*eos, *([im_end] if isinstance(im_end, int) and im_end >= 0 else [])})
         self.pad = llm_cfg.pad_token_id if llm_cfg.pad_token_id is not None else (self.stop[0] if self.stop else 0)
-        self.fast = fast or bool(fast_compile)
+        self.fast = fast or bool(fast_compile) or fast_buckets
+        # The encoder and the prefill replayed from graphs per length bucket (brisk.eval.fast_decode, buckets).
+        self.fast_buckets = fast_buckets
         self.fast_compile = fast_compile  # a torch.compile backend for the fast decoder's step ("inductor")
         self._fast = None  # the FastGreedy decoder, built on first use
         self._encode = None  # fast on CUDA: the encoder's graphs (brisk.eval.fast_decode.GraphedEncode)
@@ -165,7 +168,7 @@ class Recognizer:
                 from .fast_decode import FastGreedy
 
                 self._fast = FastGreedy(self.model.llm, self.stop, self.pad, dtype, self.device,
-                                        compile=self.fast_compile)
+                                        compile=self.fast_compile, buckets=self.fast_buckets)
             return self._fast.generate(embeds.to(dtype), mask, max_new)
         autocast = torch.autocast(self.device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
         with autocast:
@@ -186,9 +189,9 @@ class Recognizer:
         return self.splice(self.encode(speech, lengths), lengths.tolist())
 
     def encode(self, speech: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Padded LFR features [N, F, D] -> adaptor outputs [N, F', llm_dim]; fast on CUDA, replayed from a graph
-        per batch and frame bucket (brisk.eval.fast_decode.GraphedEncode)."""
-        if self.fast and self.device.type == "cuda":
+        """Padded LFR features [N, F, D] -> adaptor outputs [N, F', llm_dim]; with fast_buckets on CUDA, replayed
+        from a graph per batch and frame bucket (brisk.eval.fast_decode.GraphedEncode)."""
+        if self.fast_buckets and self.device.type == "cuda":
             if self._encode is None:
                 from .fast_decode import GraphedEncode
 

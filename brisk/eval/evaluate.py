@@ -106,7 +106,8 @@ def evaluate(rec: Recognizer, items: list, out: Path | None, batch_size: int = 8
 def decoder_name(rec: Recognizer) -> str:
     if not rec.fast:
         return "generate"
-    return "fast decoder" + (f" (step compiled, {rec.fast_compile})" if rec.fast_compile else "")
+    extra = [f"step compiled, {rec.fast_compile}"] * bool(rec.fast_compile) + ["length buckets"] * rec.fast_buckets
+    return "fast decoder" + (f" ({', '.join(extra)})" if extra else "")
 
 
 def summary_table(s: dict) -> str:
@@ -146,7 +147,8 @@ def eval_main(args) -> int:
     print(which, flush=True)
     out = Path(args.out) if args.out else (Path(args.model) / "eval" / f"{Path(args.data).stem}.jsonl")
     rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
-                     fast_compile=args.fast_compile, device_features=not args.cpu_features)
+                     fast_compile=args.fast_compile, device_features=not args.cpu_features,
+                     fast_buckets=args.fast_buckets)
     rows, s = evaluate(rec, items, out, args.batch_size, resume=args.resume, max_utts=args.max_utts,
                        progress=show_progress(args))
     print(f"model: {args.model} ({which}); data: {args.data}")
@@ -175,7 +177,8 @@ def transcribe_main(args) -> int:
     device = pick_device(args.device)
     cfg, model, tok, _ = load_run(args.model, args.weights, device)
     rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
-                     fast_compile=args.fast_compile, device_features=not args.cpu_features)
+                     fast_compile=args.fast_compile, device_features=not args.cpu_features,
+                     fast_buckets=args.fast_buckets)
     items = read_items(args.audio, skip_bad=cfg.data.skip_bad)
     if args.resume and not args.out:
         raise ConfigError("--resume continues the jsonl given by --out: give --out FILE")
@@ -203,6 +206,9 @@ def add_verbs(sub) -> None:
                        help="static KV cache; on CUDA each batch bucket's decode step is a CUDA graph (same ids)")
         p.add_argument("--fast-compile", action="store_const", const="inductor", default=None,
                        help="--fast with the decode step compiled by torch.compile before capture (CUDA; compiles once)")
+        p.add_argument("--fast-buckets", action="store_true",
+                       help="--fast with the encoder and the prefill replayed from CUDA graphs per length bucket "
+                            "(padded shapes: in bf16 ids may part from generate's at near-ties)")
         p.add_argument("--resume", action="store_true",
                        help="continue the results jsonl a killed or --max-utts run left (same input, same batch size)")
         p.add_argument("--max-utts", type=int, default=None,

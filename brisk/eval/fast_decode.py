@@ -28,11 +28,14 @@ cache's write position in a device tensor (``cumulative_length``) that each upda
 the step capturable. A model it cannot decode raises ConfigError naming the switch (``--fast``,
 ``train.val_decode_fast``), so the command line prints one line.
 
-The prefill (the prompt into the cache, the first token) is captured too, once a room and padded prompt length
-(prompts are left padded to a multiple of PROMPT_ROUND; positions still count each row's real tokens from 0),
-its mask built on the device from the padding mask. ``GraphedEncode`` captures the encoder and adaptor per
-(batch bucket, frame bucket) for the Recognizer. So a batch on CUDA is: features, one encoder replay, the
-splice, one prefill replay, one replay a token, the host reading the finished mask every ``check_every``.
+With ``buckets=True`` (``--fast-buckets``) the prefill (the prompt into the cache, the first token) is captured
+too, once a room and padded prompt length (prompts are left padded to a multiple of PROMPT_ROUND; positions
+still count each row's real tokens from 0), its mask built on the device from the padding mask, and
+``GraphedEncode`` captures the encoder and adaptor per (batch bucket, frame bucket) for the Recognizer. A batch
+on CUDA is then: features, one encoder replay, the splice, one prefill replay, one replay a token, the host
+reading the finished mask every ``check_every``. Those shapes differ from generate's, so in bf16 the ids may
+part from generate's at near-ties (as generate's own ids do between batch sizes); without buckets the encoder
+and the prefill run eagerly at generate's shapes.
 
 Graphs draw on a memory pool of their own (never the training graphs' pool) and are dropped by ``release``.
 """
@@ -124,13 +127,18 @@ class FastGreedy:
     a row stops (the stop token itself is kept)."""
 
     def __init__(self, llm: torch.nn.Module, stop: list[int], pad: int, dtype: torch.dtype, device: torch.device | str,
-                 *, graphs: bool | None = None, check_every: int = 8, compile: str | None = None):
+                 *, graphs: bool | None = None, check_every: int = 8, compile: str | None = None, buckets: bool = False):
         self.llm, self.pad, self.dtype = llm, pad, dtype
         self.device = torch.device(device)
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         if self.graphs and self.device.type != "cuda":
             raise ValueError("fast decode: CUDA graphs need a CUDA device")
         self.check_every = max(1, check_every)
+        # buckets: prompts left padded to a multiple of PROMPT_ROUND and the prefill replayed from a graph per
+        # room and padded length. Other shapes than generate's (and a mask built here): in bf16 the ids can part
+        # from generate's at near-ties. Off: the prefill runs eagerly at the prompt's own length with the mask
+        # transformers builds, as generate does.
+        self.buckets = buckets
         self.stop = torch.tensor(stop, dtype=torch.long, device=self.device)
         text = llm.config.get_text_config() if hasattr(llm.config, "get_text_config") else llm.config
         self.config = text
@@ -231,8 +239,9 @@ class FastGreedy:
         # Positions as generate derives them from the mask: 0, 1, ... over each row's real tokens.
         positions = p.valid.long().cumsum(-1) - 1
         positions.masked_fill_(~p.valid, 1)
+        mask = self._prefill_mask(r, t) if self.buckets else r.mask.long()  # off: transformers builds it
         with self._autocast():
-            out = self.llm(inputs_embeds=p.embeds, attention_mask=self._prefill_mask(r, t), position_ids=positions,
+            out = self.llm(inputs_embeds=p.embeds, attention_mask=mask, position_ids=positions,
                            use_cache=True, logits_to_keep=1, **{self.cache_kw: r.cache})
         first = out.logits[:, -1].argmax(-1)  # [B]
         r.out.zero_()
@@ -244,7 +253,11 @@ class FastGreedy:
         r.step.fill_(1)
 
     def _prefill_buffers(self, r: _Room, rows: int, t: int, dim: int) -> _Prefill:
+        """The prefill's inputs: kept a padded length with buckets (its graph reads them); without, only the
+        latest (every prompt length would otherwise keep its own)."""
         if t not in r.prefills:
+            if not self.buckets:
+                r.prefills.clear()
             d = self.device
             r.prefills[t] = _Prefill(embeds=torch.zeros(rows, t, dim, dtype=self.dtype, device=d),
                                      valid=torch.zeros(rows, t, dtype=torch.bool, device=d),
@@ -257,7 +270,7 @@ class FastGreedy:
             p.graph.replay()
             return
         self._prefill(r, p)
-        if not self.graphs:
+        if not (self.graphs and self.buckets):
             return
         try:  # the eager pass above was the warm-up (lazy cache allocation, cuBLAS workspaces)
             graph = torch.cuda.CUDAGraph()
@@ -283,7 +296,7 @@ class FastGreedy:
         """embeds [B, T, D] and mask [B, T] (left padded) -> generated ids [B, max_new]."""
         n, t = mask.shape
         rows = bucket(n)
-        tp = -(-t // PROMPT_ROUND) * PROMPT_ROUND  # the prompt, left padded further to its bucket
+        tp = -(-t // PROMPT_ROUND) * PROMPT_ROUND if self.buckets else t  # the prompt, left padded to its bucket
         r = self._room(rows, tp + max_new)
         p = self._prefill_buffers(r, rows, tp, embeds.shape[2])
         p.embeds.zero_()

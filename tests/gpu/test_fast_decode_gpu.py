@@ -24,8 +24,8 @@ def test_graphed_fp32_gives_generates_ids(attn):
     for i, lengths in enumerate(BATCHES):
         embeds, mask = prompts(llm, lengths, seed=i)
         stop = stop_tokens(llm, embeds, mask)  # rows stop at different steps (the graph's stop tensor is fixed)
-        graphed = FastGreedy(llm, stop, PAD, torch.float32, "cuda")
-        eager = FastGreedy(llm, stop, PAD, torch.float32, "cuda", graphs=False)
+        graphed = FastGreedy(llm, stop, PAD, torch.float32, "cuda", buckets=True)
+        eager = FastGreedy(llm, stop, PAD, torch.float32, "cuda", graphs=False, buckets=True)
         expected = reference_ids(llm, embeds, mask, stop, 24)
         a = graphed.generate(embeds, mask, 24)
         b = eager.generate(embeds, mask, 24)
@@ -139,6 +139,14 @@ def test_recognizer_fast_equals_plain_on_cuda_fp32(tmp_path, tokenizer):
     assert [r.ids for r in cpu_features.transcribe(paths, batch_size=6)] == expected
     for batch_size in (1, 6):
         assert [r.ids for r in fast.transcribe(paths, batch_size=batch_size)] == expected, batch_size
-    assert fast._fast.graphs and fast._encode.graphs  # the decode step, the prefill and the encoder replayed
+    assert fast._fast.graphs and fast._encode is None  # the step graphed; encoder and prefill at generate's shapes
     fast.release()
-    assert fast._fast is None and fast._encode is None
+    assert fast._fast is None
+    # Length buckets: the encoder, the prefill and the step replayed from graphs (fp32 here: the same ids).
+    buckets = Recognizer(model, tokenizer, cfg.frontend, device="cuda", max_new_tokens=16, fast_buckets=True)
+    for batch_size in (1, 6):
+        assert [r.ids for r in buckets.transcribe(paths, batch_size=batch_size)] == expected, batch_size
+    assert buckets._encode.graphs and all(p.graph is not None for r in buckets._fast.rooms.values()
+                                          for p in r.prefills.values())
+    buckets.release()
+    assert buckets._fast is None and buckets._encode is None
