@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Greedy decoding speed (issue 25): FunASR's own inference, brisk's plain decoder and brisk's fast decoder.
+"""Greedy decoding speed (issues 25, 34): FunASR's own inference, brisk's plain decoder and brisk's fast decoder.
 
 One call: a real-size random Fun-ASR-Nano folder (tools/make_nano_folder.py, on the GPU) unless --model names
 one; the 40 validation utterances of the whole-run set (bench/tmp/wholerun_data/valid.jsonl, made by
@@ -13,7 +13,11 @@ Arms (each warmed once on its first batch: graph capture and compile are reporte
   funasr cannot be imported);
 - plain: brisk's Recognizer (``llm.generate``, dynamic cache), batches 1, 16, 64;
 - fast: the same with ``fast=True`` (static KV cache, the decode step a CUDA graph a batch bucket);
-- fast_compile: the same with the step compiled by Inductor before capture.
+- fast_buckets: ``fast_buckets=True`` (also the encoder and the prefill replayed from graphs per length bucket);
+- fast_compile, fast_compile_buckets: those with the step compiled by Inductor before capture;
+- fast_eos: ``fast_buckets`` with one more stop token, picked from its batch-1 ids (a token most rows emit
+  first mid-utterance), so rows stop at different lengths as a trained model's do; its ids are compared with
+  the fast_buckets arm's cut at that token.
 
 Per arm and batch: utterances/s and RTF of the whole transcribe (audio reading, features, encoder, decode;
 what `brisk eval` reports), and ms a generated token of the decode alone (prompt embeddings ready; the time
@@ -70,18 +74,29 @@ def timed(fn, device: str, repeats: int):
 
 
 def decode_only(rec, paths: list[str], max_new: int, repeats: int, device: str) -> tuple[dict, list[list[int]]]:
-    """Where one batch's time goes: features (CPU), encoder + splice, prefill (generate of 1 token), and the
-    decode steps (a full generate less the prefill, over the steps it ran); and that batch's ids."""
+    """Where one batch's time goes, stage by stage (each the median of ``repeats``, after a warm-up that captures
+    what the arm captures): features of the batch on the device (Frontend.batch) and, for reference, the CPU
+    path one utterance at a time; encoder + adaptor; the splice into the prompt; the prefill (generate of 1
+    token); the decode steps (a full generate less the prefill, over the steps it ran); and the batch's ids."""
     import torch
 
+    from brisk.data.audio import read_audio
+
+    waves = [read_audio(p, rec.fs) for p in paths]
     with torch.no_grad():
-        t_feats, feats = timed(lambda: [rec.features(p)[0] for p in paths], "cpu", 1)
-        t_embeds, (embeds, mask) = timed(lambda: rec.prompt_embeds(feats), device, repeats)
+        t_cpu, _ = timed(lambda: [rec.frontend(w) for w in waves], "cpu", 1)
+        speech, lengths = rec.frontend.batch(waves, device)  # warm-up: constants on the device
+        t_feats, (speech, lengths) = timed(lambda: rec.frontend.batch(waves, device), device, repeats)
+        embeds, mask = rec.splice(rec.encode(speech, lengths), lengths.tolist())  # warm-up: encoder capture
+        t_enc, adapted = timed(lambda: rec.encode(speech, lengths), device, repeats)
+        t_splice, (embeds, mask) = timed(lambda: rec.splice(adapted, lengths.tolist()), device, repeats)
+        rec.generate(embeds, mask, max_new)  # warm-up: the room at its full length, prefill and step captured
         t_prefill, _ = timed(lambda: rec.generate(embeds, mask, 1), device, repeats)
         t_all, out = timed(lambda: rec.generate(embeds, mask, max_new), device, repeats)
     rows = out.tolist()
     steps = max(next((j + 1 for j, x in enumerate(r) if x in rec.stop), len(r)) for r in rows)
-    return {"features_ms": 1000 * t_feats, "embeds_ms": 1000 * t_embeds, "prefill_ms": 1000 * t_prefill,
+    return {"features_ms": 1000 * t_feats, "features_cpu_ms": 1000 * t_cpu, "encoder_ms": 1000 * t_enc,
+            "splice_ms": 1000 * t_splice, "embeds_ms": 1000 * (t_enc + t_splice), "prefill_ms": 1000 * t_prefill,
             "ms_per_token": 1000 * t_all / max(steps, 1),
             "step_ms": 1000 * (t_all - t_prefill) / max(steps - 1, 1), "steps": steps}, rows
 
@@ -90,19 +105,42 @@ def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: 
     from brisk.eval.decode import timed_transcribe
     from brisk.eval.evaluate import recognizer
 
-    kw = {"fast": name != "plain", "fast_compile": "inductor" if name == "fast_compile" else None}
+    kw = {"fast": name != "plain", "fast_compile": "inductor" if name.startswith("fast_compile") else None,
+          "fast_buckets": name in ("fast_buckets", "fast_compile_buckets", "fast_eos")}
     rec = recognizer(cfg, model, tok, device, max_new_tokens=a.max_new, **kw)
+    if name == "fast_eos":  # a model that stops: one more stop token, one the random model emits mid-utterance
+        rec.stop = sorted({*rec.stop, a.eos_token})
     n = a.slow_utts if (name == "plain" and batch == 1) else len(paths)
     t0 = time.perf_counter()
     timed_transcribe(rec, paths[:batch], batch, a.max_new)  # warm-up: capture (and compile) of this bucket
     warm = time.perf_counter() - t0
     results, seconds = timed_transcribe(rec, paths[:n], batch, a.max_new)
-    profile, ids = decode_only(rec, (paths * (1 + batch // len(paths)))[:batch], a.max_new, a.repeats, device)
+    profile, ids = {}, []
+    if name != "plain" or str(batch) in a.plain_profile.split(","):  # plain's stage profile costs minutes at 64
+        profile, ids = decode_only(rec, (paths * (1 + batch // len(paths)))[:batch], a.max_new, a.repeats, device)
     rec.release()
     return {"arm": name, "batch": batch, "utterances": n, "seconds": seconds, "utts_per_s": n / seconds,
             "rtf": seconds / sum(audio[:n]), **profile, "warmup_s": warm,
             "ids": [r.ids for r in results], "batch_ids": ids,
-            "tokens": sum(len(r.ids) for r in results)}
+            "tokens": sum(len(r.ids) for r in results), "tokens_per_utt": sum(len(r.ids) for r in results) / n}
+
+
+def pick_eos(rows: list[list[int]], max_new: int) -> int:
+    """A token most rows emit first somewhere in the middle (median first position between a sixth and two
+    thirds of ``max_new``), so that the EOS arm's rows stop at different, realistic lengths; else the most
+    frequent token."""
+    from collections import Counter
+
+    first: dict[int, list[int]] = {}
+    for r in rows:
+        for j, x in enumerate(r):
+            first.setdefault(x, [])
+        for x in set(r):
+            first[x].append(r.index(x))
+    good = [(len(v), x) for x, v in first.items() if max_new // 6 <= sorted(v)[len(v) // 2] <= 2 * max_new // 3]
+    if good:
+        return max(good)[1]
+    return Counter(x for r in rows for x in r).most_common(1)[0][0]
 
 
 def funasr_arm(folder: Path, device: str, paths: list[str], audio: list[float], a) -> dict:
@@ -156,7 +194,14 @@ def agreement(rows: list[dict]) -> dict:
     """Per batch size, the share of utterances whose fast ids equal the plain ids."""
     out = {}
     for r in rows:
-        if r["arm"] in ("fast", "fast_compile"):
+        if r["arm"] == "fast_eos":
+            ref = next((p for p in rows if p["arm"] == "fast_buckets" and p["batch"] == r["batch"]), None)
+            if ref is not None:
+                eos = r["eos_token"]
+                pairs = list(zip([x[:x.index(eos)] if eos in x else x for x in ref["ids"]], r["ids"]))
+                out[f"fast_eos b{r['batch']} (vs {ref['arm']} cut at the EOS token)"] = (
+                    sum(x == y for x, y in pairs) / max(len(pairs), 1))
+        if r["arm"] in ("fast", "fast_buckets", "fast_compile", "fast_compile_buckets"):
             ref = next((p for p in rows if p["arm"] == "plain" and p["batch"] == r["batch"]), None)
             if ref is not None:
                 pairs = list(zip(ref["ids"], r["ids"]))
@@ -168,22 +213,29 @@ def table(rows: list[dict], skipped: dict, meta: dict) -> str:
     lines = [f"Greedy decoding, {meta['utterances']} utterances ({meta['audio_s']:.1f} s of audio), at most "
              f"{meta['max_new']} new tokens, {meta['device']}, LLM {meta['llm_dtype']}, torch {meta['torch']}, "
              f"transformers {meta['transformers']}", "",
-             "| decoder | batch | utterances | utterances/s | RTF | ms / generated token (decode only) | "
-             "decode step ms | prefill ms | encoder + splice ms | features ms | warm-up s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| decoder | batch | utterances | utterances/s | RTF | tokens / utt | ms / generated token (decode only) | "
+             "decode step ms | prefill ms | encoder ms | splice ms | features ms (device, batch) | "
+             "features ms (CPU, one by one) | warm-up s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     names = {"funasr": "FunASR FunASRNano.inference (AutoModel.generate, batch 1)", "plain": "brisk plain (generate)",
-             "fast": "brisk fast (static cache; CUDA graph on CUDA)", "fast_compile": "brisk fast + compiled step"}
+             "fast": "brisk fast (step graph)", "fast_buckets": "brisk fast, length buckets (graphs: encoder, prefill, step)",
+             "fast_compile": "brisk fast + compiled step",
+             "fast_compile_buckets": "brisk fast, length buckets + compiled step",
+             "fast_eos": "brisk fast, length buckets, stopping at an EOS token"}
     for r in rows:
-        tok = f"{r['ms_per_token']:.2f}" + (" (whole call)" if r["arm"] == "funasr" else "")
-        prof = " | ".join(f"{r[k]:.1f}" if k in r else "-" for k in ("step_ms", "prefill_ms", "embeds_ms", "features_ms"))
+        tok = (f"{r['ms_per_token']:.2f}" if "ms_per_token" in r else "-") + (" (whole call)" if r["arm"] == "funasr" else "")
+        prof = " | ".join(f"{r[k]:.1f}" if k in r else "-" for k in
+                          ("step_ms", "prefill_ms", "encoder_ms", "splice_ms", "features_ms", "features_cpu_ms"))
         lines.append(f"| {names[r['arm']]} | {r['batch']} | {r['utterances']} | {r['utts_per_s']:.2f} | {r['rtf']:.4f} | "
-                     f"{tok} | {prof} | {r['warmup_s']:.1f} |")
+                     f"{r.get('tokens_per_utt', 0):.1f} | {tok} | {prof} | {r['warmup_s']:.1f} |")
     for arm, why in skipped.items():
         lines.append(f"| {names.get(arm.split()[0], arm)} | {arm.split()[1][1:] if ' ' in arm else '-'} | - | "
-                     f"not run: {why} | | | | | | | |")
-    lines += ["", "decode step ms: (generate of the cap - generate of 1 token) / (steps - 1), one batch; prefill ms: "
-              "generate of 1 token; encoder + splice: the prompt embeddings of the batch; features: CPU fbank + LFR "
-              "of the batch."]
+                     f"not run: {why} | | | | | | | | | | |")
+    lines += ["", "utterances/s: the whole transcribe of the utterances (audio reading, features, encoder, decode), "
+              "batches sorted as given; decode step ms: (generate of the cap - generate of 1 token) / (steps - 1), one "
+              "batch; prefill ms: generate of 1 token; encoder: encoder + adaptor of the batch; splice: the prompt "
+              "embeddings; features: fbank + LFR of the batch on the device (Frontend.batch), and the CPU path one "
+              "utterance at a time for reference."]
     return "\n".join(lines)
 
 
@@ -197,8 +249,11 @@ def main() -> int:
     ap.add_argument("--data", default=None, help="a jsonl (default: bench/tmp/wholerun_data/valid.jsonl, else the demo's)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny model folder (CPU check of this script)")
-    ap.add_argument("--arms", default="funasr,plain,fast,fast_compile")
+    ap.add_argument("--arms", default="fast,fast_buckets,fast_eos,plain,fast_compile_buckets,funasr")
+    ap.add_argument("--eos-token", type=int, default=None, dest="eos_token",
+                    help="the fast_eos arm's extra stop token (default: picked from the batch-1 ids of an earlier arm)")
     ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--plain-profile", default="1,16,64", help="batches at which the plain arm's stages are profiled")
     ap.add_argument("--utts", type=int, default=40)
     ap.add_argument("--slow-utts", type=int, default=8, help="utterances of the batch-1 rows of funasr and plain")
     ap.add_argument("--max-new", type=int, default=64)
@@ -254,7 +309,16 @@ def main() -> int:
             if time.perf_counter() - t_start > a.budget:
                 skipped[f"{arm} b{b}"] = f"over the {a.budget:.0f} s budget"
                 continue
+            if arm == "fast_eos" and a.eos_token is None:
+                ref = next((r for r in rows if r["arm"] == "fast_buckets" and r["batch"] == 1), None)
+                if ref is None:
+                    skipped[f"{arm} b{b}"] = "no batch-1 ids to pick an EOS token from (run fast first)"
+                    continue
+                a.eos_token = pick_eos(ref["ids"], a.max_new)
+                meta["eos_token"] = a.eos_token
             rows.append(brisk_arm(arm, cfg, model, tok, a.device, paths, audio, b, a))
+            if arm == "fast_eos":
+                rows[-1]["eos_token"] = a.eos_token
             print(json.dumps({k: v for k, v in rows[-1].items() if "ids" not in k}), flush=True)
     meta["fast_equals_plain"] = agreement(rows)
     meta["seconds"] = time.perf_counter() - t_start

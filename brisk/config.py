@@ -266,6 +266,8 @@ class TrainConfig:
     save_every: int = 0  # steps; 0: only at epoch end
     keep_n: int = 3  # keep the n best checkpoints (by keep_metric) plus the latest
     keep_metric: str = "loss"  # loss | acc (validation)
+    average_best: int = 0  # >0: at the end, average the N best kept checkpoints (by validation loss/acc, CER with
+    #                        val_decode) into checkpoints/avg-best<N>.pt, validate it, export it (FunASR's avg_nbest_model)
     resume: bool = False  # continue from the latest checkpoint in output_dir
     resume_from: str | None = None  # continue from this checkpoint file (instead of the latest)
     overwrite: bool = False  # start afresh in an output_dir that holds a run, deleting that run's files
@@ -294,7 +296,10 @@ class TrainConfig:
             raise ConfigError(f"train.max_steps={self.max_steps}: must be 0 (no limit) or more")
         if self.max_epochs < 1:
             raise ConfigError(f"train.max_epochs={self.max_epochs}: must be at least 1 (train.max_steps can stop a run earlier)")
-        for k in ("log_every", "val_every", "save_every", "gc_every", "keep_n"):
+        if self.average_best > self.keep_n:
+            raise ConfigError(f"train.average_best={self.average_best} averages more checkpoints than the run keeps "
+                              f"(train.keep_n={self.keep_n}): raise keep_n to at least {self.average_best}")
+        for k in ("log_every", "val_every", "save_every", "gc_every", "keep_n", "average_best"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"train.{k}={getattr(self, k)}: must be 0 or more")
         if self.export not in ("funasr", "hf", "none"):

@@ -102,6 +102,13 @@ def test_greedy_ids_match_funasr_inference(models, tokenizer, kwargs):
         assert [r.ids for r in fast.transcribe(paths, batch_size=batch_size)] == expected, batch_size
     fast.prefetch = True
     assert [r.ids for r in fast.transcribe(paths, batch_size=4)] == expected
+    buckets = Recognizer(ours, tokenizer, cfg.frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW,
+                         fast_buckets=True)
+    assert [r.ids for r in buckets.transcribe(paths, batch_size=4)] == expected
+    # Features one utterance at a time on the CPU (the training loader's path) instead of Frontend.batch.
+    per_utt = Recognizer(ours, tokenizer, cfg.frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW,
+                         device_features=False)
+    assert [r.ids for r in per_utt.transcribe(paths, batch_size=len(paths))] == expected
 
 
 def test_prompt_is_funasr_get_prompt(models):

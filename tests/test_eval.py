@@ -112,3 +112,33 @@ def test_load_run_picks_checkpoints_when_asked(tiny_run):
 def test_score_counts_empty_hypotheses_as_deletions():
     rows, s = score(["a", "b"], ["one two", "three"], ["one", ""])
     assert [r["word_errors"] for r in rows] == [1, 1] and s["wer"] == pytest.approx(2 / 3)
+
+
+def test_eval_stopped_by_max_utts_and_resumed_equals_one_run(tiny_run, tmp_path, capsys):
+    run, valid, _ = tiny_run
+    args = ["--batch-size", "2", "--max-new-tokens", "8", "--no-progress"]
+    whole, part = tmp_path / "whole.jsonl", tmp_path / "part.jsonl"
+    assert main(["eval", str(run), str(valid), "--out", str(whole), *args]) == 0
+    assert main(["eval", str(run), str(valid), "--out", str(part), "--max-utts", "3", *args]) == 0
+    assert len(part.read_text().splitlines()) == 4 and "4 of 6 utterances decoded so far" in capsys.readouterr().out
+    assert main(["eval", str(run), str(valid), "--out", str(part), "--resume", *args]) == 0
+    assert part.read_text() == whole.read_text()
+    s1, s2 = (json.loads(p.with_suffix(".summary.json").read_text()) for p in (whole, part))
+    assert s2["decoded_now"] == 2 and s1["cer"] == s2["cer"] and s2["utterances"] == N_VAL
+
+
+def test_transcribe_a_folder_streams_a_jsonl(tiny_run, tmp_path):
+    run, _, _ = tiny_run
+    folder = tmp_path / "audio"
+    folder.mkdir()
+    wavs = sorted((DEMO / "audio" / "valid").glob("*.flac"))[:3]
+    for w in wavs:
+        (folder / w.name).write_bytes(w.read_bytes())
+    out = tmp_path / "t.jsonl"
+    assert main(["transcribe", str(run), str(folder), "--out", str(out), "--max-new-tokens", "12", "--no-progress"]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    cfg, model, tok, _ = load_run(run)
+    from brisk.eval.evaluate import recognizer
+
+    texts = [r.text for r in recognizer(cfg, model, tok, max_new_tokens=12).transcribe([str(w) for w in wavs])]
+    assert [r["key"] for r in rows] == [w.stem for w in wavs] and [r["text"] for r in rows] == texts

@@ -67,19 +67,22 @@ def stop_tokens(llm, embeds, mask) -> list[int]:
     return [free[0][3]]
 
 
+@pytest.mark.parametrize("buckets", [False, True], ids=["exact", "buckets"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_same_ids_as_generate(attn):
+def test_same_ids_as_generate(attn, buckets):
     llm = tiny_llm(attn)
     embeds, mask = prompts(llm, [9, 5, 12])  # a bucket of 4: one row of bucket padding
     stop = stop_tokens(llm, embeds, mask)
     expected = reference_ids(llm, embeds, mask, stop, 20)
     assert len({len(e) for e in expected}) > 1  # rows stop at different steps, or run to the cap
-    dec = FastGreedy(llm, stop, PAD, torch.float32, "cpu")
+    dec = FastGreedy(llm, stop, PAD, torch.float32, "cpu", buckets=buckets)
     got = cut(dec.generate(embeds, mask, 20).tolist(), stop)
     assert got == expected
     # The host's look at the finished mask every k tokens changes nothing.
-    assert cut(FastGreedy(llm, stop, PAD, torch.float32, "cpu", check_every=1).generate(embeds, mask, 20).tolist(),
-               stop) == expected
+    assert cut(FastGreedy(llm, stop, PAD, torch.float32, "cpu", check_every=1, buckets=buckets).generate(
+        embeds, mask, 20).tolist(), stop) == expected
+    # With buckets the prompt of 12 is left padded to 32 (the prefill buffers of that length); without, not.
+    assert sorted(t for r in dec.rooms.values() for t in r.prefills) == ([32] if buckets else [12])
 
 
 def test_rooms_are_reused_grown_and_released():

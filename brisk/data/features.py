@@ -115,12 +115,94 @@ def load_cmvn(path: str | Path) -> torch.Tensor:
     return torch.from_numpy(np.stack([shift, scale]))
 
 
+def batch_fbank(waves: torch.Tensor, lengths: torch.Tensor, cfg: FrontendConfig, window: torch.Tensor,
+                banks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fbank`` of a batch at once, on the batch's device: waves [B, S] (zero padded), lengths [B] (samples,
+    each at least one full window) -> log-mel frames [B, T, n_mels] and frame counts [B]. Frames past an
+    utterance's count are computed on padding and must be ignored (``batch_lfr`` does). No dither."""
+    size = window.numel()
+    shift = int(cfg.fs * cfg.frame_shift * 0.001)
+    waves = waves.float() * (32768.0 if cfg.upscale_samples else 1.0)
+    counts = 1 + torch.div(lengths - size, shift, rounding_mode="floor")  # [B]
+    frames = waves.unfold(1, size, shift)  # [B, T, size]: views of the padded waves
+    frames = frames - frames.mean(dim=2, keepdim=True)
+    prev = torch.cat([frames[..., :1], frames[..., :-1]], dim=2)
+    frames = (frames - 0.97 * prev) * window
+    fft_size = banks.shape[1] * 2 - 2
+    power = torch.fft.rfft(F.pad(frames, (0, fft_size - size))).abs().pow(2.0)  # [B, T, fft_size / 2 + 1]
+    mel = power @ banks.T  # [B, T, n_mels]
+    return torch.clamp(mel, min=_EPS).log(), counts
+
+
+def batch_lfr(feats: torch.Tensor, counts: torch.Tensor, m: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``lfr`` of a batch: [B, T, D] with ``counts`` valid frames each -> [B, T', m*D] (zero past each
+    utterance's ceil(count / n) rows) and those row counts. Output row j of an utterance stacks its frames
+    j*n - (m-1)//2 + k (k < m), each index clamped into [0, count - 1]: the replicated edges of ``lfr``."""
+    b, t, d = feats.shape
+    out_counts = torch.div(counts + n - 1, n, rounding_mode="floor")  # ceil(count / n)
+    rows = -(-t // n)
+    j = torch.arange(rows, device=feats.device)
+    k = torch.arange(m, device=feats.device)
+    idx = (j[:, None] * n - (m - 1) // 2 + k[None, :])[None]  # [1, T', m]
+    idx = torch.minimum(idx.clamp(min=0), (counts - 1).clamp(min=0)[:, None, None])  # [B, T', m]
+    stacked = torch.gather(feats, 1, idx.reshape(b, -1, 1).expand(b, rows * m, d)).reshape(b, rows, m * d)
+    valid = j[None, :] < out_counts[:, None]  # [B, T']
+    return stacked * valid[..., None], out_counts
+
+
 class Frontend:
-    """waveform -> LFR features [T_lfr, n_mels * lfr_m] (float32, CPU; run in data workers)."""
+    """waveform -> LFR features [T_lfr, n_mels * lfr_m] (float32, CPU; run in data workers). ``batch`` computes
+    the same features for many waveforms at once on any device (validation, eval, transcribe)."""
 
     def __init__(self, cfg: FrontendConfig):
         self.cfg = cfg
         self.cmvn = load_cmvn(cfg.cmvn_file) if cfg.cmvn_file else None
+        self._consts: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+
+    def batch(self, waves: list[torch.Tensor], device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+        """Waveforms [S_i] (any device) -> LFR features [B, T', D] on ``device``, zero past each utterance's
+        length, and the lengths [B]. Without dither; equal to ``__call__`` up to float rounding (the FFT and the
+        mel projection sum in another order). A clip shorter than one window (FunASR shortens the window for
+        those) goes through ``__call__`` alone."""
+        c = self.cfg
+        device = torch.device(device)
+        size = int(c.fs * c.frame_length * 0.001)
+        if device not in self._consts:
+            fft_size = 1 << (size - 1).bit_length()
+            cmvn = self.cmvn.to(device) if self.cmvn is not None else None
+            self._consts[device] = (_window(c.window, size).to(device), mel_banks(c.n_mels, fft_size, c.fs).to(device), cmvn)
+        window, banks, cmvn = self._consts[device]
+        short = [i for i, w in enumerate(waves) if w.numel() < size]
+        long = [i for i in range(len(waves)) if i not in short]
+        parts: dict[int, torch.Tensor] = {}
+        n_rows: list[int] = []
+        if long:
+            lengths = torch.tensor([waves[i].numel() for i in long])
+            padded = torch.zeros(len(long), int(lengths.max()))
+            for row, i in enumerate(long):  # one host copy of the batch, then one transfer
+                padded[row, : waves[i].numel()] = waves[i].float().cpu()
+            padded = padded.pin_memory() if device.type == "cuda" else padded
+            padded = padded.to(device, non_blocking=True)
+            lengths = lengths.to(device)
+            mel, counts = batch_fbank(padded, lengths, c, window, banks)
+            feats, counts = batch_lfr(mel, counts, c.lfr_m, c.lfr_n)
+            if cmvn is not None:
+                d = feats.shape[2]
+                feats = (feats + cmvn[0, :d]) * cmvn[1, :d] * (torch.arange(feats.shape[1], device=device)[None, :]
+                                                              < counts[:, None])[..., None]
+            if not short:
+                return feats, counts
+            for row, i in enumerate(long):
+                parts[i] = feats[row]
+            n_rows = counts.tolist()
+        for i in short:
+            parts[i] = self(waves[i].float().cpu()).to(device)
+        lens = [(n_rows[long.index(i)] if i in long else parts[i].shape[0]) for i in range(len(waves))]
+        t = max(max(lens), 1)
+        out = torch.zeros(len(waves), t, self.dim, device=device)
+        for i, n in enumerate(lens):
+            out[i, :n] = parts[i][:n]
+        return out, torch.tensor(lens, device=device)
 
     @property
     def dim(self) -> int:

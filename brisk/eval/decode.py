@@ -19,7 +19,9 @@ With ``fast=True`` the same prompt embeddings go to brisk.eval.fast_decode.FastG
 the decode step a CUDA graph on CUDA); it gives the same ids (tests/test_decode_parity.py).
 
 Features are computed without dither (FunASR's frontend dithers unless its config sets dither: 0), so a
-transcript is the same on every run.
+transcript is the same on every run; by default for a whole batch at once on the decoding device
+(``Frontend.batch``: the same fbank + LFR + CMVN equations as torch ops), ``device_features=False`` one
+utterance at a time on the CPU, as the training loader does.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ class Recognizer:
 
     def __init__(self, model, tokenizer, frontend_cfg, *, device: torch.device | str = "cpu", sys_prompt: bool = True,
                  do_think: bool = True, prompt: str | None = None, max_new_tokens: int = 512, fast: bool = False,
-                 fast_compile: str | None = None, prefetch: bool | None = None):
+                 fast_compile: str | None = None, prefetch: bool | None = None, device_features: bool = True,
+                 fast_buckets: bool = False):
         self.model, self.tok = model, tokenizer
         self.device = torch.device(device)
         self.frontend = Frontend(dataclasses.replace(frontend_cfg, dither=0.0))
@@ -81,18 +84,26 @@ class Recognizer:
         eos = list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
         self.stop = sorted({*eos, *([im_end] if isinstance(im_end, int) and im_end >= 0 else [])})
         self.pad = llm_cfg.pad_token_id if llm_cfg.pad_token_id is not None else (self.stop[0] if self.stop else 0)
-        self.fast = fast or bool(fast_compile)
+        self.fast = fast or bool(fast_compile) or fast_buckets
+        # The encoder and the prefill replayed from graphs per length bucket (brisk.eval.fast_decode, buckets).
+        self.fast_buckets = fast_buckets
         self.fast_compile = fast_compile  # a torch.compile backend for the fast decoder's step ("inductor")
         self._fast = None  # the FastGreedy decoder, built on first use
+        self._encode = None  # fast on CUDA: the encoder's graphs (brisk.eval.fast_decode.GraphedEncode)
+        self._prompts: dict[int, tuple[list[int], int]] = {}  # prompt ids and first audio slot, by audio slot count
         # Features of the next batches on a thread while this one decodes; by default on CUDA only (on the CPU
         # the thread would take the cores the decoder uses).
         self.prefetch = self.device.type == "cuda" if prefetch is None else prefetch
+        # Features of a whole batch at once on the decoding device (Frontend.batch); False: one utterance at a
+        # time on the CPU thread that reads the audio (the training loader's path).
+        self.device_features = device_features
 
     def release(self) -> None:
         """Give back the fast decoder's caches, buffers and CUDA graphs (built again on the next decode)."""
         if self._fast is not None:
             self._fast.release()
             self._fast = None
+        self._encode = None
 
     # ------------------------------------------------------------------------------------- prompt
     def prompt_ids(self, n_audio: int) -> tuple[list[int], int]:
@@ -129,7 +140,18 @@ class Recognizer:
         finally:
             model.train(was_training)
 
-    def _decode(self, feats: list[torch.Tensor], max_new_tokens: int | None) -> list[list[int]]:
+    @torch.no_grad()
+    def decode_speech(self, speech: torch.Tensor, lengths: torch.Tensor, max_new_tokens: int | None = None) -> list[list[int]]:
+        """Padded LFR features [N, F, D] and their lengths [N] -> generated ids of each utterance."""
+        model = self.model
+        was_training = model.training
+        model.eval()
+        try:
+            return self._decode((speech, lengths), max_new_tokens)
+        finally:
+            model.train(was_training)
+
+    def _decode(self, feats, max_new_tokens: int | None) -> list[list[int]]:
         embeds, mask = self.prompt_embeds(feats)
         out = self.generate(embeds, mask, max_new_tokens or self.max_new_tokens)
         results = []
@@ -146,7 +168,7 @@ class Recognizer:
                 from .fast_decode import FastGreedy
 
                 self._fast = FastGreedy(self.model.llm, self.stop, self.pad, dtype, self.device,
-                                        compile=self.fast_compile)
+                                        compile=self.fast_compile, buckets=self.fast_buckets)
             return self._fast.generate(embeds.to(dtype), mask, max_new)
         autocast = torch.autocast(self.device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
         with autocast:
@@ -154,27 +176,54 @@ class Recognizer:
                                            num_beams=1, max_new_tokens=max_new, eos_token_id=self.stop or None,
                                            pad_token_id=self.pad)
 
-    def prompt_embeds(self, feats: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """LFR features of each utterance -> the prompts' embeddings [B, T, D] with the audio spliced in, left
-        padded with zeros, and their mask [B, T] (long)."""
+    def prompt_embeds(self, feats) -> tuple[torch.Tensor, torch.Tensor]:
+        """LFR features of each utterance (a list of [F_i, D], or padded [N, F, D] with lengths [N]) -> the
+        prompts' embeddings [B, T, D] with the audio spliced in, left padded with zeros, and their mask [B, T]
+        (long)."""
         model = self.model
-        speech = pad_sequence(feats, batch_first=True).to(self.device)  # [N, F, D]
-        lengths = torch.tensor([f.shape[0] for f in feats], device=self.device)
-        adapted = model.encode_audio(speech, lengths)  # [N, F', llm_dim]
-        embed = model.llm.get_input_embeddings()
+        if isinstance(feats, tuple):
+            speech, lengths = feats[0].to(self.device), feats[1].to(self.device)
+        else:
+            speech = pad_sequence(feats, batch_first=True).to(self.device)  # [N, F, D]
+            lengths = torch.tensor([f.shape[0] for f in feats], device=self.device)
+        return self.splice(self.encode(speech, lengths), lengths.tolist())
+
+    def encode(self, speech: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Padded LFR features [N, F, D] -> adaptor outputs [N, F', llm_dim]; with fast_buckets on CUDA, replayed
+        from a graph per batch and frame bucket (brisk.eval.fast_decode.GraphedEncode)."""
+        if self.fast_buckets and self.device.type == "cuda":
+            if self._encode is None:
+                from .fast_decode import GraphedEncode
+
+                self._encode = GraphedEncode(self.model, self.device)
+            return self._encode(speech, lengths)
+        return self.model.encode_audio(speech, lengths)
+
+    def splice(self, adapted: torch.Tensor, frames: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Adaptor outputs [N, F', D] of utterances of ``frames`` LFR frames -> left-padded prompt embeddings
+        [N, T, D] (zeros at padding) and mask [N, T]: one embedding lookup and one scatter for the batch."""
         rows = []
-        for i, f in enumerate(feats):
-            n = audio_token_count(f.shape[0], self.low_frame_rate)
-            ids, start = self.prompt_ids(n)
-            e = embed(torch.tensor(ids, device=self.device))  # [T_i, D]
-            e = torch.cat([e[:start], adapted[i, :n].to(e.dtype), e[start + n:]])
-            rows.append(e)
-        t = max(r.shape[0] for r in rows)
-        embeds = rows[0].new_zeros(len(rows), t, rows[0].shape[1])  # [B, T, D], left padded with zeros
-        mask = torch.zeros(len(rows), t, dtype=torch.long, device=self.device)
-        for i, r in enumerate(rows):
-            embeds[i, t - r.shape[0]:] = r
-            mask[i, t - r.shape[0]:] = 1
+        for f in frames:
+            n = audio_token_count(f, self.low_frame_rate)
+            if n not in self._prompts:
+                self._prompts[n] = self.prompt_ids(n)
+            rows.append((self._prompts[n], n))
+        t = max(len(ids) for (ids, _), _ in rows)
+        ids = torch.zeros(len(rows), t, dtype=torch.long)
+        mask = torch.zeros(len(rows), t, dtype=torch.long)
+        audio = torch.zeros(len(rows), t, dtype=torch.bool)
+        for i, ((row, start), n) in enumerate(rows):
+            pad = t - len(row)
+            ids[i, pad:] = torch.tensor(row)
+            mask[i, pad:] = 1
+            audio[i, pad + start: pad + start + n] = True
+        ids, mask, audio = (x.to(self.device, non_blocking=True) for x in (ids, mask, audio))
+        embeds = self.model.llm.get_input_embeddings()(ids)  # [N, T, D]
+        # Each row's first n adaptor outputs, in order, into its audio slots (row-major, as ``audio`` is).
+        keep = torch.arange(adapted.shape[1], device=self.device)[None, :] < torch.tensor(
+            [n for _, n in rows], device=self.device)[:, None]
+        embeds = embeds.masked_scatter(audio[..., None], adapted[keep].to(embeds.dtype))
+        embeds = embeds.masked_fill(mask[..., None] == 0, 0.0)  # zeros at padding, as the per-row build had
         return embeds, mask
 
     def text(self, ids: list[int]) -> str:
@@ -184,16 +233,24 @@ class Recognizer:
 
     def transcribe(self, paths: list[str], batch_size: int = 8, max_new_tokens: int | None = None) -> list[Result]:
         chunks = [paths[b:b + batch_size] for b in range(0, len(paths), batch_size)]
+        return [r for results in self.transcribe_batches(chunks, max_new_tokens) for r in results]
 
+    def transcribe_batches(self, chunks: list[list[str]], max_new_tokens: int | None = None):
+        """Yield the Results of each chunk of audio paths, decoded together; the next chunk's audio is read (and
+        featurized) on a thread while this one decodes (``prefetch``)."""
         def load(chunk: list[str]) -> tuple[tuple[torch.Tensor, ...], tuple[float, ...]]:
+            if self.device_features:  # only the audio here; its features are computed for the batch at once
+                waves = [read_audio(p, self.fs) for p in chunk]
+                return tuple(waves), tuple(w.numel() / self.fs for w in waves)
             return tuple(zip(*(self.features(p) for p in chunk)))
 
-        out: list[Result] = []
         with ThreadPoolExecutor(1) if self.prefetch and len(chunks) > 1 else nullcontext() as pool:
-            for feats, secs in (one_ahead(pool, load, chunks) if pool is not None else map(load, chunks)):
-                for ids, s in zip(self.decode_features(list(feats), max_new_tokens), secs):
-                    out.append(Result(ids, self.text(ids), s))
-        return out
+            for got, secs in (one_ahead(pool, load, chunks) if pool is not None else map(load, chunks)):
+                if self.device_features:
+                    ids = self.decode_speech(*self.frontend.batch(list(got), self.device), max_new_tokens)
+                else:
+                    ids = self.decode_features(list(got), max_new_tokens)
+                yield [Result(i, self.text(i), s) for i, s in zip(ids, secs)]
 
 
 def one_ahead(pool: ThreadPoolExecutor, fn, items: list):

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 
 import torch
 import yaml
 
-from ..config import Config
-from .decode import Recognizer, timed_transcribe
+from ..config import Config, ConfigError
+from ..errors import DataError
+from .decode import Recognizer
 from .metrics import corpus_rates, errors
 
 log = logging.getLogger("brisk")
@@ -77,26 +79,35 @@ def read_eval_set(path: str, cfg: Config) -> tuple[list[str], list[str], list[st
     return [u.key for u in utts], [u.audio_paths()[0] for u in utts], [u.assistant[0] for u in utts]
 
 
-def evaluate(rec: Recognizer, keys: list[str], paths: list[str], refs: list[str], out: Path | None,
-             batch_size: int = 8, max_new_tokens: int | None = None) -> tuple[list[dict], dict]:
-    results, seconds = timed_transcribe(rec, paths, batch_size, max_new_tokens)
-    rows, summary = score(keys, refs, [r.text for r in results])
-    audio = sum(r.audio_seconds for r in results)
-    summary.update(seconds=seconds, audio_seconds=audio, utts_per_s=len(rows) / max(seconds, 1e-9),
+def summarize(rows: list[dict]) -> dict:
+    """The corpus summary of scored rows (brisk.eval.evaluate.score's, in input order)."""
+    return score([r["key"] for r in rows], [r["ref"] for r in rows], [r["hyp"] for r in rows])[1]
+
+
+def evaluate(rec: Recognizer, items: list, out: Path | None, batch_size: int = 8, max_new_tokens: int | None = None,
+             resume: bool = False, max_utts: int | None = None, progress: bool = False) -> tuple[list[dict], dict]:
+    """Decode and score ``items`` (brisk.eval.testset.Item with references), streamed to ``out``
+    (brisk.eval.testset.run_items). The summary covers every row in ``out`` (earlier runs' too, with
+    ``resume``); its speed figures this run's decoding."""
+    from .testset import run_items
+
+    def row_of(item, result):
+        return score([item.key], [item.ref], [result.text])[0][0]
+
+    rows, t = run_items(rec, items, out, row_of, batch_size, max_new_tokens, resume, max_utts, progress)
+    summary = summarize(rows)
+    seconds, audio = t["seconds"], t["audio_seconds"]
+    summary.update(seconds=seconds, audio_seconds=audio, utts_per_s=t["decoded"] / max(seconds, 1e-9),
                    rtf=seconds / max(audio, 1e-9), device=str(rec.device), batch_size=batch_size,
-                   decoder=decoder_name(rec))
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                   decoder=decoder_name(rec), decoded_now=t["decoded"], inputs=len(items))
     return rows, summary
 
 
 def decoder_name(rec: Recognizer) -> str:
     if not rec.fast:
         return "generate"
-    return "fast decoder" + (f" (step compiled, {rec.fast_compile})" if rec.fast_compile else "")
+    extra = [f"step compiled, {rec.fast_compile}"] * bool(rec.fast_compile) + ["length buckets"] * rec.fast_buckets
+    return "fast decoder" + (f" ({', '.join(extra)})" if extra else "")
 
 
 def summary_table(s: dict) -> str:
@@ -142,22 +153,33 @@ def eval_main(args) -> int:
         from .chat_eval import chat_eval_main
 
         return chat_eval_main(args, cfg, model, tok, w, device)
-    keys, paths, refs = read_eval_set(args.data, cfg)
+    from .testset import read_items
+
+    items = read_items([args.data], skip_bad=cfg.data.skip_bad)
+    missing = [it for it in items if it.ref is None]
+    if missing:
+        raise DataError(f"{args.data}: {missing[0].key} has no reference (an assistant answer); brisk eval scores "
+                        "against references: give a FunASR jsonl, or use brisk transcribe for bare audio")
     run = Path(args.model)
     which = describe_weights(run, w, cfg.train.keep_metric) if folder_kind(run) == "run" else f"weights: {w or run}"
     print(which, flush=True)
     out = Path(args.out) if args.out else (Path(args.model) / "eval" / f"{Path(args.data).stem}.jsonl")
     rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
-                     fast_compile=args.fast_compile)
-    rows, s = evaluate(rec, keys, paths, refs, out, args.batch_size)
+                     fast_compile=args.fast_compile, device_features=not args.cpu_features,
+                     fast_buckets=args.fast_buckets)
+    rows, s = evaluate(rec, items, out, args.batch_size, resume=args.resume, max_utts=args.max_utts,
+                       progress=show_progress(args))
     print(f"model: {args.model} ({which}); data: {args.data}")
     print(summary_table(s))
+    if len(rows) < len(items):
+        print(f"{len(rows)} of {len(items)} utterances decoded so far (--max-utts); the table covers those; "
+              f"--resume continues into {out}")
     if s["empty_refs"]:
         print(f"{s['empty_refs']} utterance(s) have an empty reference (nothing left after normalisation): each "
               f"character of their hypotheses counts as an insertion; they are flagged empty_ref in {out}")
     print(f"decoding: {s['utts_per_s']:.2f} utterances/s, real-time factor {s['rtf']:.4f} "
-          f"({s['seconds']:.1f} s for {s['audio_seconds']:.1f} s of audio, batch {s['batch_size']}, greedy, "
-          f"{s['decoder']})")
+          f"({s['seconds']:.1f} s for {s['audio_seconds']:.1f} s of audio, {s['decoded_now']} utterances decoded now, "
+          f"batch {s['batch_size']}, greedy, {s['decoder']})")
     print(f"per utterance: {out}")
     (out.with_suffix(".summary.json")).write_text(json.dumps(s, indent=1) + "\n", encoding="utf-8")
     return 0
@@ -184,21 +206,36 @@ def audio_note(paths: list[str], fs: int) -> str | None:
     return "audio: " + "; ".join(parts) if parts else None
 
 
-def transcribe_main(args) -> int:
-    import sys
+def show_progress(args) -> bool:
+    return not args.no_progress and sys.stderr.isatty()
 
+
+def transcribe_main(args) -> int:
     from ..config import data_path
+    from .testset import read_items, run_items
 
     device = pick_device(args.device)
     args.audio = [data_path(a) for a in args.audio]
     cfg, model, tok, _ = load_run(args.model, args.weights, device)
-    note = audio_note(args.audio, cfg.model.frontend.fs)
+    rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
+                     fast_compile=args.fast_compile, device_features=not args.cpu_features,
+                     fast_buckets=args.fast_buckets)
+    items = read_items(args.audio, skip_bad=cfg.data.skip_bad)
+    note = audio_note([it.path for it in items], cfg.model.frontend.fs)
     if note:  # on stderr: stdout holds only the transcripts
         print(f"INFO {note}", file=sys.stderr)
-    rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
-                     fast_compile=args.fast_compile)
-    for path, r in zip(args.audio, rec.transcribe(args.audio, args.batch_size)):
-        print(f"{path}\t{r.text}")
+    if args.resume and not args.out:
+        raise ConfigError("--resume continues the jsonl given by --out: give --out FILE")
+
+    def row_of(item, result):
+        return {"key": item.key, "audio": item.path, "text": result.text}
+
+    out = Path(args.out) if args.out else None
+    rows, _ = run_items(rec, items, out, row_of, args.batch_size, None, args.resume, args.max_utts,
+                        show_progress(args))
+    if out is None or args.print:
+        for row in rows:
+            print(f"{row['audio']}\t{row['text']}")
     return 0
 
 
@@ -213,18 +250,30 @@ def add_verbs(sub) -> None:
                        help="static KV cache; on CUDA each batch bucket's decode step is a CUDA graph (same ids)")
         p.add_argument("--fast-compile", action="store_const", const="inductor", default=None,
                        help="--fast with the decode step compiled by torch.compile before capture (CUDA; compiles once)")
+        p.add_argument("--fast-buckets", action="store_true",
+                       help="--fast with the encoder and the prefill replayed from CUDA graphs per length bucket "
+                            "(padded shapes: in bf16 ids may part from generate's at near-ties)")
+        p.add_argument("--resume", action="store_true",
+                       help="continue the results jsonl a killed or --max-utts run left (same input, same batch size)")
+        p.add_argument("--max-utts", type=int, default=None,
+                       help="stop after the batch that reaches N utterances decoded in this call (--resume continues)")
+        p.add_argument("--no-progress", action="store_true", help="no progress bar (shown on a terminal by default)")
+        p.add_argument("--cpu-features", action="store_true",
+                       help="fbank + LFR one utterance at a time on the CPU (default: a batch at once on --device)")
 
     e = sub.add_parser("eval", help="decode a jsonl, CER/WER with jiwer, one line per utterance "
                                     "(task chat: loss, perplexity and greedy answers)")
     e.add_argument("model", help="a brisk run folder or a FunASR model folder")
-    e.add_argument("data", help="a FunASR jsonl with references")
+    e.add_argument("data", help="a FunASR jsonl with references, of any size (decoded in length-sorted batches)")
     e.add_argument("--out", help="per-utterance jsonl (default: MODEL/eval/<data>.jsonl)")
     e.add_argument("--answers", type=int, default=3, help="task chat: conversations answered greedily (default 3)")
     common(e)
     e.set_defaults(fn=eval_main)
     t = sub.add_parser("transcribe", help="print the transcript of each audio file")
     t.add_argument("model", help="a brisk run folder or a FunASR model folder")
-    t.add_argument("audio", nargs="+")
+    t.add_argument("audio", nargs="+", help="audio files, folders of audio files, or FunASR jsonl files")
+    t.add_argument("--out", help="stream the transcripts to this jsonl (key, audio, text), in input order at the end")
+    t.add_argument("--print", action="store_true", help="with --out, also print a line per file")
     common(t)
     t.set_defaults(fn=transcribe_main)
 

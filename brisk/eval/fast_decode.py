@@ -28,6 +28,15 @@ cache's write position in a device tensor (``cumulative_length``) that each upda
 the step capturable. A model it cannot decode raises ConfigError naming the switch (``--fast``,
 ``train.val_decode_fast``), so the command line prints one line.
 
+With ``buckets=True`` (``--fast-buckets``) the prefill (the prompt into the cache, the first token) is captured
+too, once a room and padded prompt length (prompts are left padded to a multiple of PROMPT_ROUND; positions
+still count each row's real tokens from 0), its mask built on the device from the padding mask, and
+``GraphedEncode`` captures the encoder and adaptor per (batch bucket, frame bucket) for the Recognizer. A batch
+on CUDA is then: features, one encoder replay, the splice, one prefill replay, one replay a token, the host
+reading the finished mask every ``check_every``. Those shapes differ from generate's, so in bf16 the ids may
+part from generate's at near-ties (as generate's own ids do between batch sizes); without buckets the encoder
+and the prefill run eagerly at generate's shapes.
+
 Graphs draw on a memory pool of their own (never the training graphs' pool) and are dropped by ``release``.
 """
 
@@ -46,6 +55,8 @@ log = logging.getLogger("brisk")
 
 MAX_SMALL_BUCKET = 64
 CACHE_ROUND = 64  # cache lengths are rounded up to this, so nearby prompt lengths share one room
+PROMPT_ROUND = 32  # prompts are left padded to a multiple of this: one prefill graph serves nearby lengths
+FRAME_ROUND = 64  # LFR frames the encoder's input is padded to a multiple of (GraphedEncode)
 DROP = "decode without --fast / train.val_decode_fast"
 _STREAMS: dict[torch.device, torch.cuda.Stream] = {}  # warm-up and capture stream, one a device for the process
 
@@ -91,6 +102,7 @@ class _Room:
     out: torch.Tensor  # [B, L] generated ids
     graph: torch.cuda.CUDAGraph | None = None
     counters: list = field(default_factory=list)  # the cache layers' write positions
+    prefills: dict = field(default_factory=dict)  # padded prompt length -> _Prefill
 
     def buffers(self) -> list[torch.Tensor]:
         return [self.tok, self.pos, self.slot, self.step, self.mask, self.finished, self.out]
@@ -100,18 +112,33 @@ class _Room:
         return [*self.buffers(), *self.counters]
 
 
+@dataclass
+class _Prefill:
+    """The fixed inputs of a room's prefill at one padded prompt length (its graph reads only these)."""
+
+    embeds: torch.Tensor  # [B, T, D] left-padded prompt embeddings
+    valid: torch.Tensor  # [B, T] bool, real prompt tokens
+    live: torch.Tensor  # [B] bool, rows of the batch (False: bucket padding, finished from the start)
+    graph: torch.cuda.CUDAGraph | None = None
+
+
 class FastGreedy:
     """Greedy decoding of left-padded prompt embeddings; ``generate`` returns [B, max_new] ids, ``pad`` after
     a row stops (the stop token itself is kept)."""
 
     def __init__(self, llm: torch.nn.Module, stop: list[int], pad: int, dtype: torch.dtype, device: torch.device | str,
-                 *, graphs: bool | None = None, check_every: int = 8, compile: str | None = None):
+                 *, graphs: bool | None = None, check_every: int = 8, compile: str | None = None, buckets: bool = False):
         self.llm, self.pad, self.dtype = llm, pad, dtype
         self.device = torch.device(device)
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         if self.graphs and self.device.type != "cuda":
             raise ValueError("fast decode: CUDA graphs need a CUDA device")
         self.check_every = max(1, check_every)
+        # buckets: prompts left padded to a multiple of PROMPT_ROUND and the prefill replayed from a graph per
+        # room and padded length. Other shapes than generate's (and a mask built here): in bf16 the ids can part
+        # from generate's at near-ties. Off: the prefill runs eagerly at the prompt's own length with the mask
+        # transformers builds, as generate does.
+        self.buckets = buckets
         self.stop = torch.tensor(stop, dtype=torch.long, device=self.device)
         text = llm.config.get_text_config() if hasattr(llm.config, "get_text_config") else llm.config
         self.config = text
@@ -152,12 +179,15 @@ class FastGreedy:
         return torch.autocast(self.device.type, dtype=self.dtype, cache_enabled=False)
 
     # ---------------------------------------------------------------------------------------- the step
-    def _step_mask(self, mask: torch.Tensor):
-        m = mask[:, None, None, :]  # [B, 1, 1, L]
+    def _as_attn_mask(self, m: torch.Tensor) -> torch.Tensor:
+        """A boolean mask as the attention takes it: boolean for SDPA, additive float for eager attention."""
         if self.attn == "eager":
-            zero = torch.zeros((), dtype=self.dtype, device=mask.device)
+            zero = torch.zeros((), dtype=self.dtype, device=m.device)
             m = torch.where(m, zero, torch.finfo(self.dtype).min)
-        return {"full_attention": m}
+        return m
+
+    def _step_mask(self, mask: torch.Tensor):
+        return {"full_attention": self._as_attn_mask(mask[:, None, None, :])}  # [B, 1, 1, L]
 
     def _step(self, r: _Room) -> None:
         """One token for every row of the room, all in place on its buffers (capturable: no host reads)."""
@@ -191,34 +221,94 @@ class FastGreedy:
             self.run_step(r)
         r.graph = graph
 
+    def _prefill_mask(self, r: _Room, t: int):
+        """[B, 1, T, L]: each prompt position sees the real slots up to its own (causal + padding); a padded
+        position, which would see none, sees every slot (its output is never read; all-masked rows would give
+        NaN), as transformers' own SDPA mask does."""
+        q = torch.arange(t, device=r.mask.device)[:, None]  # [T, 1]
+        k = torch.arange(r.length, device=r.mask.device)[None, :]  # [1, L]
+        m = (k <= q)[None] & r.mask[:, None, :]  # [B, T, L]
+        m = m | ~m.any(-1, keepdim=True)
+        return {"full_attention": self._as_attn_mask(m[:, None])}
+
+    def _prefill(self, r: _Room, p: _Prefill) -> None:
+        """The prompt into the cache and the first token, all on the room's buffers (capturable)."""
+        t = p.valid.shape[1]
+        r.mask.zero_()
+        r.mask[:, :t] = p.valid
+        # Positions as generate derives them from the mask: 0, 1, ... over each row's real tokens.
+        positions = p.valid.long().cumsum(-1) - 1
+        positions.masked_fill_(~p.valid, 1)
+        mask = self._prefill_mask(r, t) if self.buckets else r.mask.long()  # off: transformers builds it
+        with self._autocast():
+            out = self.llm(inputs_embeds=p.embeds, attention_mask=mask, position_ids=positions,
+                           use_cache=True, logits_to_keep=1, **{self.cache_kw: r.cache})
+        first = out.logits[:, -1].argmax(-1)  # [B]
+        r.out.zero_()
+        r.out[:, 0] = first
+        r.finished.copy_(torch.isin(first, self.stop) | ~p.live)
+        r.tok.copy_(first[:, None])
+        r.pos.copy_(positions[:, -1:] + 1)
+        r.slot.fill_(t)
+        r.step.fill_(1)
+
+    def _prefill_buffers(self, r: _Room, rows: int, t: int, dim: int) -> _Prefill:
+        """The prefill's inputs: kept a padded length with buckets (its graph reads them); without, only the
+        latest (every prompt length would otherwise keep its own)."""
+        if t not in r.prefills:
+            if not self.buckets:
+                r.prefills.clear()
+            d = self.device
+            r.prefills[t] = _Prefill(embeds=torch.zeros(rows, t, dim, dtype=self.dtype, device=d),
+                                     valid=torch.zeros(rows, t, dtype=torch.bool, device=d),
+                                     live=torch.zeros(rows, dtype=torch.bool, device=d))
+        return r.prefills[t]
+
+    def _run_prefill(self, r: _Room, p: _Prefill) -> None:
+        r.cache.reset()  # zeros in place (write positions too): the graphs' pointers stay valid
+        if p.graph is not None:
+            p.graph.replay()
+            return
+        self._prefill(r, p)
+        if not (self.graphs and self.buckets):
+            return
+        try:  # the eager pass above was the warm-up (lazy cache allocation, cuBLAS workspaces)
+            graph = torch.cuda.CUDAGraph()
+            side = _capture_stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
+                self._prefill(r, p)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            p.graph = graph
+        except RuntimeError as e:
+            log.warning("fast decode: capturing the prefill failed (%s); it runs eagerly",
+                        str(e).splitlines()[0] if str(e) else type(e).__name__)
+        # The capture ran nothing, but the cache's state must be the eager pass's: run it again, replayed.
+        r.cache.reset()
+        if p.graph is not None:
+            p.graph.replay()
+        else:
+            self._prefill(r, p)
+
     # ------------------------------------------------------------------------------------------ decode
     @torch.no_grad()
     def generate(self, embeds: torch.Tensor, mask: torch.Tensor, max_new: int) -> torch.Tensor:
         """embeds [B, T, D] and mask [B, T] (left padded) -> generated ids [B, max_new]."""
         n, t = mask.shape
         rows = bucket(n)
+        tp = -(-t // PROMPT_ROUND) * PROMPT_ROUND if self.buckets else t  # the prompt, left padded to its bucket
+        r = self._room(rows, tp + max_new)
+        p = self._prefill_buffers(r, rows, tp, embeds.shape[2])
+        p.embeds.zero_()
+        p.valid.zero_()
+        p.embeds[:n, tp - t:] = embeds
+        p.valid[:n, tp - t:] = mask.bool()
         if rows > n:  # bucket padding: copies of row 0, finished from the start
-            embeds = torch.cat([embeds, embeds[:1].expand(rows - n, -1, -1)])
-            mask = torch.cat([mask, mask[:1].expand(rows - n, -1)])
-        r = self._room(rows, t + max_new)
-        r.cache.reset()  # zeros in place: the graph's pointers stay valid
-        for b in r.buffers():
-            b.zero_()
-        r.mask[:, :t] = mask.bool()
-        # Positions as generate derives them from the mask: 0, 1, ... over each row's real tokens.
-        positions = mask.long().cumsum(-1) - 1
-        positions.masked_fill_(mask == 0, 1)
-        with self._autocast():
-            out = self.llm(inputs_embeds=embeds, attention_mask=r.mask.long(), position_ids=positions, use_cache=True,
-                           logits_to_keep=1, **{self.cache_kw: r.cache})
-        first = out.logits[:, -1].argmax(-1)  # [B]
-        r.out[:, 0] = first
-        r.finished.copy_(torch.isin(first, self.stop))
-        r.finished[n:] = True
-        r.tok.copy_(first[:, None])
-        r.pos.copy_(positions[:, -1:] + 1)
-        r.slot.fill_(t)
-        r.step.fill_(1)
+            p.embeds[n:] = p.embeds[:1]
+            p.valid[n:] = p.valid[:1]
+        p.live.zero_()
+        p.live[:n] = True
+        self._run_prefill(r, p)
         r.counters = [layer.cumulative_length for layer in r.cache.layers]
         if self.graphs and r.graph is None:
             saved = [buf.clone() for buf in r.state()]
@@ -234,7 +324,7 @@ class FastGreedy:
         while done < todo and not bool(r.finished.all()):  # the host looks every check_every tokens
             k = min(self.check_every, todo - done)
             for _ in range(k):
-                if self.graphs:
+                if r.graph is not None:
                     r.graph.replay()
                 else:
                     self.run_step(r)
@@ -245,3 +335,55 @@ class FastGreedy:
         """Drop every room (caches, buffers, graphs) and the graphs' memory pool."""
         self.rooms.clear()
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
+
+
+class GraphedEncode:
+    """``model.encode_audio`` replayed as a CUDA graph per (batch bucket, frame bucket): the batch is padded to
+    ``bucket(n)`` rows and its LFR frames to a multiple of FRAME_ROUND. Padded frames are masked in the encoder's
+    attention and zeroed before its FSMN convolution, so real frames see only real frames, as in the eager
+    batch (whose padding is the batch's longest utterance); padded rows have length 1 and are dropped."""
+
+    def __init__(self, model, device: torch.device):
+        self.model, self.device = model, torch.device(device)
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple[int, int], tuple] = {}
+        self.failed = False
+
+    @torch.no_grad()
+    def __call__(self, speech: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """speech [N, F, D], lengths [N] -> adaptor outputs [N, F', llm_dim] (views of the graph's output: use
+        them before the next call)."""
+        n, f, d = speech.shape
+        if self.failed:
+            return self.model.encode_audio(speech, lengths)
+        key = (bucket(n), -(-f // FRAME_ROUND) * FRAME_ROUND)
+        if key not in self.graphs:
+            try:
+                self.graphs[key] = self._capture(*key, d, speech.dtype)
+            except RuntimeError as e:  # a capture CUDA refuses: the eager encoder is still correct
+                log.warning("fast decode: capturing the encoder failed (%s); it runs eagerly from here",
+                            str(e).splitlines()[0] if str(e) else type(e).__name__)
+                self.failed = True
+                return self.model.encode_audio(speech, lengths)
+        graph, x, lens, out = self.graphs[key]
+        x.zero_()
+        x[:n, :f] = speech
+        lens.fill_(1)
+        lens[:n] = lengths
+        graph.replay()
+        return out[:n]
+
+    def _capture(self, rows: int, frames: int, dim: int, dtype: torch.dtype):
+        log.info("fast decode: capturing the encoder for %d utterances x %d frames", rows, frames)
+        x = torch.zeros(rows, frames, dim, dtype=dtype, device=self.device)
+        lens = torch.ones(rows, dtype=torch.long, device=self.device)
+        side = _capture_stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self.model.encode_audio(x, lens)  # warm-up: lazy initialisation, cuBLAS workspaces
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
+            out = self.model.encode_audio(x, lens)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        return graph, x, lens, out

@@ -23,6 +23,7 @@ from ..speed.flags import run_scope
 from . import run_dir as run_dirs
 from .assemble import Parts, assemble, start_process, step_function, step_hooks, train_step
 from .async_save import AsyncCheckpointer
+from .average import use_average
 from .checkpoint import Checkpoints, disk_footprint
 from .trainer import Position, Trainer, planned_steps, resume, steps_per_epoch
 from .stop import StopOnSignal
@@ -121,7 +122,7 @@ def build_trainer(cfg: Config) -> Trainer:
 def check_disk(cfg: Config, parts: Parts, ckpts: Checkpoints | None, train, pos: Position, run_dir: Path) -> None:
     """Refuse a run whose checkpoints and export would not fit on the disk of its output folder."""
     t = cfg.train
-    held = held_checkpoints(cfg, ckpts, train, pos)
+    held = held_checkpoints(cfg, ckpts, train, pos) + (1 if t.average_best else 0)  # + checkpoints/avg-best<N>.pt
     need, what = disk_footprint(parts.model, parts.optimizer, held, t.export != "none")
     free = shutil.disk_usage(run_dir).free
     if need > free:
@@ -181,6 +182,9 @@ def _train(cfg: Config) -> dict:
         from ..models.hf_native import check_exportable
 
         check_exportable(cfg.model)
+    if cfg.train.average_best and cfg.train.parallel == "fsdp" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("train.average_best with train.parallel=fsdp is not supported yet: average after the run "
+                          "with a single process, or use train.parallel=ddp")
     trainer = build_trainer(cfg)
     if export != "none" and not (cfg.data.tokenizer or cfg.model.llm.path):
         log.warning("train.export=%s skipped: a model folder needs a tokenizer (data.tokenizer or model.llm.path)", export)
@@ -195,7 +199,9 @@ def _train(cfg: Config) -> dict:
     run_dir = trainer.run_dir
     if torch.distributed.is_initialized():
         torch.distributed.barrier()  # every rank's steps file is complete before rank 0 writes the report
-    full = trainer.weights()[0] if trainer.sharded and export != "none" else None  # FSDP: a collective
+    full = use_average(trainer, cfg) if cfg.train.average_best else None  # the export then holds the average
+    if full is None:
+        full = trainer.weights()[0] if trainer.sharded and export != "none" else None  # FSDP: a collective
     if full is None and export != "none" and trainer.rank == 0:
         full = trainer.export_state()  # the trained weights from the final checkpoint's host buffers, if they are there
     if trainer.rank == 0:

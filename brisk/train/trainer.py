@@ -222,6 +222,28 @@ class Trainer:
             return self._validate()
 
     def _validate(self) -> dict:
+        val = self.measure()
+        self.pos.history.append({"step": self.pos.step, **val})
+        if self.rank == 0:
+            with (self.run_dir / "history.jsonl").open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": self.pos.step, **val}) + "\n")
+        self.monitor.define_acc()
+        log.info("validation at step %d: loss %.4f  acc %.4f  (%d tokens)", self.pos.step, val["loss"], val["acc"],
+                 val["tokens"])
+        self.monitor.scalar("valid/loss", val["loss"], self.pos.step)
+        self.monitor.scalar("valid/acc", val["acc"], self.pos.step)
+        if "cer" in val:
+            log.info("validation decode at step %d: CER %.2f%%  WER %.2f%%  (%d utterances, %.1f s)", self.pos.step,
+                     100 * val["cer"], 100 * val["wer"], val["decoded"], val["decode_seconds"])
+            self.monitor.scalar("valid/cer", val["cer"], self.pos.step)
+            self.monitor.scalar("valid/wer", val["wer"], self.pos.step)
+        if self.probe is not None:
+            self.probe.on_validation(self.pos.step, val)
+        return val
+
+    def measure(self, tag: str | None = None) -> dict:
+        """Validation loss and accuracy (and CER/WER with train.val_decode) of the model's weights now, recorded
+        nowhere; ``tag`` names the weights in valid_decode.jsonl (the averaged checkpoints)."""
         self.monitor.flush()
         self.model.eval()
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
@@ -245,22 +267,7 @@ class Trainer:
         val = {"loss": float(loss_sum) / n, "acc": int(correct) / n, "tokens": int(count)}
         if self.cfg.train.val_decode and self.rank == 0:
             with self.parts.accel.decode_context():  # packed training: decoding takes padded rows
-                val.update(self.decoder.run(self.model, self.pos.step))
-        self.pos.history.append({"step": self.pos.step, **val})
-        if self.rank == 0:
-            with (self.run_dir / "history.jsonl").open("a", encoding="utf-8") as f:
-                f.write(json.dumps({"step": self.pos.step, **val}) + "\n")
-        self.monitor.define_acc()
-        log.info("validation at step %d: loss %.4f  acc %.4f  (%d tokens)", self.pos.step, val["loss"], val["acc"], n)
-        self.monitor.scalar("valid/loss", val["loss"], self.pos.step)
-        self.monitor.scalar("valid/acc", val["acc"], self.pos.step)
-        if "cer" in val:
-            log.info("validation decode at step %d: CER %.2f%%  WER %.2f%%  (%d utterances, %.1f s)", self.pos.step,
-                     100 * val["cer"], 100 * val["wer"], val["decoded"], val["decode_seconds"])
-            self.monitor.scalar("valid/cer", val["cer"], self.pos.step)
-            self.monitor.scalar("valid/wer", val["wer"], self.pos.step)
-        if self.probe is not None:
-            self.probe.on_validation(self.pos.step, val)
+                val.update(self.decoder.run(self.model, self.pos.step, tag))
         return val
 
     def state(self) -> dict:
@@ -307,7 +314,7 @@ class Trainer:
         self.monitor.flush()
         last = self.pos.history[-1] if self.pos.history and self.pos.history[-1]["step"] == self.pos.step else None
         state = {**self.state(), "rng": rngs[0], "rng_ranks": rngs}
-        self.saver.save(state, self.pos.step, last and {"loss": last["loss"], "acc": last["acc"]})
+        self.saver.save(state, self.pos.step, last and {k: last[k] for k in ("loss", "acc", "cer") if k in last})
         self.saved_step = self.pos.step
 
     def close_data(self) -> None:

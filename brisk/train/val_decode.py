@@ -1,6 +1,6 @@
 """train.val_decode: greedy-decode the first N validation utterances at each validation (rank 0).
 
-Kept cheap: N utterances only, decoded in batches of 8, at most 2 x the longest reference (in tokens) + 8
+Kept cheap: N utterances only, decoded in length-sorted batches of 8 (brisk.eval.testset, as `brisk eval` does), at most 2 x the longest reference (in tokens) + 8
 new tokens each, so an untrained model that never emits <|im_end|> cannot run to FunASR's 512. Each
 validation appends its transcripts (with the step) to valid_decode.jsonl in the run folder.
 
@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from ..eval.decode import Recognizer
-from ..eval.evaluate import score
+from ..eval.evaluate import score, summarize
+from ..eval.testset import Item, run_items
 
 
 class ValDecoder:
@@ -28,11 +29,11 @@ class ValDecoder:
         self.last_rows: list[dict] = []
         if valid is not None:
             utts = valid.dataset.utts[:n]
-            self.keys = [u.key for u in utts]
-            self.paths = [u.audio_paths()[0] for u in utts]
-            self.refs = [u.assistant[0] for u in utts]
+            self.items = [Item(i, u.key, u.audio_paths()[0], u.assistant[0], u.speech_length / 100)
+                          for i, u in enumerate(utts)]
+            self.refs = [it.ref for it in self.items]
 
-    def run(self, model, step: int) -> dict:
+    def run(self, model, step: int, tag: str | None = None) -> dict:
         if self.valid is None:
             return {}
         ds = self.valid.dataset
@@ -42,14 +43,16 @@ class ValDecoder:
                                   do_think=b.do_think, fast=self.fast)
             self.max_new = 2 * max(len(b.tok.encode(r)) for r in self.refs) + 8
         t0 = time.perf_counter()
-        try:
-            results = self.rec.transcribe(self.paths, batch_size=8, max_new_tokens=self.max_new)
+        try:  # the path `brisk eval` takes: length-sorted batches, rows back in input order
+            rows, _ = run_items(self.rec, self.items, None, lambda it, r: score([it.key], [it.ref], [r.text])[0][0],
+                                batch_size=8, max_new_tokens=self.max_new)
         finally:
             self.rec.release()
         seconds = time.perf_counter() - t0
-        rows, summary = score(self.keys, self.refs, [r.text for r in results])
+        rows = [{k: v for k, v in row.items() if k != "index"} for row in rows]
+        summary = summarize(rows)
         self.last_rows = rows
         with (self.run_dir / "valid_decode.jsonl").open("a", encoding="utf-8") as f:
             for row in rows:
-                f.write(json.dumps({"step": step, **row}, ensure_ascii=False) + "\n")
+                f.write(json.dumps({"step": step, **({"weights": tag} if tag else {}), **row}, ensure_ascii=False) + "\n")
         return {"cer": summary["cer"], "wer": summary["wer"], "decoded": len(rows), "decode_seconds": seconds}

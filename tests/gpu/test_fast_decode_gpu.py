@@ -24,12 +24,15 @@ def test_graphed_fp32_gives_generates_ids(attn):
     for i, lengths in enumerate(BATCHES):
         embeds, mask = prompts(llm, lengths, seed=i)
         stop = stop_tokens(llm, embeds, mask)  # rows stop at different steps (the graph's stop tensor is fixed)
-        graphed = FastGreedy(llm, stop, PAD, torch.float32, "cuda")
-        eager = FastGreedy(llm, stop, PAD, torch.float32, "cuda", graphs=False)
+        graphed = FastGreedy(llm, stop, PAD, torch.float32, "cuda", buckets=True)
+        eager = FastGreedy(llm, stop, PAD, torch.float32, "cuda", graphs=False, buckets=True)
         expected = reference_ids(llm, embeds, mask, stop, 24)
         a = graphed.generate(embeds, mask, 24)
         b = eager.generate(embeds, mask, 24)
         assert graphed.graphs and not eager.graphs and all(r.graph is not None for r in graphed.rooms.values())
+        # The prefill is a graph too (one a room and padded prompt length), the eager decoder's is not.
+        assert all(p.graph is not None for r in graphed.rooms.values() for p in r.prefills.values())
+        assert all(p.graph is None for r in eager.rooms.values() for p in r.prefills.values())
         assert torch.equal(a, b), lengths  # the replayed graph computes what the eager step computes
         assert cut(a.tolist(), stop) == expected, lengths
         # A second batch of the same bucket replays the same graph.
@@ -131,8 +134,19 @@ def test_recognizer_fast_equals_plain_on_cuda_fp32(tmp_path, tokenizer):
     fast = Recognizer(model, tokenizer, cfg.frontend, device="cuda", max_new_tokens=16, fast=True)
     expected = [r.ids for r in plain.transcribe(paths, batch_size=1)]
     assert len({tuple(e) for e in expected}) > 1
+    # Features on the GPU (the default, Frontend.batch) or one at a time on the CPU: the same transcripts.
+    cpu_features = Recognizer(model, tokenizer, cfg.frontend, device="cuda", max_new_tokens=16, device_features=False)
+    assert [r.ids for r in cpu_features.transcribe(paths, batch_size=6)] == expected
     for batch_size in (1, 6):
         assert [r.ids for r in fast.transcribe(paths, batch_size=batch_size)] == expected, batch_size
-    assert fast._fast.graphs
+    assert fast._fast.graphs and fast._encode is None  # the step graphed; encoder and prefill at generate's shapes
     fast.release()
     assert fast._fast is None
+    # Length buckets: the encoder, the prefill and the step replayed from graphs (fp32 here: the same ids).
+    buckets = Recognizer(model, tokenizer, cfg.frontend, device="cuda", max_new_tokens=16, fast_buckets=True)
+    for batch_size in (1, 6):
+        assert [r.ids for r in buckets.transcribe(paths, batch_size=batch_size)] == expected, batch_size
+    assert buckets._encode.graphs and all(p.graph is not None for r in buckets._fast.rooms.values()
+                                          for p in r.prefills.values())
+    buckets.release()
+    assert buckets._fast is None and buckets._encode is None

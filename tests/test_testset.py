@@ -1,0 +1,93 @@
+"""A whole test set (brisk/eval/testset.py): inputs, length-sorted batches, streamed results, --resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from brisk.errors import DataError
+from brisk.eval.decode import Result
+from brisk.eval.testset import Item, length_batches, read_items, run_items
+
+from .conftest import DEMO
+
+
+class BatchEcho:
+    """A recognizer whose text names the batch it was decoded in: equal outputs mean equal batches."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, stop_after: int | None = None):
+        self.batches: list[list[str]] = []
+        self.stop_after = stop_after
+
+    def transcribe_batches(self, chunks, max_new_tokens=None):
+        for chunk in chunks:
+            if self.stop_after is not None and len(self.batches) == self.stop_after:
+                raise KeyboardInterrupt  # a kill between batches
+            self.batches.append(list(chunk))
+            yield [Result([], f"{p}@{'+'.join(chunk)}", 1.0) for p in chunk]
+
+
+def _items(n=11):
+    return [Item(i, f"k{i}", f"a{i}.wav", f"ref {i}", float((i * 7) % 5)) for i in range(n)]
+
+
+def _row(item, result):
+    return {"key": item.key, "text": result.text}
+
+
+def test_batches_are_sorted_by_length_and_rows_come_back_in_input_order():
+    items = _items()
+    batches = length_batches(items, 4)
+    secs = [it.seconds for b in batches for it in b]
+    assert secs == sorted(secs, reverse=True) and [len(b) for b in batches] == [4, 4, 3]
+    rows, t = run_items(BatchEcho(), items, None, _row, 4)
+    assert [r["index"] for r in rows] == list(range(11)) and t["decoded"] == 11
+
+
+@pytest.mark.parametrize("how", ["max_utts", "kill"])
+def test_a_stopped_run_resumed_writes_what_an_uninterrupted_run_writes(tmp_path, how):
+    items = _items()
+    whole = tmp_path / "whole.jsonl"
+    run_items(BatchEcho(), items, whole, _row, 4)
+    part = tmp_path / "part.jsonl"
+    if how == "max_utts":
+        rows, t = run_items(BatchEcho(), items, part, _row, 4, max_utts=3)  # one batch of 4
+        assert t["decoded"] == 4 and len(rows) == 4
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            run_items(BatchEcho(stop_after=2), items, part, _row, 4)
+        with part.open("a", encoding="utf-8") as f:
+            f.write('{"index": 3, "key": "k3", "te')  # a line torn by the kill
+    kept = [json.loads(x) for x in part.read_text().splitlines()[:8]]
+    assert len(kept) == 4 * (1 if how == "max_utts" else 2)  # streamed as decoded, not in input order
+    again = BatchEcho()
+    rows, t = run_items(again, items, part, _row, 4, resume=True)
+    assert len(again.batches) == (2 if how == "max_utts" else 1) and t["decoded"] == 11 - len(kept)
+    assert part.read_text() == whole.read_text()
+    assert [json.loads(x)["index"] for x in whole.read_text().splitlines()] == list(range(11))
+
+
+def test_resume_refuses_a_file_of_another_input(tmp_path):
+    out = tmp_path / "r.jsonl"
+    run_items(BatchEcho(), _items(), out, _row, 4)
+    other = [Item(i, f"x{i}", f"a{i}.wav", None, 1.0) for i in range(11)]
+    with pytest.raises(DataError, match=r"r.jsonl:1: .*another input"):
+        run_items(BatchEcho(), other, out, _row, 4, resume=True)
+
+
+def test_inputs_a_jsonl_a_folder_and_files(tmp_path):
+    jsonl = read_items([str(DEMO / "valid.jsonl")])
+    assert jsonl and all(it.ref is not None and it.seconds > 0 for it in jsonl)
+    folder = DEMO / "audio" / "valid"
+    files = sorted(p for p in folder.rglob("*.flac"))
+    got = read_items([str(folder), str(files[0])])
+    assert [it.path for it in got] == [str(p) for p in files] + [str(files[0])]
+    assert [it.index for it in got] == list(range(len(files) + 1)) and all(it.seconds > 0 for it in got)
+    assert got[0].ref is None and got[0].key == files[0].stem
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="no audio files"):
+        read_items([str(tmp_path / "empty")])
