@@ -199,6 +199,7 @@ class ChatStore(torch.utils.data.Dataset):
         self.bad_first: list[str] = meta.get("bad_first", [])
         self._arrays = None
         self._keys: list[str] | None = None
+        self.cache_note = ""  # how the cache was used: read, or built and why
 
     def _open(self):
         if self._arrays is None:
@@ -267,6 +268,7 @@ def build_chat_store(path: str, tokenizer, *, max_len: int, overlong: str, skip_
 
     entry.get(build, f"{what} ({len(files)} file{'s' * (len(files) > 1)}, tokens)")
     store = ChatStore(entry.path, entry.meta)
+    store.cache_note = entry.note
     report(store, path, max_len, overlong)
     if not len(store):
         raise DataError(f"{path}: no usable conversations")

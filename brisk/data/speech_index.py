@@ -110,6 +110,7 @@ class SpeechIndex(Sequence):
         self.path, self.folder, self.meta = Path(path), Path(folder), meta
         self._cols: dict | None = None
         self._fd: int | None = None
+        self.cache_note = ""  # how the cache was used: read, or built and why
         skipped = self.folder / "skipped.txt"
         self.skipped: list[str] = skipped.read_text(encoding="utf-8").splitlines() if skipped.is_file() else []
 
@@ -222,6 +223,7 @@ def build_speech_index(path: str, *, max_speech_length: int, max_text_length: in
 
     entry.get(build, f"{what} (speech list index)")
     index = SpeechIndex(p, entry.path, entry.meta)
+    index.cache_note = entry.note
     report(index, path, skip_bad, check_audio)
     if not len(index):
         raise DataError(f"{path}: no usable utterances")

@@ -96,6 +96,7 @@ class Entry:
         self.path = self.root / f"{name}-{self.key}"
         self.pointer = self.root / f"{name}-{hashlib.sha256(source.encode()).hexdigest()[:12]}.last.json"
         self.meta: dict = {}
+        self.note = ""  # what get() did: "read", "read (built by another process)", or "built: <why>"
 
     def ready(self) -> bool:
         meta = self.path / "meta.json"
@@ -127,12 +128,16 @@ class Entry:
         """Read the entry, or build it with ``build(tmp_folder) -> meta`` (under the lock). True when built here."""
         if self.ready():
             log.info("%s: read from the cache %s (built %s)", what, self.path, self.meta.get("built", "?"))
+            self.note = "read"
             return False
         with self.lock():
             if self.ready():  # another process built it while this one waited
                 log.info("%s: read from the cache %s, built by another process", what, self.path)
+                self.note = "read (built by another process)"
                 return False
-            log.info("%s: preparing once into %s (%s)", what, self.path, self.why_build())
+            why = self.why_build()
+            self.note = f"built: {why}"
+            log.info("%s: preparing once into %s (%s)", what, self.path, why)
             tmp = self.root / f".{self.path.name}.tmp{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
