@@ -143,7 +143,16 @@ def _jsonl_units(path: Path) -> list[Unit]:
     return units
 
 
+def need_pyarrow(path) -> None:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise DataError(f"{path}: reading parquet and arrow files needs pyarrow: pip install 'brisk[data]' "
+                        "(or pyarrow)") from None
+
+
 def _parquet_units(path: Path) -> list[Unit]:
+    need_pyarrow(path)
     import pyarrow.parquet as pq
 
     try:
@@ -169,6 +178,7 @@ def open_arrow(path: str):
 
 
 def _arrow_units(path: Path) -> list[Unit]:
+    need_pyarrow(path)
     try:
         n = open_arrow(str(path)).num_rows
     except Exception as e:  # noqa: BLE001
