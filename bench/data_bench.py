@@ -45,15 +45,20 @@ def run_child(argv: list[str], marker: str, env: dict | None = None, log: Path |
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     first = [None]
     lines: list[str] = []
+    marks: dict[str, float] = {}  # when the data's first line and the loop's first line arrived
 
     def read():
         for line in proc.stdout:
+            now = time.perf_counter() - t0
             lines.append(line)
             if first[0] is None and marker in line:
-                first[0] = time.perf_counter() - t0
+                first[0] = now
+            for name, text in (("data_start_s", "data.train ("), ("loop_start_s", "training from step")):
+                if name not in marks and text in line:
+                    marks[name] = round(now, 2)
 
     th = threading.Thread(target=read)
     th.start()
@@ -69,7 +74,7 @@ def run_child(argv: list[str], marker: str, env: dict | None = None, log: Path |
     # ru_maxrss of children is the largest of any waited child so far: run each arm in its own bench process
     # for an exact figure (this script is called once per arm and mode).
     return {"first_step_s": round(first[0], 2) if first[0] else None, "total_s": round(total, 2),
-            "peak_rss_mb": round(max(peak, before) / 1024), "lines": lines}
+            "peak_rss_mb": round(max(peak, before) / 1024), "lines": lines, **marks}
 
 
 def brisk(args, config: str, overrides: list[str], run: Path) -> dict:
@@ -90,6 +95,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "tmp" / "data")
     ap.add_argument("--max-len", type=int, default=1024, help="TRL's default max_length; brisk's data.max_len")
     ap.add_argument("--num-proc", type=int, default=None, help="trl: dataset_num_proc (default: TRL's, None)")
+    ap.add_argument("--split", default="train_sft", help="brisk-chat, rate: data.train_split ('' for none)")
     ap.add_argument("--chat", action="store_true", help="rate: the chat store (else the speech list)")
     ap.add_argument("--seconds", type=float, default=20.0, help="rate: how long to read")
     args = ap.parse_args()
@@ -101,7 +107,7 @@ def main() -> None:
         if args.mode == "cold":
             shutil.rmtree(cache, ignore_errors=True)
         row |= brisk(args, "configs/sft_demo.yaml", [
-            f"data.train={args.data}", "data.train_split=train_sft", f"data.max_len={args.max_len}",
+            f"data.train={args.data}", f"data.train_split={args.split or 'null'}", f"data.max_len={args.max_len}",
             "data.batch_tokens=8192", "data.num_workers=1", "model.llm.config.max_position_embeddings=4096"],
             runs / "chat")
         row["cache_mb"] = round(du(cache) / 2**20)
@@ -117,7 +123,7 @@ def main() -> None:
         out = run_child([sys.executable, str(Path(__file__).resolve()), "_trl", args.data, str(args.max_len),
                          str(args.num_proc or 0)], "first step", env={"HF_DATASETS_CACHE": str(hf)},
                         log=args.out / f"trl.{args.mode}.{args.num_proc or 0}.log")
-        out["detail"] = [json.loads(line) for line in out.pop("lines") if line.startswith("{")]
+        out["detail"] = [json.loads(line) for line in out.pop("lines") if line.startswith('{"')]
         row |= out | {"num_proc": args.num_proc, "cache_mb": round(du(hf) / 2**20)}
     else:
         row |= rate(args)
@@ -171,7 +177,7 @@ def rate(args) -> dict:
 
     if args.chat:
         cfg = load_config(ROOT / "configs" / "sft_demo.yaml", [
-            f"data.train={args.data}", "data.train_split=train_sft", f"data.max_len={args.max_len}",
+            f"data.train={args.data}", f"data.train_split={args.split or 'null'}", f"data.max_len={args.max_len}",
             "data.batch_tokens=8192", "data.num_workers=1", "data.valid=null", f"train.output_dir={args.out / 'runs' / 'chat'}"])
         collator = Collator(packed=True, token_buckets=(8192,))
     else:
@@ -181,7 +187,15 @@ def rate(args) -> dict:
 
         collator = collator_for(cfg)
     split = build_split(cfg, "train", collator, vocab_size=392)
-    it = iter(split.loader)
+
+    def batches():
+        epoch = 0
+        while True:
+            split.sampler.set_epoch(epoch)
+            yield from split.loader
+            epoch += 1
+
+    it = batches()
     for _ in range(5):
         next(it)
     n = utts = tokens = 0

@@ -191,8 +191,8 @@ class AutoBatchConfig:
 
 @dataclass
 class DataConfig:
-    train: str | None = None  # FunASR jsonl
-    valid: str | None = None  # FunASR jsonl for validation; none: no validation
+    train: str | None = None  # FunASR jsonl; task chat: a jsonl, parquet file / folder / glob, or datasets save_to_disk folder
+    valid: str | None = None  # the same, for validation; none: no validation
     tokenizer: str | None = None  # a tokenizer folder; defaults to model.llm.path
     profile: str | None = None  # a length profile (speech_length/text_length jsonl) for synthetic batches
     batch_tokens: int = 6000  # budget on padded (speech_length + text_length), FunASR's batch_size

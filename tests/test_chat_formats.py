@@ -78,6 +78,8 @@ def test_glob_and_single_file(tok, tmp_path):
     assert one.tokens(3).input_ids == ds.tokens(13).input_ids
     with pytest.raises(DataError, match="matches no files"):
         store(tmp_path / "nothing*.parquet", tok, tmp_path)
+    with pytest.raises(DataError, match="a pattern names its files itself"):
+        store(tmp_path / "part*.parquet", tok, tmp_path, split="train")
 
 
 def test_datasets_save_to_disk(tok, tmp_path):

@@ -111,6 +111,9 @@ def resolve_files(path: str, split: str | None, what: str = "data.train") -> lis
         files = sorted(Path(p) for p in glob.glob(os.path.expanduser(path), recursive=True) if os.path.isfile(p))
         if not files:
             raise DataError(f"{what}={path}: the pattern matches no files")
+        if split is not None:
+            raise DataError(f"{what}={path}: a pattern names its files itself; leave {what}_split unset, or give "
+                            "the folder and the split")
         return files
     p = Path(path).expanduser()
     if p.is_file():
