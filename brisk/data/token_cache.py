@@ -180,7 +180,7 @@ def parallel_map(fn: Callable, units: list, workers: int, what: str, total: int,
     unit adds to the count shown (conversations, lines)."""
     bar = _Progress(what, total)
     try:
-        if workers <= 1:
+        if workers <= 1 or multiprocessing.current_process().daemon:  # a daemonic process may not fork workers
             for u in units:
                 out = fn(u)
                 bar.advance(size(u))
