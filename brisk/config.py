@@ -192,8 +192,8 @@ class AutoBatchConfig:
 
 @dataclass
 class DataConfig:
-    train: str | None = None  # FunASR jsonl
-    valid: str | None = None  # FunASR jsonl for validation; none: no validation
+    train: str | None = None  # FunASR jsonl; task chat: a jsonl, parquet file / folder / glob, or datasets save_to_disk folder
+    valid: str | None = None  # the same, for validation; none: no validation
     tokenizer: str | None = None  # a tokenizer folder; defaults to model.llm.path
     profile: str | None = None  # a length profile (speech_length/text_length jsonl) for synthetic batches
     batch_tokens: int = 6000  # budget on padded (speech_length + text_length), FunASR's batch_size
@@ -217,6 +217,11 @@ class DataConfig:
     max_len: int = 2048  # task chat: tokens of one conversation at most (see data.overlong)
     overlong: str = "truncate"  # task chat: a conversation over data.max_len is truncated (its end dropped) or skipped
     chat_template: str | None = None  # task chat: a jinja chat template with {% generation %} markers; none: the tokenizer's own, or the training twin of a known one
+    train_split: str | None = None  # a split of data.train where its layout has splits (train_sft of ultrachat_200k's parquet folder, a DatasetDict folder)
+    valid_split: str | None = None  # a split of data.valid (test_sft); data.valid may be the same folder as data.train
+    cache_dir: str | None = None  # prepared data (tokenised chats, indexed speech lists), reused by later runs; none: .brisk-cache beside train.output_dir
+    prepare_workers: int = 0  # processes that tokenise / index the data the first time; 0: one a CPU core
+    check_audio: bool = True  # stat every audio file of a speech list once, when it is indexed; false: the list is known good (logged)
 
     def __post_init__(self):
         if self.overlong not in ("truncate", "skip"):
@@ -225,6 +230,8 @@ class DataConfig:
             raise ConfigError(f"data.max_len={self.max_len}: must be at least 2 tokens")
         if self.prompt_class not in (None, "MultiContextPrompt"):
             raise ConfigError(f"data.prompt_class={self.prompt_class!r}: brisk reproduces MultiContextPrompt (or null: no header)")
+        if self.prepare_workers < 0:
+            raise ConfigError(f"data.prepare_workers={self.prepare_workers}: use 0 (one a CPU core) or a count")
         for k in ("batch_tokens", "max_utts", "sort_size"):
             if getattr(self, k) < 1:
                 raise ConfigError(f"data.{k}={getattr(self, k)}: must be at least 1")

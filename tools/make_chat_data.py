@@ -2,6 +2,11 @@
 
     python tools/make_chat_data.py demo --out data/chat_demo            # the bundled set + its tokenizer
     python tools/make_chat_data.py ultrachat --out /tmp/uc --n 4000     # lengths like ultrachat_200k
+    python tools/make_chat_data.py ultrachat_200k --out /tmp/uc200k     # its hub layout, at its size
+
+ultrachat_200k writes the layout the hub ships (``data/train_sft-0000K-of-00003.parquet``, ``data/test_sft-...``;
+columns prompt, prompt_id, messages; 207,865 + 23,110 conversations by default, --n / --n-valid to change;
+row groups of 1,000 rows) with the lengths below, and the same ``tokenizer/`` folder.
 
 Both write ``train.jsonl`` / ``valid.jsonl`` (one ``{"messages": [...]}`` a line) and a ``tokenizer/`` folder:
 the demo speech set's tiny byte-level BPE (data/demo/tokenizer/tokenizer.json, reused as is) with Qwen3's
@@ -116,14 +121,58 @@ def ultrachat_conversation(rng: random.Random) -> list[dict]:
     return messages
 
 
+# ------------------------------------------------------------------------------ ultrachat_200k's layout
+def write_ultrachat_200k(out: Path, n_train: int, n_test: int, seed: int) -> None:
+    """Parquet shards as the hub ships them. Text is cut from one long random sequence of one-token words,
+    so a conversation costs a few slices, not a Python call per word."""
+    import hashlib
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    pool_words = 4_000_000
+    words = np.array(ONE_TOKEN)[rng.integers(0, len(ONE_TOKEN), pool_words)]
+    text = " ".join(words.tolist())
+    starts = np.concatenate([[0], np.cumsum([len(w) + 1 for w in words.tolist()])])  # char offset of each word
+    mu = math.log(MEAN_UTT_TOKENS) - UTT_SIGMA ** 2 / 2
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    schema = pa.schema([("prompt", pa.string()), ("prompt_id", pa.string()),
+                        ("messages", pa.list_(pa.struct([("content", pa.string()), ("role", pa.string())])))])
+    for split, n, shards in (("train_sft", n_train, 3), ("test_sft", n_test, 1)):
+        bounds = np.linspace(0, n, shards + 1).astype(int)
+        for k in range(shards):
+            path = out / "data" / f"{split}-{k:05d}-of-{shards:05d}.parquet"
+            with pq.ParquetWriter(path, schema) as writer:
+                for lo in range(bounds[k], bounds[k + 1], 1000):
+                    rows = []
+                    for _ in range(lo, min(lo + 1000, bounds[k + 1])):
+                        rounds = min(12, 1 + int(rng.poisson(MEAN_ROUNDS - 1)))
+                        sizes = np.clip(np.rint(rng.lognormal(mu, UTT_SIGMA, 2 * rounds)), 4, 4096).astype(int)
+                        firsts = rng.integers(0, pool_words - 4097, 2 * rounds)
+                        messages = [{"content": text[starts[a]:starts[a + m] - 1], "role": ("user", "assistant")[j % 2]}
+                                    for j, (a, m) in enumerate(zip(firsts.tolist(), sizes.tolist()))]
+                        prompt = messages[0]["content"]
+                        rows.append({"prompt": prompt, "prompt_id": hashlib.sha256(prompt.encode()).hexdigest(),
+                                     "messages": messages})
+                    writer.write_table(pa.Table.from_pylist(rows, schema=schema))
+            print(f"wrote {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=("demo", "ultrachat"))
+    ap.add_argument("kind", choices=("demo", "ultrachat", "ultrachat_200k"))
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--n", type=int, default=320, help="training conversations (demo: 320)")
-    ap.add_argument("--n-valid", type=int, default=40)
+    ap.add_argument("--n", type=int, default=None, help="training conversations (demo: 320; ultrachat_200k: 207,865)")
+    ap.add_argument("--n-valid", type=int, default=None, help="validation conversations (40; ultrachat_200k: 23,110)")
     ap.add_argument("--seed", type=int, default=1234)
     args = ap.parse_args()
+    if args.kind == "ultrachat_200k":
+        write_ultrachat_200k(args.out, args.n or 207_865, args.n_valid or 23_110, args.seed)
+        write_tokenizer(args.out)
+        return
+    args.n, args.n_valid = args.n or 320, args.n_valid or 40
     rng = random.Random(args.seed)
     make = demo_conversation if args.kind == "demo" else ultrachat_conversation
     args.out.mkdir(parents=True, exist_ok=True)

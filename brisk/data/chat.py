@@ -79,6 +79,11 @@ def parse_chat_line(text: str, where: str) -> Conversation:
     except json.JSONDecodeError as e:
         msg = e.msg[:-3] if e.msg.endswith(" at") else e.msg
         raise DataError(f"{where}: not valid JSON ({msg}, column {e.colno})") from None
+    return parse_chat_obj(obj, where)
+
+
+def parse_chat_obj(obj, where: str) -> Conversation:
+    """A row of a chat data set (a jsonl line, a parquet or arrow row) with a ``messages`` list."""
     if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list) or not obj["messages"]:
         raise DataError(f"{where}: expected an object with a non-empty 'messages' list")
     messages = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -38,7 +39,7 @@ def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
 
 
 class SpeechDataset(torch.utils.data.Dataset):
-    def __init__(self, utterances: list[Utterance], frontend: FrontendConfig, builder: PromptBuilder, *,
+    def __init__(self, utterances: Sequence[Utterance], frontend: FrontendConfig, builder: PromptBuilder, *,
                  seed: int, skip_bad: bool, max_speech_length: int):
         self.utts = utterances
         self.frontend = Frontend(frontend)
@@ -49,7 +50,9 @@ class SpeechDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.utts)
 
-    def lengths(self) -> list[int]:
+    def lengths(self):
+        if hasattr(self.utts, "lengths"):  # an indexed list (speech_index.py): the lengths without parsing a line
+            return self.utts.lengths()
         return [u.source_len for u in self.utts]
 
     def __getitem__(self, item: tuple[int, int] | int) -> Sample:

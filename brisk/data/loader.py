@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import signal
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -13,7 +14,6 @@ from ..config import Config, ConfigError
 from .collate import Collator
 from .context import ContextPrompt
 from .dataset import SpeechDataset, SyntheticDataset, read_profile
-from .jsonl import read_jsonl
 from .prompt import PromptBuilder
 from .sampler import TokenBatchSampler
 
@@ -53,6 +53,7 @@ class Split:
     sampler: TokenBatchSampler
     loader: torch.utils.data.DataLoader
     skipped_lines: list[str]
+    counts: dict[str, int] = field(default_factory=dict)  # what was not trained as written: truncated, skipped, ...
 
     def close(self) -> None:
         """Stop the persistent workers now. Left to interpreter exit, joining them can hold the process for
@@ -68,20 +69,29 @@ def build_split(cfg: Config, which: str, collator: Collator, vocab_size: int, ra
     d = cfg.data
     path = d.train if which == "train" else d.valid
     skipped: list[str] = []
+    counts: dict[str, int] = {}
     if cfg.task == "chat":
         if not path:
             if which == "train":
-                raise ConfigError("data.train: give a chat jsonl (one {\"messages\": [...]} a line)")
+                raise ConfigError("data.train: give chat data: a jsonl, parquet files (a file, folder or glob) or a "
+                                  "datasets save_to_disk folder, with 'messages' or 'prompt' + 'completion'")
             return None
-        from .chat import build_chat_dataset
+        from .chat_store import build_chat_store
 
-        dataset, skipped = build_chat_dataset(path, tokenizer if tokenizer is not None else load_tokenizer(cfg),
-                                              max_len=d.max_len, overlong=d.overlong, skip_bad=d.skip_bad,
-                                              template_path=d.chat_template)
+        dataset = build_chat_store(path, tokenizer if tokenizer is not None else load_tokenizer(cfg),
+                                   max_len=d.max_len, overlong=d.overlong, skip_bad=d.skip_bad,
+                                   cache_dir=cache_dir(cfg), split=d.train_split if which == "train" else d.valid_split,
+                                   template_path=d.chat_template, workers=d.prepare_workers, what=f"data.{which}")
+        skipped, counts = dataset.bad_first, dict(dataset.counts)
     elif path:
-        index = read_jsonl(path, max_speech_length=d.max_speech_length, max_text_length=d.max_text_length,
-                           skip_bad=d.skip_bad)
+        from .speech_index import build_speech_index
+
+        index = build_speech_index(path, max_speech_length=d.max_speech_length, max_text_length=d.max_text_length,
+                                   skip_bad=d.skip_bad, cache_dir=cache_dir(cfg), check_audio=d.check_audio,
+                                   workers=d.prepare_workers, what=f"data.{which}")
         skipped = index.skipped
+        counts = {"bad_lines": len(skipped), "suspect_lines": index.meta["suspects"],
+                  "missing_audio": index.meta["audio_missing"]}
         builder = PromptBuilder(tokenizer if tokenizer is not None else load_tokenizer(cfg), sys_prompt=d.sys_prompt,
                                 do_think=d.do_think, multiturn_max=d.multiturn_max, max_token_length=d.max_token_length,
                                 use_low_frame_rate=cfg.model.adaptor.use_low_frame_rate,
@@ -110,7 +120,14 @@ def build_split(cfg: Config, which: str, collator: Collator, vocab_size: int, ra
         prefetch_factor=4 if workers else None, persistent_workers=workers > 0,
         worker_init_fn=ignore_sigint if workers else None,
     )
-    return Split(dataset, sampler, NotedLoader(loader, which), skipped)
+    return Split(dataset, sampler, NotedLoader(loader, which), skipped, counts)
+
+
+def cache_dir(cfg: Config) -> Path:
+    """data.cache_dir, or .brisk-cache beside the run folder: runs under one parent folder share it."""
+    if cfg.data.cache_dir:
+        return Path(cfg.data.cache_dir).expanduser()
+    return Path(cfg.train.output_dir).expanduser().resolve().parent / ".brisk-cache"
 
 
 def ignore_sigint(_worker_id: int) -> None:

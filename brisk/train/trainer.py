@@ -340,12 +340,16 @@ class Trainer:
             gc.unfreeze()
         if self.probe is not None:
             self.probe.close()
-        if self.pos.bad_samples or self.train.skipped_lines:
-            log.warning("data.skip_bad: skipped %d bad samples and %d bad jsonl lines in training",
-                        self.pos.bad_samples, len(self.train.skipped_lines))
+        bad_lines = self.train.counts.get("bad_rows", len(self.train.skipped_lines))
+        if self.pos.bad_samples or bad_lines:
+            log.warning("data.skip_bad: skipped %d bad samples and %d bad %s in training", self.pos.bad_samples,
+                        bad_lines, "rows" if "bad_rows" in self.train.counts else "jsonl lines")
+        if any(self.train.counts.values()):  # nothing left out silently: the summary repeats the data's counts
+            log.info("training data not used as written: %s",
+                     ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in self.train.counts.items() if n))
         return {"step": self.pos.step, "history": self.pos.history, "slow_steps": self.detector.slow,
                 "slow_in_run": self.detector.run_total(),
-                "bad_samples": self.pos.bad_samples, "bad_lines": len(self.train.skipped_lines),
+                "bad_samples": self.pos.bad_samples, "bad_lines": bad_lines, "data_counts": dict(self.train.counts),
                 "last": self.monitor.last, "transcripts": self.decoder.last_rows if self.decoder else [],
                 "stopped_by": self.stop.signum if self.signalled() else None,
                 "checkpoint": self.ckpts.latest() if self.ckpts else None}
