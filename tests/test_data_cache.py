@@ -161,3 +161,21 @@ def test_sampler_from_arrays_computes_an_epoch_once():
     flat = sorted(i for batch in a.batches(0) for i in batch)
     assert flat == list(range(5000))
     assert all(max(lengths[batch]) * len(batch) <= 6000 or len(batch) == 1 for batch in a.batches(0))
+
+
+def test_speech_index_finds_an_undecodable_file_at_start(tmp_path):
+    """A file that exists but cannot be decoded is found when the list is indexed (before the model is built),
+    named with its line; with skip_bad its line is skipped and counted, as read_jsonl does."""
+    (tmp_path / "noise.wav").write_bytes(b"RIFF not really a wave file" * 10)
+    lines = (DEMO / "valid.jsonl").read_text(encoding="utf-8").replace("!audio/", f"!{DEMO}/audio/").splitlines()[:5]
+    obj = json.loads(lines[1])
+    obj["messages"][1]["content"] = f"语音转写：<|startofspeech|>!{tmp_path / 'noise.wav'}<|endofspeech|>"
+    lines[1] = json.dumps(obj, ensure_ascii=False)
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    kw = dict(max_speech_length=8000, max_text_length=2048, cache_dir=tmp_path / "cache")
+    with pytest.raises(DataError, match=rf"{path}: 1 of 5 audio files cannot be decoded, first: {path}:2: .*noise.wav"):
+        build_speech_index(str(path), skip_bad=False, **kw)
+    ix = build_speech_index(str(path), skip_bad=True, **kw)
+    ref = read_jsonl(path, max_speech_length=8000, max_text_length=2048, skip_bad=True)
+    assert len(ix) == len(ref.utterances) == 4 and "cannot be decoded" in ix.skipped[0]

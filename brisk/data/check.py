@@ -57,7 +57,8 @@ def check_audio_files(index: JsonlIndex, path: str | Path, skip_bad: bool) -> No
     check_audio_headers(index, path, skip_bad)
 
 
-def _undecodable(path: str) -> str | None:
+def undecodable(path: str) -> str | None:
+    """Why soundfile cannot read this file's header (or that it holds no samples); None when it can."""
     import soundfile as sf
 
     try:
@@ -67,24 +68,17 @@ def _undecodable(path: str) -> str | None:
     return "it has no samples" if info.frames == 0 else None
 
 
-_HEADERS_READ: set[tuple] = set()  # (jsonl, its mtime, skip_bad) whose audio headers all decoded in this process
-
-
 def check_audio_headers(index: JsonlIndex, path: str | Path, skip_bad: bool) -> None:
     """Every audio file's header read (soundfile.info, not the samples): a file that cannot be decoded stops the
     run before the model is built (or, with skip_bad, its lines are skipped with one warning), not at the
     step-0 validation or once per epoch."""
     from concurrent.futures import ThreadPoolExecutor
 
-    key = (str(Path(path).resolve()), os.stat(path).st_mtime_ns, skip_bad)
-    if key in _HEADERS_READ:  # read before the model was built (brisk.data.loader.check_data_files)
-        return
     pairs = [(u, p) for u in index.utterances for p in u.audio_paths()]
     with ThreadPoolExecutor(min(16, 2 * (os.cpu_count() or 1))) as pool:  # file opens: I/O-bound, GIL released
-        reasons = list(pool.map(_undecodable, [p for _, p in pairs]))
+        reasons = list(pool.map(undecodable, [p for _, p in pairs]))
     bad = [(u, p, why) for (u, p), why in zip(pairs, reasons) if why]
     if not bad:
-        _HEADERS_READ.add(key)
         return
     first = "; ".join(f"{u.source}: {p} ({why})" for u, p, why in bad[:SHOW])
     total = sum(len(u.audio_paths()) for u in index.utterances)

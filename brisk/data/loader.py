@@ -29,22 +29,30 @@ def load_tokenizer(cfg: Config):
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
-def check_data_files(cfg: Config) -> None:
-    """Read and check the data files (every line; audio files exist and decode) before the model is built: a
-    bad line is one line at start, not after a minute of loading a 2B model. With data.skip_bad the bad lines
-    are skipped and counted when the splits are built, so nothing is read twice to warn twice."""
-    d = cfg.data
-    if d.skip_bad:
-        return
-    for path in (d.train, d.valid):
-        if not path:
-            continue
-        if cfg.task == "chat":
-            from .chat import read_chat_jsonl
+def prepare_data(cfg: Config, tokenizer=None) -> dict[str, object]:
+    """data.train and data.valid read, checked and indexed (speech: every line and audio file) or tokenised
+    (chat), before the model is built: a bad line or audio file is one line at start, not after a minute of
+    loading a 2B model. What is built is cached in data.cache_dir and handed to build_split as it is."""
+    return {which: _prepare(cfg, which, tokenizer) for which in ("train", "valid")}
 
-            read_chat_jsonl(path, skip_bad=False)
-        else:
-            read_jsonl(path, max_speech_length=d.max_speech_length, max_text_length=d.max_text_length, skip_bad=False)
+
+def _prepare(cfg: Config, which: str, tokenizer=None):
+    d = cfg.data
+    path = d.train if which == "train" else d.valid
+    if not path:
+        return None
+    if cfg.task == "chat":
+        from .chat_store import build_chat_store
+
+        return build_chat_store(path, tokenizer if tokenizer is not None else load_tokenizer(cfg),
+                                max_len=d.max_len, overlong=d.overlong, skip_bad=d.skip_bad,
+                                cache_dir=cache_dir(cfg), split=d.train_split if which == "train" else d.valid_split,
+                                template_path=d.chat_template, workers=d.prepare_workers, what=f"data.{which}")
+    from .speech_index import build_speech_index
+
+    return build_speech_index(path, max_speech_length=d.max_speech_length, max_text_length=d.max_text_length,
+                              skip_bad=d.skip_bad, cache_dir=cache_dir(cfg), check_audio=d.check_audio,
+                              workers=d.prepare_workers, what=f"data.{which}")
 
 
 @dataclass
@@ -65,30 +73,24 @@ class Split:
 
 
 def build_split(cfg: Config, which: str, collator: Collator, vocab_size: int, rank: int = 0, world: int = 1,
-                tokenizer=None) -> Split | None:
+                tokenizer=None, prepared=None) -> Split | None:
+    """``prepared``: what prepare_data built for this split (built here when not given)."""
     d = cfg.data
     path = d.train if which == "train" else d.valid
     skipped: list[str] = []
     counts: dict[str, int] = {}
+    if path and prepared is None:
+        prepared = _prepare(cfg, which, tokenizer)
     if cfg.task == "chat":
         if not path:
             if which == "train":
                 raise ConfigError("data.train: give chat data: a jsonl, parquet files (a file, folder or glob) or a "
                                   "datasets save_to_disk folder, with 'messages' or 'prompt' + 'completion'")
             return None
-        from .chat_store import build_chat_store
-
-        dataset = build_chat_store(path, tokenizer if tokenizer is not None else load_tokenizer(cfg),
-                                   max_len=d.max_len, overlong=d.overlong, skip_bad=d.skip_bad,
-                                   cache_dir=cache_dir(cfg), split=d.train_split if which == "train" else d.valid_split,
-                                   template_path=d.chat_template, workers=d.prepare_workers, what=f"data.{which}")
+        dataset = prepared
         skipped, counts = dataset.bad_first, dict(dataset.counts)
     elif path:
-        from .speech_index import build_speech_index
-
-        index = build_speech_index(path, max_speech_length=d.max_speech_length, max_text_length=d.max_text_length,
-                                   skip_bad=d.skip_bad, cache_dir=cache_dir(cfg), check_audio=d.check_audio,
-                                   workers=d.prepare_workers, what=f"data.{which}")
+        index = prepared
         skipped = index.skipped
         counts = {"bad_lines": len(skipped), "suspect_lines": index.meta["suspects"],
                   "missing_audio": index.meta["audio_missing"]}

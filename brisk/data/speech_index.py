@@ -5,8 +5,8 @@ text_length (what batching needs), as ``.npy`` arrays in a cache entry (token_ca
 path, size and mtime and the settings that decide which lines are kept). A sample's line is read back with
 one ``pread`` and parsed when its batch is loaded. Building it parses every line in worker processes, with
 the same checks and messages as jsonl.read_jsonl (bad lines, caps, suspect lines), and stats each audio file
-there (once per file and process), so the audio check runs in parallel with the parsing; with
-``data.check_audio=false`` it is skipped and the log says so.
+there and reads its header (once per file and process), so the audio check, missing or undecodable files,
+runs in parallel with the parsing; with ``data.check_audio=false`` it is skipped and the log says so.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import DataError
 from .chat_sources import Unit
-from .check import SHORT_FRAMES, SHOW, suspect_reason
+from .check import SHORT_FRAMES, SHOW, suspect_reason, undecodable
 from .jsonl import Utterance, decode_line, parse_line
 from .token_cache import Entry, file_identity, parallel_map, workers_for
 
@@ -53,7 +53,11 @@ class _IndexUnit:
 
     def audio_problem(self, p: str) -> str | None:
         if p not in self.seen:
-            self.seen[p] = None if os.path.isfile(p) else ("a folder" if os.path.isdir(p) else "missing")
+            if os.path.isfile(p):  # its header too: a file that cannot be decoded is found now, not at step 0
+                why = undecodable(p)
+                self.seen[p] = None if why is None else f"cannot be decoded ({why})"
+            else:
+                self.seen[p] = "a folder" if os.path.isdir(p) else "missing"
         return self.seen[p]
 
     def __call__(self, unit: Unit) -> dict:
@@ -155,7 +159,7 @@ def _write_index(folder: Path, path: Path, units: list[Unit], results, skip_bad:
     cols = {k: [] for k in FIELDS}
     line0 = 1
     skipped: list[str] = []
-    n_suspect = n_empty = n_missing = n_missing_lines = n_folders = n_audio = 0
+    n_suspect = n_empty = n_missing = n_missing_lines = n_folders = n_broken = n_audio = 0
     first_suspect = None
     first_missing: list[str] = []
     for unit, r in zip(units, results):
@@ -176,20 +180,22 @@ def _write_index(folder: Path, path: Path, units: list[Unit], results, skip_bad:
             source = f"{path}:{line0 + rel}"
             n_missing += 1
             n_folders += w == "a folder"
+            n_broken += w.startswith("cannot")
             if len(first_missing) < SHOW:
-                first_missing.append(f"{source}: {p}" + (" (a folder)" if w == "a folder" else ""))
+                first_missing.append(f"{source}: {p}" + ("" if w == "missing" else f" ({w})"))
             if rel not in seen_lines:
                 seen_lines.add(rel)
                 n_missing_lines += 1
                 if skip_bad:
-                    skipped.append(f"{source}: audio file {p} not found")
+                    skipped.append(f"{source}: audio file {p} " + ("not found" if w == "missing" else w))
         n_audio += r["n_audio"]
         r["cols"]["line"] += line0
         for k in FIELDS:
             cols[k].append(r["cols"][k])
         line0 += r["lines"]
-    what = "do not exist" if not n_folders else "are folders, not files" if n_folders == n_missing else \
-        "do not exist or are folders"
+    kinds = [k for k, n in (("do not exist", n_missing - n_folders - n_broken), ("are folders, not files", n_folders),
+                            ("cannot be decoded", n_broken)) if n]
+    what = " or ".join(kinds) if kinds else "do not exist"
     if n_missing and not skip_bad:
         raise DataError(f"{path}: {n_missing} of {n_audio} audio files {what}, first: "
                         f"{'; '.join(first_missing)} (set data.skip_bad=true to skip and count such lines)")

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..config import Config, ConfigError, save_config
-from ..data.loader import build_split, check_data_files, load_tokenizer
+from ..data.loader import build_split, load_tokenizer, prepare_data
 from ..diagnose.accel import acceleration_state, write_state
 from ..diagnose.report import one_line
 from ..diagnose.timer import StepTimer
@@ -77,7 +77,8 @@ def build_trainer(cfg: Config) -> Trainer:
     if threads:
         log.info(threads)
 
-    check_data_files(cfg)  # a bad line or audio file: one line now, before the model is built
+    tokenizer = load_tokenizer(cfg) if (cfg.data.train or cfg.data.valid) else None
+    prepared = prepare_data(cfg, tokenizer)  # a bad line or audio file: one line now, before the model is built
     parts = assemble(cfg, ranks)
     cfg = parts.cfg  # the effective config: what the plan resolved for this device is what the run saves
     if rank == 0:
@@ -88,10 +89,9 @@ def build_trainer(cfg: Config) -> Trainer:
     if rank == 0:
         write_state(state, run_dir)
 
-    tokenizer = load_tokenizer(cfg) if (cfg.data.train or cfg.data.valid) else None
     vocab = parts.model.llm.get_input_embeddings().weight.shape[0]
-    train = build_split(cfg, "train", parts.collator, vocab, rank, ranks.world, tokenizer)
-    valid = build_split(cfg, "valid", parts.collator, vocab, rank, ranks.world, tokenizer)
+    train = build_split(cfg, "train", parts.collator, vocab, rank, ranks.world, tokenizer, prepared["train"])
+    valid = build_split(cfg, "valid", parts.collator, vocab, rank, ranks.world, tokenizer, prepared["valid"])
     probe = None
     if cfg.probe.enabled:
         from ..probe.record import ProbeRecorder
