@@ -79,6 +79,10 @@ def accelerate(model, plan: SpeedPlan) -> Accelerated:
                          "(process-wide, restored after)")
     if plan.fused_adamw:
         out.notes.append("fused_adamw: fused AdamW; non-finite steps skipped on the device (found_inf), no sync")
+    if s.optimizer_in_backward:
+        out.notes.append("optimizer_in_backward: each decoder layer's fused AdamW update issued on a side stream as "
+                         "soon as its gradients are final" + (" (clipped by the previous step's norm)"
+                                                              if s.clip_by_previous_norm else ""))
     if s.fresh_grads:
         out.notes.append("fresh_grads: each step graph's backward writes new gradients (no zeroing pass, no add "
                          "into persistent buffers)")
