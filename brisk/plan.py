@@ -50,7 +50,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("linear_attention_batched", "model", False, "a packed row's sequences as one padded batch in Gated DeltaNet "
            "layers (task chat)"),
     Switch("fla_kernels", "model", True, "flash-linear-attention's kernels for Gated DeltaNet layers (task chat)"),
-    Switch("liger", "model", True, "liger-kernel's fused RMSNorm and SwiGLU (task chat)"),
+    Switch("liger", "model", True, "liger-kernel's fused RMSNorm and SwiGLU in the decoder"),
     Switch("liger_loss", "step", True, "liger-kernel's fused linear cross-entropy (task chat)"),
     Switch("optimizer_in_backward", "optimizer", True, "each decoder layer updated by fused AdamW as soon as its "
            "gradients are final, under the rest of the backward"),
@@ -78,7 +78,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {  # name -> task -> values
 }
 PACKAGES = {"fla_kernels": "fla", "liger": "liger_kernel", "liger_loss": "liger_kernel"}  # a preset skips them if missing
 SPEECH_ONLY = ("frozen_eval", "encoder_dtype", "encoder_cache", "cuda_graph", "fresh_grads")
-CHAT_ONLY = ("linear_attention_batched", "fla_kernels", "liger", "liger_loss")
+CHAT_ONLY = ("linear_attention_batched", "fla_kernels", "liger_loss")
 FROZEN_AUDIO = ("frozen_eval", "encoder_dtype", "encoder_cache", "cuda_graph", "fresh_grads")  # need frozen audio
 
 
@@ -150,8 +150,8 @@ RULES: tuple[Rule, ...] = (
          "liger, liger_loss)"),
     Rule("task, chat switches", "config",
          lambda c, d, w: c.task == "speech" and any(k in switches_on(c.speed) for k in CHAT_ONLY),
-         "speed.linear_attention_batched, fla_kernels, liger and liger_loss are for task: chat (the speech-LLM's "
-         "Qwen3 decoder has neither linear attention nor a liger path here); set them false"),
+         "speed.linear_attention_batched, fla_kernels and liger_loss are for task: chat (the speech-LLM's Qwen3 "
+         "decoder has no linear attention, and speed.label_head is its loss without full logits); set them false"),
     Rule("task, model.encoder.activation_checkpoint", "config",
          lambda c, d, w: c.task == "chat" and c.model.encoder.activation_checkpoint,
          "model.encoder.activation_checkpoint recomputes the speech encoder's blocks; a task: chat model has no "

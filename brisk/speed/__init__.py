@@ -64,6 +64,10 @@ def accelerate(model, plan: SpeedPlan) -> Accelerated:
         from .fuse import apply_fuse_projections
 
         out.notes.append(apply_fuse_projections(model.llm))
+    if s.liger:  # after fuse_projections: the fused gate/up GEMM feeds liger's SwiGLU (llm_kernels.LigerMLP)
+        from .llm_kernels import apply_liger_kernels
+
+        out.notes.append(apply_liger_kernels(model))
     if s.cuda_graph:
         from .graph import apply_chunked_embedding
 
@@ -103,8 +107,8 @@ def accelerate(model, plan: SpeedPlan) -> Accelerated:
 
 def _chat_kernels(model, plan: SpeedPlan) -> list[str]:
     """A plain causal LM's layers: Gated DeltaNet layers under packing (each packed conversation on its own,
-    or flash-linear-attention's varlen kernels), liger-kernel's fused norms and MLPs."""
-    from .llm_kernels import (apply_fla_linear_attention, apply_liger_kernels, apply_linear_attention_batched,
+    or flash-linear-attention's varlen kernels)."""
+    from .llm_kernels import (apply_fla_linear_attention, apply_linear_attention_batched,
                               apply_linear_attention_per_sequence, linear_attention_layers)
 
     s, notes = plan.speed, []
@@ -114,6 +118,4 @@ def _chat_kernels(model, plan: SpeedPlan) -> list[str]:
         notes.append(apply_linear_attention_batched(model))
     elif s.packing and linear_attention_layers(model.llm):
         notes.append(apply_linear_attention_per_sequence(model))
-    if s.liger:
-        notes.append(apply_liger_kernels(model))
     return notes
