@@ -34,14 +34,14 @@ def _step(cfg, *, in_backward: bool, clip: float = 0.0, state: tuple | None = No
     speed_parts(model, cfg)
     opt = build_optimizer(model, cfg.optim, fused=True)
     schedule = WarmupLR(opt, 1e-2, 2)
-    if state is not None:
-        model.load_state_dict(state[0])
-        load_optimizer_state(opt, state[1])
-        schedule.load_state_dict(state[2])
     params = trainable_params(model)
     hooks = StepHooks(grad_groups={id(p): i % 3 for i, p in enumerate(params)})
     if in_backward:
         hooks.in_backward, _ = apply_optimizer_in_backward(model, opt, params, clip)
+    if state is not None:  # after the updater: loading replaces the optimizer's group dicts, which it must follow
+        model.load_state_dict(state[0])
+        load_optimizer_state(opt, state[1])
+        schedule.load_state_dict(state[2])
     step = TrainStep(model, opt, schedule, grad_clip=0.0 if in_backward else clip, on_device_skip=True, hooks=hooks)
     return model, opt, step
 

@@ -72,7 +72,6 @@ class OptimizerInBackward:
             raise ValueError("speed.optimizer_in_backward issues torch's fused AdamW kernel: the optimizer must be "
                              "AdamW(fused=True)")
         self.optimizer, self.params, self.grad_clip = optimizer, params, grad_clip
-        self.group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
         self.index = {id(p): i for i, p in enumerate(params)}
         self.buckets = [b for b in buckets if b]
         self.bucket_of = {id(p): k for k, b in enumerate(self.buckets) for p in b}
@@ -161,8 +160,13 @@ class OptimizerInBackward:
     def _update(self, params: list[nn.Parameter], found_inf: torch.Tensor) -> None:
         """``AdamW.step`` for these parameters: the optimizer's own state initialisation and the call it makes."""
         opt = self.optimizer
-        for group in opt.param_groups:
-            mine = [p for p in params if self.group_of[id(p)] is group]
+        groups = opt.param_groups  # looked up each time: load_state_dict replaces the group dicts
+        for group in groups:
+            if len(groups) == 1:
+                mine = params
+            else:
+                ids = {id(p) for p in group["params"]}
+                mine = [p for p in params if id(p) in ids]
             if not mine:
                 continue
             ps, grads, avgs, sqs, maxs, steps = [], [], [], [], [], []
