@@ -218,3 +218,19 @@ def test_a_run_with_the_switch_trains_and_logs_it(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "switches=fused_adamw,optimizer_in_backward" in out
     assert "optimizer_in_backward: 2 decoder layers (22 tensors)" in out and "step 3 (epoch" in out
+
+
+def test_on_it_adds_hooks_only(tmp_path):
+    """With the switch on the model is untouched (no method shadowed, the same state dict keys); the updater's
+    only trace is one gradient hook a decoder-layer parameter, which ``remove`` takes off."""
+    from .test_speed import _replaced_forwards
+
+    cfg = tiny_config(tmp_path)
+    plain_keys = list(build_model(cfg.model).state_dict())
+    model, opt, step = _step(cfg, in_backward=True)
+    ib = step.hooks.in_backward
+    assert _replaced_forwards(model) == [] and list(model.state_dict()) == plain_keys
+    hooked = [p for p in model.parameters() if p._post_accumulate_grad_hooks]
+    assert {id(p) for p in hooked} == {id(p) for b in ib.buckets for p in b}
+    ib.remove()
+    assert not any(p._post_accumulate_grad_hooks for p in model.parameters())
