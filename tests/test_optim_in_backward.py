@@ -234,3 +234,20 @@ def test_on_it_adds_hooks_only(tmp_path):
     assert {id(p) for p in hooked} == {id(p) for b in ib.buckets for p in b}
     ib.remove()
     assert not any(p._post_accumulate_grad_hooks for p in model.parameters())
+
+
+def test_a_layer_parameter_without_a_gradient(tmp_path):
+    """A layer whose hooks do not all fire (one of its parameters gets no gradient) is updated after the backward
+    with the rest: still the plain step's numbers, norms included."""
+    cfg = tiny_config(tmp_path)
+    batches = _batches(cfg, 3)
+    plain, mine = _step(cfg, in_backward=False), _step(cfg, in_backward=True)
+    name = "llm.model.layers.1.mlp.up_proj.weight"
+    for model, _, _ in (plain, mine):
+        dict(model.named_parameters())[name].requires_grad_(False)  # still in the optimizer, no gradient
+    ma, mb = _run(plain[2], batches), _run(mine[2], batches)
+    for a, b in zip(ma, mb):
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
+    _assert_same(plain, mine)
+    assert dict(mine[0].named_parameters())[name] not in mine[1].state

@@ -134,19 +134,16 @@ class OptimizerInBackward:
 
     @torch.no_grad()
     def _issue(self, k: int) -> None:
-        bucket = [p for p in self.buckets[k] if p.grad is not None]
+        """Bucket k's norms and update, once every one of its parameters has its gradient (the hooks count)."""
+        bucket = self.buckets[k]
         self.issued[k] = True
-        if not bucket:
-            return
         on_norms, on_updates = self._streams()
         main = torch.cuda.current_stream(self.device) if self.norm_stream is not None else None
         if main is not None:
             self.norm_stream.wait_stream(main)
         with on_norms():
             per = torch.stack([t.float() for t in torch._foreach_norm([p.grad for p in bucket])])
-            slots = self.slots[k] if len(bucket) == self.sizes[k] else \
-                self._slot_index(tuple(self.index[id(p)] for p in bucket))
-            self.norms.index_copy_(0, slots, per)
+            self.norms.index_copy_(0, self.slots[k], per)
             bad = torch.isfinite(per.sum()).logical_not().float()
             # cumulative: once a layer is not finite, the layers below it skip too
             self.found[k].copy_(bad if self.last is None else torch.maximum(bad, self.found[self.last]))
