@@ -68,9 +68,9 @@ class OptimizerInBackward:
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: list[nn.Parameter],
                  buckets: list[list[nn.Parameter]], *, grad_clip: float = 0.0):
-        if not all(g.get("fused") for g in optimizer.param_groups):
+        if not all(g.get("fused") and "decoupled_weight_decay" in g for g in optimizer.param_groups):
             raise ValueError("speed.optimizer_in_backward issues torch's fused AdamW kernel: the optimizer must be "
-                             "AdamW(fused=True)")
+                             "torch's AdamW(fused=True) (an Adam subclass, as in torch >= 2.11)")
         self.optimizer, self.params, self.grad_clip = optimizer, params, grad_clip
         self.index = {id(p): i for i, p in enumerate(params)}
         self.buckets = [b for b in buckets if b]
