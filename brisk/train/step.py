@@ -4,8 +4,9 @@
 same call into a graph (so it never syncs with the host when the optimizer is fused, and it takes no
 host callbacks). Speed switches and diagnostics reach it only through ``StepHooks``, built once when the
 run is assembled: a provider of precomputed audio rows (frozen or cached encoder), a replacement for the
-logits and loss (speed.label_head), phase marks for the timer, a gradient-sync slot (data parallel), and the
-parameter groups whose gradient norms the probe wants (computed here, before clipping, as one device vector).
+logits and loss (speed.label_head), phase marks for the timer, a gradient-sync slot (data parallel), the
+parameter groups whose gradient norms the probe wants (computed here, before clipping, as one device vector),
+and the optimizer in the backward (speed.optimizer_in_backward: the layers updated from their gradient hooks).
 Process-wide flags (SDPA backends, TF32) are not the step's business: the run enters them around everything
 (speed.flags.run_scope). How the body starts from no gradients is ``persistent_grads``, given by the plan:
 zeroed fixed buffers under CUDA graphs, none otherwise (and under speed.fresh_grads).
