@@ -350,8 +350,10 @@ class SpeedConfig:
     fuse_projections: bool = False  # one GEMM for q/k/v and one for gate/up in each decoder layer (same parameters)
     linear_attention_batched: bool = False  # task chat, packing: a packed row's sequences go through each Gated DeltaNet layer as one right-padded batch (torch path; exact for real tokens)
     fla_kernels: bool = False  # task chat: flash-linear-attention's Triton kernels for Gated DeltaNet layers (Qwen3.5), packed rows too (CUDA, fla-core)
-    liger: bool = False  # task chat: liger-kernel's fused RMSNorm and SwiGLU on the same parameters (CUDA, liger-kernel)
+    liger: bool = False  # liger-kernel's fused RMSNorm and SwiGLU in the decoder on the same parameters (CUDA, liger-kernel; speech and chat)
     liger_loss: bool = False  # task chat: liger-kernel's fused linear cross-entropy, no full logits (CUDA; not with label_head)
+    optimizer_in_backward: bool = False  # each decoder layer updated by fused AdamW as soon as its gradients are final, on a side stream under the rest of the backward (same optimizer state; needs fused_adamw, one rank; a non-finite layer skips itself and the layers below it)
+    clip_by_previous_norm: bool = False  # with optimizer_in_backward and optim.grad_clip > 0: clip by the last finite global norm of an earlier step (this step's is known only after the layers' updates); the first step of a run or a resume is not clipped
 
     def __post_init__(self):
         valid = {"flash", "efficient", "math", "cudnn"}

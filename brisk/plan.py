@@ -50,8 +50,10 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("linear_attention_batched", "model", False, "a packed row's sequences as one padded batch in Gated DeltaNet "
            "layers (task chat)"),
     Switch("fla_kernels", "model", True, "flash-linear-attention's kernels for Gated DeltaNet layers (task chat)"),
-    Switch("liger", "model", True, "liger-kernel's fused RMSNorm and SwiGLU (task chat)"),
+    Switch("liger", "model", True, "liger-kernel's fused RMSNorm and SwiGLU in the decoder"),
     Switch("liger_loss", "step", True, "liger-kernel's fused linear cross-entropy (task chat)"),
+    Switch("optimizer_in_backward", "optimizer", True, "each decoder layer updated by fused AdamW as soon as its "
+           "gradients are final, under the rest of the backward"),
 )
 SWITCH_KEYS = tuple(s.key for s in SWITCHES)
 
@@ -76,7 +78,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {  # name -> task -> values
 }
 PACKAGES = {"fla_kernels": "fla", "liger": "liger_kernel", "liger_loss": "liger_kernel"}  # a preset skips them if missing
 SPEECH_ONLY = ("frozen_eval", "encoder_dtype", "encoder_cache", "cuda_graph", "fresh_grads")
-CHAT_ONLY = ("linear_attention_batched", "fla_kernels", "liger", "liger_loss")
+CHAT_ONLY = ("linear_attention_batched", "fla_kernels", "liger_loss")
 FROZEN_AUDIO = ("frozen_eval", "encoder_dtype", "encoder_cache", "cuda_graph", "fresh_grads")  # need frozen audio
 
 
@@ -128,6 +130,19 @@ RULES: tuple[Rule, ...] = (
          "use train.parallel=ddp (LoRA leaves little to shard)"),
     Rule("speed.label_head, speed.liger_loss", "config", lambda c, d, w: c.speed.label_head and c.speed.liger_loss,
          "speed.label_head and speed.liger_loss are two ways to compute the loss without full logits; use one"),
+    # speed/optim_in_backward.py: the layers are updated before the step's global gradient norm exists.
+    Rule("speed.optimizer_in_backward, speed.fused_adamw", "config",
+         lambda c, d, w: c.speed.optimizer_in_backward and not (c.speed.fused_adamw or c.speed.cuda_graph),
+         "speed.optimizer_in_backward issues torch's fused AdamW kernel layer by layer: set speed.fused_adamw=true"),
+    Rule("speed.optimizer_in_backward, optim.grad_clip", "config",
+         lambda c, d, w: c.speed.optimizer_in_backward and c.optim.grad_clip > 0 and not c.speed.clip_by_previous_norm,
+         "speed.optimizer_in_backward updates each layer before the step's gradient norm is known, so "
+         "optim.grad_clip={cfg.optim.grad_clip} cannot clip by it: set optim.grad_clip=0, or "
+         "speed.clip_by_previous_norm=true to clip by the previous step's norm"),
+    Rule("speed.clip_by_previous_norm, speed.optimizer_in_backward", "config",
+         lambda c, d, w: c.speed.clip_by_previous_norm and not c.speed.optimizer_in_backward,
+         "speed.clip_by_previous_norm belongs to speed.optimizer_in_backward (the plain step clips by its own norm); "
+         "set it false or turn speed.optimizer_in_backward on"),
     Rule("task, speech switches", "config",
          lambda c, d, w: c.task == "chat" and any(k in switches_on(c.speed) for k in SPEECH_ONLY),
          "task chat: {speech_on} act on the audio path or the speech fast path's graphs; set them false "
@@ -135,8 +150,8 @@ RULES: tuple[Rule, ...] = (
          "liger, liger_loss)"),
     Rule("task, chat switches", "config",
          lambda c, d, w: c.task == "speech" and any(k in switches_on(c.speed) for k in CHAT_ONLY),
-         "speed.linear_attention_batched, fla_kernels, liger and liger_loss are for task: chat (the speech-LLM's "
-         "Qwen3 decoder has neither linear attention nor a liger path here); set them false"),
+         "speed.linear_attention_batched, fla_kernels and liger_loss are for task: chat (the speech-LLM's Qwen3 "
+         "decoder has no linear attention, and speed.label_head is its loss without full logits); set them false"),
     Rule("task, model.encoder.activation_checkpoint", "config",
          lambda c, d, w: c.task == "chat" and c.model.encoder.activation_checkpoint,
          "model.encoder.activation_checkpoint recomputes the speech encoder's blocks; a task: chat model has no "
@@ -160,6 +175,9 @@ RULES: tuple[Rule, ...] = (
          lambda c, d, w: d != "cuda" and (c.speed.fla_kernels or c.speed.liger or c.speed.liger_loss),
          "speed.fla_kernels, speed.liger and speed.liger_loss run Triton kernels: they need a CUDA device (this run's "
          "is {device})"),
+    Rule("speed.optimizer_in_backward, ranks", "ranks", lambda c, d, w: w > 1 and c.speed.optimizer_in_backward,
+         "speed.optimizer_in_backward with {world} ranks: each layer would be updated before its gradients are "
+         "averaged over the ranks; set speed.optimizer_in_backward=false"),
     Rule("speed.fresh_grads, ranks", "ranks", lambda c, d, w: w > 1 and c.speed.fresh_grads,
          "speed.fresh_grads with {world} ranks: the in-graph all-reduce needs persistent gradient buffers; "
          "set speed.fresh_grads=false"),

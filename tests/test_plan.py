@@ -130,7 +130,7 @@ def test_chat_switches_and_rules(tmp_path):
     with pytest.raises(ConfigError, match="task chat: speed.frozen_eval"):
         load_config(demo, [f"train.output_dir={tmp_path}", "speed.frozen_eval=true"])
     with pytest.raises(ConfigError, match="are for task: chat"):
-        tiny_config(tmp_path, **{"speed.liger": True})
+        tiny_config(tmp_path, **{"speed.liger_loss": True})
     with pytest.raises(ConfigError, match="a task: chat model has no encoder"):
         load_config(demo, [f"train.output_dir={tmp_path}", "model.encoder.activation_checkpoint=1"])
     with pytest.raises(ConfigError, match="two ways to compute the loss"):

@@ -82,6 +82,8 @@ def main_table() -> None:
     case("adaptor downsampling without the low frame rate", ["train", c, "model.adaptor.downsample_rate=2"])
     case("a word where true/false goes", ["train", c, "speed.compile=maybe"])
     case("a switch that needs another", ["train", c, "speed.cuda_graph=true"])
+    case("the optimizer in the backward with clipping", ["train", c, "speed.fused_adamw=true",
+                                                          "speed.optimizer_in_backward=true"])
     case("a data file that does not exist", ["train", c, "data.train=nope.jsonl"])
     case("a config file that does not exist", ["train", "missing.yaml"])
     case("a CUDA device on a machine without one", ["train", c, *TINY, f"train.output_dir={tmp}/cuda", "train.device=cuda"],

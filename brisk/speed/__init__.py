@@ -64,6 +64,10 @@ def accelerate(model, plan: SpeedPlan) -> Accelerated:
         from .fuse import apply_fuse_projections
 
         out.notes.append(apply_fuse_projections(model.llm))
+    if s.liger:  # after fuse_projections: the fused gate/up GEMM feeds liger's SwiGLU (llm_kernels.LigerMLP)
+        from .llm_kernels import apply_liger_kernels
+
+        out.notes.append(apply_liger_kernels(model))
     if s.cuda_graph:
         from .graph import apply_chunked_embedding
 
@@ -79,6 +83,10 @@ def accelerate(model, plan: SpeedPlan) -> Accelerated:
                          "(process-wide, restored after)")
     if plan.fused_adamw:
         out.notes.append("fused_adamw: fused AdamW; non-finite steps skipped on the device (found_inf), no sync")
+    if s.optimizer_in_backward:
+        out.notes.append("optimizer_in_backward: each decoder layer's fused AdamW update issued on a side stream as "
+                         "soon as its gradients are final" + (" (clipped by the previous step's norm)"
+                                                              if s.clip_by_previous_norm else ""))
     if s.fresh_grads:
         out.notes.append("fresh_grads: each step graph's backward writes new gradients (no zeroing pass, no add "
                          "into persistent buffers)")
@@ -99,8 +107,8 @@ def accelerate(model, plan: SpeedPlan) -> Accelerated:
 
 def _chat_kernels(model, plan: SpeedPlan) -> list[str]:
     """A plain causal LM's layers: Gated DeltaNet layers under packing (each packed conversation on its own,
-    or flash-linear-attention's varlen kernels), liger-kernel's fused norms and MLPs."""
-    from .llm_kernels import (apply_fla_linear_attention, apply_liger_kernels, apply_linear_attention_batched,
+    or flash-linear-attention's varlen kernels)."""
+    from .llm_kernels import (apply_fla_linear_attention, apply_linear_attention_batched,
                               apply_linear_attention_per_sequence, linear_attention_layers)
 
     s, notes = plan.speed, []
@@ -110,6 +118,4 @@ def _chat_kernels(model, plan: SpeedPlan) -> list[str]:
         notes.append(apply_linear_attention_batched(model))
     elif s.packing and linear_attention_layers(model.llm):
         notes.append(apply_linear_attention_per_sequence(model))
-    if s.liger:
-        notes.append(apply_liger_kernels(model))
     return notes

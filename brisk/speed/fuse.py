@@ -65,10 +65,14 @@ class _FusedGateUp:
     def forward(self, x):
         if not torch.is_grad_enabled():
             return super().forward(x)
+        gate, up = self.gate_up(x)
+        return self.down_proj(self.act_fn(gate) * up)
+
+    def gate_up(self, x):
+        """gate(x), up(x) from one GEMM (speed.liger's SwiGLU takes them from here too)."""
         g, u = self.gate_proj, self.up_proj
         bias = None if g.bias is None else torch.cat([g.bias, u.bias])
-        gate, up = F.linear(x, torch.cat([g.weight, u.weight]), bias).split([g.out_features, u.out_features], -1)
-        return self.down_proj(self.act_fn(gate) * up)
+        return F.linear(x, torch.cat([g.weight, u.weight]), bias).split([g.out_features, u.out_features], -1)
 
 
 def swap_module(parent: nn.Module, name: str, mixin: type) -> None:

@@ -216,6 +216,8 @@ class GraphedStep:
             for k, v in st.items():
                 if torch.is_tensor(v):
                     v.copy_(saved[p][k]) if p in saved else v.zero_()
+        if self.step.hooks.in_backward is not None:  # the warm-ups' norms are not a previous step's
+            self.step.hooks.in_backward.reset()
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 

@@ -1,5 +1,5 @@
-"""Switches for plain causal LMs (``task: chat``): linear-attention layers under packing, flash-linear-attention
-kernels, liger-kernel fused RMSNorm / SwiGLU and its fused linear cross-entropy.
+"""Switches for the LLM's decoder: linear-attention layers under packing, flash-linear-attention kernels and
+liger-kernel's fused linear cross-entropy (``task: chat``), liger-kernel's fused RMSNorm / SwiGLU (both tasks).
 
 Each is ``apply_<switch>(model, cfg) -> note`` and swaps child modules of the model's LLM for instances of a
 subclass of their own class that share the same parameters (the state dict, optimizer state, checkpoints and
@@ -217,10 +217,17 @@ class LigerNormPlusOne(LigerNorm):
 
 
 class LigerMLP:
+    """down(silu(gate(x)) * up(x)) with the SiLU and product in one kernel; gate and up from one GEMM when the
+    MLP is already speed.fuse_projections' (its ``gate_up``)."""
+
     def forward(self, x):
         from liger_kernel.ops.swiglu import LigerSiLUMulFunction
 
-        return self.down_proj(LigerSiLUMulFunction.apply(self.gate_proj(x), self.up_proj(x)))
+        if hasattr(self, "gate_up") and torch.is_grad_enabled():
+            gate, up = self.gate_up(x)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(LigerSiLUMulFunction.apply(gate, up))
 
 
 def _is_swiglu(module: nn.Module) -> bool:

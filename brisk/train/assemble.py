@@ -27,7 +27,7 @@ from ..models.speech_llm import human, param_count
 from ..plan import SpeedPlan, make_plan
 from ..speed import Accelerated, accelerate
 from ..speed.flags import run_scope
-from .optim import WarmupLR, build_optimizer
+from .optim import WarmupLR, build_optimizer, trainable_params
 from .step import StepHooks, TrainStep
 
 log = logging.getLogger("brisk")
@@ -103,9 +103,16 @@ def assemble(cfg: Config, ranks: Ranks) -> Parts:
 
 
 def step_hooks(parts: Parts, **diagnostics) -> StepHooks:
-    """The step's hooks: the speed parts (audio rows, loss, gradient sync) and the caller's diagnostics
-    (``mark``, ``logit_stats``, ``grad_groups``)."""
+    """The step's hooks: the speed parts (audio rows, loss, gradient sync, the optimizer in the backward) and the
+    caller's diagnostics (``mark``, ``logit_stats``, ``grad_groups``). Called once a run."""
     extra = {"sync_grads": parts.grad_sync} if parts.grad_sync is not None else {}
+    if parts.plan.speed.optimizer_in_backward:  # the parameters' hooks are registered once, here
+        from ..speed.optim_in_backward import apply_optimizer_in_backward
+
+        clip = parts.cfg.optim.grad_clip if parts.plan.speed.clip_by_previous_norm else 0.0
+        extra["in_backward"], note = apply_optimizer_in_backward(parts.model, parts.optimizer,
+                                                                 trainable_params(parts.net), clip)
+        log.info("speed %s", note)
     return StepHooks(audio=parts.accel.audio, loss=parts.accel.loss, **extra, **diagnostics)
 
 

@@ -4,8 +4,9 @@
 same call into a graph (so it never syncs with the host when the optimizer is fused, and it takes no
 host callbacks). Speed switches and diagnostics reach it only through ``StepHooks``, built once when the
 run is assembled: a provider of precomputed audio rows (frozen or cached encoder), a replacement for the
-logits and loss (speed.label_head), phase marks for the timer, a gradient-sync slot (data parallel), and the
-parameter groups whose gradient norms the probe wants (computed here, before clipping, as one device vector).
+logits and loss (speed.label_head), phase marks for the timer, a gradient-sync slot (data parallel), the
+parameter groups whose gradient norms the probe wants (computed here, before clipping, as one device vector),
+and the optimizer in the backward (speed.optimizer_in_backward: the layers updated from their gradient hooks).
 Process-wide flags (SDPA backends, TF32) are not the step's business: the run enters them around everything
 (speed.flags.run_scope). How the body starts from no gradients is ``persistent_grads``, given by the plan:
 zeroed fixed buffers under CUDA graphs, none otherwise (and under speed.fresh_grads).
@@ -43,6 +44,9 @@ class StepHooks:
     # Replaces model + lm_loss: (model, batch, rows, stats) -> (stats pair or None, loss, correct, count);
     # set by speed.label_head (LM head and loss on the labelled positions only). None: the model's own logits.
     loss: Callable | None = None
+    # speed.optimizer_in_backward: arm() before the last backward, then tensor_norms(grads) and finish(norm)
+    # in place of the optimizer's step (speed/optim_in_backward.py). None: the optimizer steps after the backward.
+    in_backward: object | None = None
 
 
 def model_loss(model, batch: Batch, hooks: StepHooks, rows: torch.Tensor | None = None):
@@ -120,6 +124,8 @@ class TrainStep:
                 out["logits_absmean"], out["logits_std"] = logit_stats(logits, batch.labels)
             del logits
             mark("forward")
+            if h.in_backward is not None and i == n - 1:  # the updates follow only the final gradients
+                h.in_backward.arm()
             (loss / n if n > 1 else loss).backward()
             mark("backward")
             for k, v in out.items():
@@ -145,6 +151,8 @@ class TrainStep:
             sq = torch.stack([g.to_local().float().pow(2).sum() for g in grads])
             torch.distributed.all_reduce(sq)
             per = sq.sqrt()
+        elif self.hooks.in_backward is not None:  # taken per layer before its update (and any clipping)
+            per = self.hooks.in_backward.tensor_norms(grads)
         else:
             per = torch.stack([t.float() for t in torch._foreach_norm(grads)])  # [tensors]
         if self.group_index is not None:
@@ -163,6 +171,9 @@ class TrainStep:
     def _update(self, grads: list[torch.Tensor], norm: torch.Tensor) -> torch.Tensor:
         """One optimizer step unless the norm is not finite; returns 1.0 (skipped) or 0.0 on the device."""
         opt, clip = self.optimizer, self.grad_clip
+        if self.hooks.in_backward is not None:  # the layers are updated already; the rest and the join
+            self._skipped = False
+            return self.hooks.in_backward.finish(norm)
         if self.on_device_skip:
             found_inf = (~torch.isfinite(norm)).to(torch.float32)
             opt.found_inf = found_inf
