@@ -32,6 +32,7 @@ from torch import nn
 from ..config import ConfigError
 from ..models.swap import swap_class as subclass
 from ..models.swap import swapped
+from . import fla_hopper
 
 
 def available(package: str) -> bool:
@@ -39,24 +40,15 @@ def available(package: str) -> bool:
     return package in sys.modules or importlib.util.find_spec(package) is not None
 
 
-def fla_refusal() -> str | None:
-    """Why flash-linear-attention's gated delta rule cannot train here, or None: fla 0.6 refuses its backward
-    on Hopper with Triton < 3.7.1 (wrong results), which is torch 2.11's Triton 3.6 (seen on the H200)."""
+def fla_refusal(head_k_dims=()) -> str | None:
+    """Why flash-linear-attention's gated delta rule cannot train here, or None. fla 0.6 refuses its gated
+    backward on Hopper with Triton 3.4-3.7.0 (torch 2.11's Triton 3.6); brisk runs that one kernel at the
+    block widths its kernel check proves (``fla_hopper``) and refuses the key head sizes it does not cover."""
     if not available("fla"):
         return "speed.fla_kernels needs flash-linear-attention (pip install fla-core)"
-    import torch
-
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
-        return None
-    try:
-        import triton
-    except ImportError:
+    if torch.cuda.is_available() and fla_hopper.triton_version() is None:
         return "speed.fla_kernels needs Triton"
-    version = tuple(int(x) for x in triton.__version__.split("+")[0].split(".")[:3] if x.isdigit())
-    if version < (3, 7, 1):
-        return (f"speed.fla_kernels: flash-linear-attention refuses its gated delta rule backward on Hopper with Triton "
-                f"{triton.__version__} (< 3.7.1: wrong results); upgrade Triton or set speed.fla_kernels=false")
-    return None
+    return fla_hopper.hopper_refusal(head_k_dims)
 
 
 def linear_attention_layers(llm: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
@@ -185,9 +177,11 @@ def apply_fla_linear_attention(model, cfg=None) -> str:
     layers = linear_attention_layers(model.llm)
     if not layers:
         return "fla kernels: no linear-attention layer in this model (nothing swapped)"
-    refusal = fla_refusal()
+    refusal = fla_refusal([layer.head_k_dim for _, _, layer in layers])
     if refusal:
         raise ConfigError(refusal)
+    if torch.cuda.is_available() and fla_hopper.in_window(torch.cuda.get_device_capability(), fla_hopper.triton_version()):
+        fla_hopper.register()  # fla's gated backward at the checked block widths (fla alone refuses it here)
     n = _swap_all(model.llm, layers, FlaVarlen)
     return f"fla kernels: {n} Gated DeltaNet layers run flash-linear-attention's varlen conv + chunked delta rule"
 
