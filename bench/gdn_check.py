@@ -59,7 +59,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     cap = torch.cuda.get_device_capability()
     window = fla_hopper.in_window(cap, fla_hopper.triton_version())
-    fla_hopper.register()  # as speed.fla_kernels does: fla's refused gated backward at brisk's checked widths
+    fla_hopper.register_launcher()  # as speed.fla_kernels does: fla's refused gated backward at brisk's checked widths
     head = [f"GPU {torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]}), torch {torch.__version__}, Triton "
             f"{triton.__version__}; in fla's refused window: {window}; brisk's launcher widths {fla_hopper.PROVEN}", ""]
     shapes = [s for s in G.SHAPES if not args.shapes or s.name in args.shapes.split(",")]

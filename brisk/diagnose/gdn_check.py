@@ -301,7 +301,7 @@ def check_delta_rule(shape: Shape, device, kernel="fla", seed: int = 0, bk: int 
         if bk is not None:
             from ..speed import fla_hopper
 
-            fla_hopper.register()
+            fla_hopper.register_launcher()
             with fla_hopper.forced_block_width(bk):
                 got, seconds = _timed(_grads, run, leaves, inputs["do"])
             name = f"fla chunk_gated_delta_rule, BK {bk} forced"

@@ -74,7 +74,7 @@ def coverage_refusal(head_k_dims) -> str | None:
 @contextlib.contextmanager
 def forced_block_width(bk: int):
     """Every gated chunk_bwd_dqkwg call inside runs at key-block width bk through brisk's launcher (any CUDA
-    GPU; the kernel check's sweep). Needs ``register()`` first."""
+    GPU; the kernel check's sweep). Needs ``register_launcher()`` first."""
     token = _forced.set(bk)
     try:
         yield
@@ -150,7 +150,7 @@ def launch_dqkwg(q, k, v, do, h, dh, w, g, dv, scale, state_v_first, cu_seqlens,
 _registered = False
 
 
-def register() -> None:
+def register_launcher() -> None:
     """Puts brisk's launcher behind fla's dispatched ``chunk_bwd_dqkwg`` (once a process; fla replaces a backend
     of the same type, so a second call changes nothing)."""
     global _registered

@@ -32,7 +32,7 @@ from torch import nn
 from ..config import ConfigError
 from ..models.swap import swap_class as subclass
 from ..models.swap import swapped
-from . import fla_hopper
+from .fla_hopper import hopper_refusal, in_window, register_launcher, triton_version
 
 
 def available(package: str) -> bool:
@@ -46,9 +46,9 @@ def fla_refusal(head_k_dims=()) -> str | None:
     block widths its kernel check proves (``fla_hopper``) and refuses the key head sizes it does not cover."""
     if not available("fla"):
         return "speed.fla_kernels needs flash-linear-attention (pip install fla-core)"
-    if torch.cuda.is_available() and fla_hopper.triton_version() is None:
+    if torch.cuda.is_available() and triton_version() is None:
         return "speed.fla_kernels needs Triton"
-    return fla_hopper.hopper_refusal(head_k_dims)
+    return hopper_refusal(head_k_dims)
 
 
 def linear_attention_layers(llm: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
@@ -180,8 +180,8 @@ def apply_fla_linear_attention(model, cfg=None) -> str:
     refusal = fla_refusal([layer.head_k_dim for _, _, layer in layers])
     if refusal:
         raise ConfigError(refusal)
-    if torch.cuda.is_available() and fla_hopper.in_window(torch.cuda.get_device_capability(), fla_hopper.triton_version()):
-        fla_hopper.register()  # fla's gated backward at the checked block widths (fla alone refuses it here)
+    if torch.cuda.is_available() and in_window(torch.cuda.get_device_capability(), triton_version()):
+        register_launcher()  # fla's gated backward at the checked block widths (fla alone refuses it here)
     n = _swap_all(model.llm, layers, FlaVarlen)
     return f"fla kernels: {n} Gated DeltaNet layers run flash-linear-attention's varlen conv + chunked delta rule"
 

@@ -21,7 +21,7 @@ def _fla():
     pytest.importorskip("fla")
     from brisk.speed import fla_hopper
 
-    fla_hopper.register()
+    fla_hopper.register_launcher()
     return fla_hopper
 
 

@@ -122,7 +122,7 @@ def test_liger_kernels_and_fused_loss(arch, batches):
             pytest.skip("fla refuses here: " + K.fla_refusal([64]))
         from brisk.speed import fla_hopper
 
-        fla_hopper.register()  # fla's gated backward, refused on Hopper with Triton 3.4-3.7.0, at a checked width
+        fla_hopper.register_launcher()  # fla's gated backward, refused on Hopper with Triton 3.4-3.7.0, at a checked width
     ref, fast = model(over), model(over)
     fast.load_state_dict(ref.state_dict())
     note = K.apply_liger_kernels(fast)
