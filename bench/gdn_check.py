@@ -4,13 +4,17 @@ Qwen3.5's shapes (0.8B, 2B, 9B, 27B) on packed rows of mixed conversation length
 shapes; then the key-block widths 32 / 64 / 128 forced through brisk's launcher; then one layer's speed
 against transformers' torch chunk function.
 
-    python bench/gdn_check.py --out $OUT          # writes gdn_check.md and gdn_check.json
+    python bench/gdn_check.py --out $OUT --jobs 6   # writes gdn_check.md and gdn_check.json
+
+fla's Triton kernels are compiled and autotuned once per head count, head size and varlen/padded form (minutes of
+one CPU core each on a cold cache): --jobs runs the shapes in parallel processes on the one GPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -48,7 +52,16 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/gdn_check"))
     ap.add_argument("--shapes", help="comma-separated shape names (default: all)")
     ap.add_argument("--widths", default="32,64,128")
+    ap.add_argument("--jobs", type=int, default=1, help="shapes checked in parallel processes")
+    ap.add_argument("--no-speed", action="store_true")
+    ap.add_argument("--merge", action="store_true", help="only merge the per-shape results under --out")
     args = ap.parse_args()
+    if args.merge:
+        from brisk.diagnose import gdn_check as G
+
+        return merge(args.out, [s.name for s in G.SHAPES])
+    if args.jobs > 1:
+        return parallel(args)
     import torch
     import triton
 
@@ -87,9 +100,54 @@ def main() -> None:
         print(f"{shape.name}: {time.time() - t0:.1f} s, {sum(not r.ok for r in rows)} rows outside the bound so far",
               flush=True)
         torch.cuda.empty_cache()
-    text = "\n".join(head) + G.table(rows) + "\n" + "\n".join(f"- {n}" for n in notes) + "\n\n" + "\n".join(speed()) + "\n"
+    text = "\n".join(head) + G.table(rows) + "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    if not args.no_speed:
+        text += "\n" + "\n".join(speed()) + "\n"
     (args.out / "gdn_check.md").write_text(text)
-    (args.out / "gdn_check.json").write_text(json.dumps([{**asdict(r), "bound": r.bound, "ok": r.ok} for r in rows]))
+    (args.out / "gdn_check.json").write_text(json.dumps({"head": head, "notes": notes,
+                                                         "rows": [asdict(r) for r in rows]}))
+    print(text)
+
+
+def parallel(args) -> None:
+    """One process a shape, then one table of all rows (no speed table: the shapes share the GPU)."""
+    from brisk.diagnose import gdn_check as G
+
+    names = [s.name for s in G.SHAPES if not args.shapes or s.name in args.shapes.split(",")]
+    procs, running = [], []
+    for name in names:
+        while len(running) >= args.jobs:
+            running = [p for p in running if p.poll() is None]
+            time.sleep(1)
+        out = args.out / name
+        cmd = [sys.executable, __file__, "--out", str(out), "--widths", args.widths]
+        cmd += ["--shapes", name, "--no-speed"]
+        out.mkdir(parents=True, exist_ok=True)
+        p = subprocess.Popen(cmd, stdout=open(out / "log.txt", "w"), stderr=subprocess.STDOUT)
+        procs.append((name, p))
+        running.append(p)
+    for name, p in procs:
+        p.wait()
+    merge(args.out, names)
+
+
+def merge(out: Path, names: list[str]) -> None:
+    """One table of the per-shape results under ``out`` (a shape without one is named)."""
+    from brisk.diagnose import gdn_check as G
+
+    rows, notes, head = [], [], []
+    for name in names:
+        f = out / name / "gdn_check.json"
+        if not f.is_file():
+            notes.append(f"{name}: no result (see {name}/log.txt)")
+            continue
+        res = json.loads(f.read_text())
+        head, notes = res["head"], notes + res["notes"]
+        rows += [G.Row(**r) for r in res["rows"]]
+    text = "\n".join(head) + G.table(rows) + "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    (out / "gdn_check.md").write_text(text)
+    (out / "gdn_check.json").write_text(json.dumps({"head": head, "notes": notes, "rows": [
+        {**asdict(r), "bound": r.bound, "ok": r.ok} for r in rows]}))
     print(text)
 
 

@@ -3,6 +3,9 @@
 # on the GPU machine with fla-core 0.6.0 and liger-kernel wheels in $WHL (default .whl):
 #   bash bench/gpu_round4_i30.sh check   # kernel check table, GPU tests, fla-vs-batched probe, chat bench (2B)
 #   bash bench/gpu_round4_i30.sh doctor  # brisk doctor --kernels on the 2B chat config
+#   bash bench/gpu_round4_i30.sh check2  # second call: the check's shapes in parallel processes (fla compiles and
+#                                        # autotunes per head count: minutes each, one CPU core), with the probe
+#                                        # beside it, then the doctor alone, the GPU tests, the batched chat arm
 set -uo pipefail
 T0=$(date +%s)
 OUT=${OUT:-bench/tmp/gpu_out}; WHL=${WHL:-.whl}
@@ -32,7 +35,25 @@ check)
     ;;
 doctor)
     env PYTHONPATH=$PWD:/tmp/k:/tmp/site timeout "$(left 300)" python3 -m brisk doctor --kernels configs/sft_qwen3_5_2b.yaml \
-        2>&1 | tee "$OUT/doctor_kernels.md" | tail -n 40
+        speed.preset=fast 2>&1 | tee "$OUT/doctor_kernels.md" | tail -n 40
+    ;;
+check2)
+    P=/tmp/probe; ( for arm in fla batched batched_fp32; do
+        [ $arm = fla ] && PP=$PWD:/tmp/k:/tmp/site || PP=$PWD:/tmp/site
+        env PYTHONPATH=$PP timeout "$(left 330)" python3 bench/fla_probe.py --arm $arm --out $P > $P.$arm.log 2>&1 || echo "probe $arm exit $?"; done ) &
+    env PYTHONPATH=$PWD:/tmp/k:/tmp/site timeout "$(left 330)" python3 bench/gdn_check.py --jobs 8 --out /tmp/gdn > "$OUT/gdn_check.log" 2>&1
+    echo "gdn_check exit $?"; [ -f /tmp/gdn/gdn_check.md ] || python3 bench/gdn_check.py --merge --out /tmp/gdn > /dev/null
+    cp /tmp/gdn/gdn_check.md /tmp/gdn/gdn_check.json "$OUT/" 2>/dev/null
+    grep -c "| \*\*NO\*\* |" /tmp/gdn/gdn_check.md; grep "^- " /tmp/gdn/gdn_check.md | head; wait
+    python3 bench/fla_probe.py --compare $P > "$OUT/fla_probe.md" 2>&1; echo "probe compare exit $?"; grep -c "| yes |" "$OUT/fla_probe.md"; grep "NO" "$OUT/fla_probe.md" | head -5
+    env PYTHONPATH=$PWD:/tmp/k:/tmp/site timeout "$(left 420)" python3 -m brisk doctor --kernels configs/sft_qwen3_5_2b.yaml \
+        speed.preset=fast > "$OUT/doctor_kernels.md" 2>&1; echo "doctor exit $?"; grep "^|\|^- " "$OUT/doctor_kernels.md" | head -20
+    env PYTHONPATH=$PWD:/tmp/k:/tmp/site timeout "$(left 510)" python3 -m pytest -o addopts="" -q -rs -p no:warnings --timeout 200 \
+        tests/gpu/test_gdn_check_cuda.py tests/gpu/test_llm_kernels_cuda.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 8
+    env PYTHONPATH=$PWD:/tmp/site timeout "$(left 580)" python3 bench/sft_bench.py --wheels $WHL --out /tmp/sft --budget-s 60 \
+        --steps 4 --batch-tokens 8192 --models qwen3_5_2b --arms d2_brisk_fast_batched 2>&1 | tail -n 3 > "$OUT/sft_bench_d2.log"
+    cat "$OUT/sft_bench_d2.log"
+    tar czf "$OUT/logs.tgz" -C /tmp gdn probe probe.fla.log probe.batched.log probe.batched_fp32.log sft 2>/dev/null
     ;;
 *) echo "usage: bash bench/gpu_round4_i30.sh check|doctor"; exit 2 ;;
 esac

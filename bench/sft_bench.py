@@ -283,14 +283,17 @@ def driver(args) -> None:
     wheels = Path(args.wheels) if args.wheels else None
     kernels = ["liger_kernel"] if args.no_fla else ["fla_core", "liger_kernel"]
     fla = install(wheels, work / "site_fla", kernels) if wheels else None
-    trl = install(wheels, work / "site_trl", kernels + ["trl", "datasets", "dill", "multiprocess"]) if wheels else None
+    trl = install(wheels, work / "site_trl", kernels + ["trl", "datasets", "dill", "multiprocess"]) \
+        if wheels and TRL_ARMS & set(args.arms.split(",")) else None
+    liger = install(wheels, work / "site_liger", ["liger_kernel"]) if wheels else None  # the arms without fla
     rows, deadline = [], time.time() + args.budget_s
     for arm in args.arms.split(","):
         for model in args.models.split(","):
             if time.time() > deadline:
                 rows.append({"model": model, "arm": arm, "error": "skipped: out of the time budget"})
                 continue
-            paths = [str(REPO)] + ([str(trl)] if arm in TRL_ARMS and trl else [str(fla)] if arm in FLA_ARMS and fla else [])
+            paths = [str(REPO)] + ([str(trl)] if arm in TRL_ARMS and trl else [str(fla)] if arm in FLA_ARMS and fla
+                                   else [str(liger)] if arm == "d2_brisk_fast_batched" and liger else [])
             # The caller's PYTHONPATH (brisk's own needs, such as soundfile) goes last: an arm's kernels come first.
             paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "TOKENIZERS_PARALLELISM": "false",

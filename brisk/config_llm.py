@@ -37,10 +37,9 @@ def _model_type(llm: LLMConfig) -> str | None:
     return None
 
 
-def linear_key_head_dims(llm: LLMConfig) -> list[int]:
-    """The key head size of the model's Gated DeltaNet layers (``linear_key_head_dim``), read from the inline
-    config, else the folder's config.json (or its text_config), else the config class's default; [] for a
-    model without linear attention or when it cannot be told before the model is built."""
+def llm_config_tree(llm: LLMConfig) -> dict:
+    """The decoder's config as a dict before the model is built: the folder's config.json (its text_config's
+    keys where the top level lacks them), then the inline config over it."""
     tree = {}
     if llm.path:
         f = Path(llm.path) / "config.json"
@@ -49,7 +48,14 @@ def linear_key_head_dims(llm: LLMConfig) -> list[int]:
         except ValueError:
             tree = {}
         tree = {**tree.get("text_config", {}), **tree}
-    tree = {**tree, **llm.config}
+    return {**tree, **llm.config}
+
+
+def linear_key_head_dims(llm: LLMConfig) -> list[int]:
+    """The key head size of the model's Gated DeltaNet layers (``linear_key_head_dim``), read from the inline
+    config, else the folder's config.json (or its text_config), else the config class's default; [] for a
+    model without linear attention or when it cannot be told before the model is built."""
+    tree = llm_config_tree(llm)
     if "linear_key_head_dim" in tree:
         return [int(tree["linear_key_head_dim"])]
     layer_types = tree.get("layer_types") or []
