@@ -4,8 +4,8 @@ check proves right, entered through fla's own backend registry.
 fla 0.6 refuses the gated ``chunk_bwd_dqkwg`` on Hopper with Triton >= 3.4 and < 3.7.1 (fla issue 640: wrong
 dk / dg / dbeta). The bisection in that thread pins the miscompile to one key-block width, BK = 64; fla's own
 launcher picks BK = min(next_pow2(K), 128) on Hopper, so Qwen3.5's K = 128 heads run BK = 128. Here the same
-Triton kernel of fla's is launched at a block width from ``PROVEN``: fla's width where it is proven, the
-proven width below it where fla's is not (BK 64 steps down to 32). Anything else is refused in one line.
+Triton kernel of fla's is launched for the key head sizes in ``PROVEN``, at the width the kernel check proved
+for them (fla's own, 128, for K = 128). Any other size is refused in one line.
 
 The launcher is a backend of fla's ``common`` operation (``fla.backends.register``), fla's documented way to
 put another implementation behind a dispatched function; its verifier accepts exactly the calls that fla
@@ -21,12 +21,13 @@ import contextvars
 
 from ..errors import ConfigError
 
-# Key-block widths of the gated chunk_bwd_dqkwg kernel that the kernel check (bench/gdn_check.py,
-# tests/gpu/test_gdn_check_cuda.py) found within the bf16 bound at every shape brisk runs, on Hopper with
-# Triton in the window (bench/results/2026-12-01-h200-round4, issue 30). BK 64 is the miscompiled one.
-PROVEN = (32, 128)
+# Key head size -> the key-block width brisk launches it at, in the window: only what the kernel check
+# (bench/gdn_check.py, tests/gpu/test_gdn_check_cuda.py) found within the bf16 bound, forward and backward,
+# on an H200 with Triton 3.6 (bench/results/2026-12-01-h200-round4, issue 30): Qwen3.5's K = 128 at fla's own
+# width 128. BK 64 is the miscompiled width (fla issue 640); issue 640's sweep also found BK 32 right, which
+# would cover K = 64, but this check has not run it, so K = 64 is refused like every other size.
+PROVEN = {128: 128}
 WINDOW = ((3, 4, 0), (3, 7, 1))  # Triton versions [low, high) that fla 0.6 refuses on Hopper
-MAX_K = 128  # wider heads need several key blocks a tile: not checked, refused
 
 _forced: contextvars.ContextVar[int | None] = contextvars.ContextVar("brisk_fla_forced_bk", default=None)
 
@@ -50,23 +51,17 @@ def fla_block_width(k: int) -> int:
 
 
 def block_width(k: int) -> int | None:
-    """The proven width brisk launches for head size k in the window, or None (not covered)."""
-    if k > MAX_K:
-        return None
-    bk = fla_block_width(k)
-    if bk in PROVEN:
-        return bk
-    below = [w for w in PROVEN if w < bk and k % w == 0]
-    return max(below) if below else None
+    """The proven width brisk launches for key head size k in the window, or None (not covered)."""
+    return PROVEN.get(k)
 
 
 def coverage_refusal(head_k_dims) -> str | None:
     """One line for the first key head size the fix does not cover, or None."""
     for k in sorted(set(head_k_dims)):
         if block_width(k) is None:
-            return (f"speed.fla_kernels: linear_key_head_dim={k} is not covered on Hopper with this Triton (fla refuses "
-                    f"its gated backward for Triton 3.4-3.7.0; brisk runs it at the checked block widths "
-                    f"{'/'.join(map(str, PROVEN))} for K <= {MAX_K} only); upgrade Triton to >= 3.7.1 or set "
+            return (f"speed.fla_kernels: linear_key_head_dim={k} is not covered on Hopper with Triton 3.4-3.7.0 (fla "
+                    f"refuses its gated backward there; brisk runs it only at the checked key head sizes "
+                    f"{', '.join(map(str, PROVEN))}); upgrade Triton to >= 3.7.1 (torch >= 2.12.1) or set "
                     "speed.fla_kernels=false")
     return None
 
