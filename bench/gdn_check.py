@@ -35,13 +35,13 @@ def speed(heads=16, t=8192, k=128, reps=3) -> list[str]:
     x = G.make_inputs(shape, "cuda")
     leaves = {n: x[n] for n in ("q", "k", "v", "g", "beta")}
     out = []
-    for name, fn in (("fla chunk_gated_delta_rule", G._fla_delta_rule(shape)),
+    for name, fn in (("fla chunk_gated_delta_rule", G.fla_delta_rule(shape)),
                      ("transformers torch chunk", lambda **a: G.torch_chunk_varlen(**a, lengths=shape.lengths, padded=True))):
-        G._grads(fn, leaves, x["do"])
+        G.grads(fn, leaves, x["do"])
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(reps):
-            G._grads(fn, leaves, x["do"])
+            G.grads(fn, leaves, x["do"])
         torch.cuda.synchronize()
         out.append(f"| {name} | T {t}, H {heads}, K = V = {k} | {1000 * (time.perf_counter() - t0) / reps:.1f} |")
     return ["| kernel | shape | fwd + bwd ms |", "|---|---|---|", *out]

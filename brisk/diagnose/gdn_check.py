@@ -207,12 +207,12 @@ def make_inputs(shape: Shape, device, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 # ------------------------------------------------------------------------------------------- the check
-def _errors(a: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+def errors(a: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     d = (a.double() - ref.double())
     return float(d.abs().max()), float(d.norm() / ref.double().norm().clamp_min(1e-30))
 
 
-def _grads(fn, leaves: dict[str, torch.Tensor], upstream: torch.Tensor) -> dict[str, torch.Tensor]:
+def grads(fn, leaves: dict[str, torch.Tensor], upstream: torch.Tensor) -> dict[str, torch.Tensor]:
     """fn's output and the gradients of its leaves for the upstream gradient."""
     xs = {n: x.detach().clone().requires_grad_(True) for n, x in leaves.items()}
     out = fn(**xs)
@@ -220,7 +220,7 @@ def _grads(fn, leaves: dict[str, torch.Tensor], upstream: torch.Tensor) -> dict[
     return {"o": out.detach(), **{f"d{n}": x.grad.detach() for n, x in xs.items()}}
 
 
-def _timed(fn, *args):
+def timed(fn, *args):
     """fn(*args) once to warm (Triton compiles and autotunes), then timed once."""
     fn(*args)
     if torch.cuda.is_available():
@@ -232,7 +232,7 @@ def _timed(fn, *args):
     return res, time.perf_counter() - t0
 
 
-def _fla_delta_rule(shape: Shape):
+def fla_delta_rule(shape: Shape):
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     def run(q, k, v, g, beta):
@@ -243,7 +243,7 @@ def _fla_delta_rule(shape: Shape):
     return run
 
 
-def _fla_conv(shape: Shape):
+def fla_conv(shape: Shape):
     from fla.modules.causal_conv1d.ops import causal_conv1d
 
     def run(x, weight):
@@ -254,7 +254,7 @@ def _fla_conv(shape: Shape):
     return run
 
 
-def _torch_conv(shape: Shape):
+def torch_conv(shape: Shape):
     def run(x, weight):
         return conv_reference(x, weight, shape.lengths, shape.padded, dtype=x.dtype)
     return run
@@ -274,12 +274,12 @@ def reference_grads(shape: Shape, inputs: dict, dtype=torch.float32, perturb: bo
     names = ("q", "k", "v", "g", "beta")
     leaves = {n: perturbed(inputs[n], 100 + i) if perturb else inputs[n] for i, n in enumerate(names)}
     upstream = perturbed(inputs["do"], 99) if perturb else inputs["do"]
-    return _grads(lambda **x: varlen_reference(**x, lengths=shape.lengths, padded=shape.padded, dtype=dtype),
+    return grads(lambda **x: varlen_reference(**x, lengths=shape.lengths, padded=shape.padded, dtype=dtype),
                   leaves, upstream.to(dtype))
 
 
 def floors(torch_path: dict, ref: dict, sensitivity: dict, tensors) -> dict[str, float]:
-    return {t: max(_errors(torch_path[t], ref[t])[1], _errors(sensitivity[t], ref[t])[1]) for t in tensors}
+    return {t: max(errors(torch_path[t], ref[t])[1], errors(sensitivity[t], ref[t])[1]) for t in tensors}
 
 
 def check_delta_rule(shape: Shape, device, kernel="fla", seed: int = 0, bk: int | None = None,
@@ -290,27 +290,27 @@ def check_delta_rule(shape: Shape, device, kernel="fla", seed: int = 0, bk: int 
     inputs = make_inputs(shape, device, seed)
     leaves = {n: inputs[n] for n in ("q", "k", "v", "g", "beta")}
     ref, sens = ref or (reference_grads(shape, inputs), reference_grads(shape, inputs, perturb=True))
-    floor = _grads(lambda **x: torch_chunk_varlen(**x, lengths=shape.lengths, padded=shape.padded), leaves, inputs["do"])
+    floor = grads(lambda **x: torch_chunk_varlen(**x, lengths=shape.lengths, padded=shape.padded), leaves, inputs["do"])
     if kernel == "torch_chunk":
         got, seconds, name = floor, 0.0, "torch chunk (transformers)"
     elif callable(kernel):
-        got, seconds = _timed(_grads, kernel, leaves, inputs["do"])
+        got, seconds = timed(grads, kernel, leaves, inputs["do"])
         name = getattr(kernel, "__name__", "kernel")
     else:
-        run = _fla_delta_rule(shape)
+        run = fla_delta_rule(shape)
         if bk is not None:
             from ..speed import fla_hopper
 
             fla_hopper.register_launcher()
             with fla_hopper.forced_block_width(bk):
-                got, seconds = _timed(_grads, run, leaves, inputs["do"])
+                got, seconds = timed(grads, run, leaves, inputs["do"])
             name = f"fla chunk_gated_delta_rule, BK {bk} forced"
         else:
-            got, seconds = _timed(_grads, run, leaves, inputs["do"])
+            got, seconds = timed(grads, run, leaves, inputs["do"])
             name = "fla chunk_gated_delta_rule"
     tensors = ("o", "dq", "dk", "dv", "dg", "dbeta")
     low = floors(floor, ref, sens, tensors)
-    return [Row(shape.name, name, t, *_errors(got[t], ref[t]), low[t], seconds) for t in tensors]
+    return [Row(shape.name, name, t, *errors(got[t], ref[t]), low[t], seconds) for t in tensors]
 
 
 def check_conv(shape: Shape, device, seed: int = 0, kernel=None) -> list[Row]:
@@ -323,12 +323,12 @@ def check_conv(shape: Shape, device, seed: int = 0, kernel=None) -> list[Row]:
     def ref_fn(**x):
         return conv_reference(**x, lengths=shape.lengths, padded=shape.padded)
 
-    ref = _grads(ref_fn, leaves, inputs["dy"].float())
-    sens = _grads(ref_fn, {n: perturbed(x, 100 + i) for i, (n, x) in enumerate(leaves.items())}, perturbed(inputs["dy"], 99))
-    low = floors(_grads(_torch_conv(shape), leaves, inputs["dy"]), ref, sens, ("o", "dx", "dweight"))
-    got, seconds = _timed(_grads, kernel or _fla_conv(shape), leaves, inputs["dy"])
+    ref = grads(ref_fn, leaves, inputs["dy"].float())
+    sens = grads(ref_fn, {n: perturbed(x, 100 + i) for i, (n, x) in enumerate(leaves.items())}, perturbed(inputs["dy"], 99))
+    low = floors(grads(torch_conv(shape), leaves, inputs["dy"]), ref, sens, ("o", "dx", "dweight"))
+    got, seconds = timed(grads, kernel or fla_conv(shape), leaves, inputs["dy"])
     name = getattr(kernel, "__name__", "kernel") if kernel else "fla causal_conv1d"
-    return [Row(shape.name, name, t, *_errors(got[t], ref[t]), low[t], seconds) for t in ("o", "dx", "dweight")]
+    return [Row(shape.name, name, t, *errors(got[t], ref[t]), low[t], seconds) for t in ("o", "dx", "dweight")]
 
 
 def table(rows: list[Row]) -> str:

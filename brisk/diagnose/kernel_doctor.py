@@ -60,14 +60,14 @@ def _check(name: str, shape: str, kernel, reference, leaves: dict, upstream: tor
     """kernel against reference (fp32) on the same leaves; each tensor's bound is 16 times the larger of one
     bf16 rounding of the reference and the reference's own move under unit-roundoff perturbations of its
     inputs (gdn_check's floor, without a torch path of its own)."""
-    got = G._grads(kernel, leaves, upstream)
-    ref = G._grads(reference, leaves, upstream.float())
-    moved = G._grads(reference, {n: G.perturbed(x, 100 + i) for i, (n, x) in enumerate(leaves.items())},
+    got = G.grads(kernel, leaves, upstream)
+    ref = G.grads(reference, leaves, upstream.float())
+    moved = G.grads(reference, {n: G.perturbed(x, 100 + i) for i, (n, x) in enumerate(leaves.items())},
                      G.perturbed(upstream, 99))
     worst, ratio = "", -1.0
     for t in ref:
-        floor = max(G._errors(ref[t].bfloat16(), ref[t])[1], G._errors(moved[t], ref[t])[1])
-        r = G._errors(got[t], ref[t])[1] / (G.BOUND_FACTOR * max(floor, 1e-6))
+        floor = max(G.errors(ref[t].bfloat16(), ref[t])[1], G.errors(moved[t], ref[t])[1])
+        r = G.errors(got[t], ref[t])[1] / (G.BOUND_FACTOR * max(floor, 1e-6))
         if r > ratio:
             worst, ratio = t, r
     return Check(name, shape, worst, ratio)
@@ -87,7 +87,7 @@ def check_gated_delta_rule(tree: dict, lengths, device: str) -> list[Check]:
     ref = (G.reference_grads(shape, inputs), G.reference_grads(shape, inputs, perturb=True))
 
     def torch_path():
-        return G._grads(lambda **x: G.torch_chunk_varlen(**x, lengths=shape.lengths), leaves, inputs["do"])
+        return G.grads(lambda **x: G.torch_chunk_varlen(**x, lengths=shape.lengths), leaves, inputs["do"])
 
     out = []
     if device == "cpu":
@@ -97,16 +97,16 @@ def check_gated_delta_rule(tree: dict, lengths, device: str) -> list[Check]:
         return [c]
     rows = G.check_delta_rule(shape, device, ref=ref)
     c = _worst("Gated DeltaNet: fla chunk_gated_delta_rule", desc, rows)
-    fla = G._fla_delta_rule(shape)
-    c.kernel_ms = _ms(lambda: G._grads(fla, leaves, inputs["do"]))
+    fla = G.fla_delta_rule(shape)
+    c.kernel_ms = _ms(lambda: G.grads(fla, leaves, inputs["do"]))
     c.fallback_ms, c.fallback = _ms(torch_path, 1), "transformers' torch chunk, batched"
     out.append(c)
     conv_rows = G.check_conv(shape, device)
     c = _worst("Gated DeltaNet: fla causal_conv1d (varlen)", f"{sum(lengths)} tokens, "
                f"{2 * heads * kd + heads * vd} channels", conv_rows)
     x = {"x": inputs["x"], "weight": inputs["weight"]}
-    c.kernel_ms = _ms(lambda: G._grads(G._fla_conv(shape), x, inputs["dy"]))
-    c.fallback_ms, c.fallback = _ms(lambda: G._grads(G._torch_conv(shape), x, inputs["dy"])), "torch conv per conversation"
+    c.kernel_ms = _ms(lambda: G.grads(G.fla_conv(shape), x, inputs["dy"]))
+    c.fallback_ms, c.fallback = _ms(lambda: G.grads(G.torch_conv(shape), x, inputs["dy"])), "torch conv per conversation"
     out.append(c)
     return out
 
@@ -143,15 +143,15 @@ def check_liger(tree: dict, tokens: int) -> list[Check]:
     leaves = {"x": x, "w": w}
     c = _check("liger RMSNorm" + (" (1 + weight)" if plus_one else ""), f"{tokens} x {hidden}", norm_liger, norm_ref,
                leaves, dy)
-    c.kernel_ms = _ms(lambda: G._grads(norm_liger, leaves, dy))
-    c.fallback_ms, c.fallback = _ms(lambda: G._grads(lambda x, w: norm_ref(x, w).bfloat16(), leaves, dy)), "torch, eager"
+    c.kernel_ms = _ms(lambda: G.grads(norm_liger, leaves, dy))
+    c.fallback_ms, c.fallback = _ms(lambda: G.grads(lambda x, w: norm_ref(x, w).bfloat16(), leaves, dy)), "torch, eager"
     out.append(c)
     a, b, dz = rnd(tokens, inter), rnd(tokens, inter), rnd(tokens, inter)
     leaves = {"a": a, "b": b}
     c = _check("liger SwiGLU", f"{tokens} x {inter}", lambda a, b: LigerSiLUMulFunction.apply(a, b),
                lambda a, b: F.silu(a.float()) * b.float(), leaves, dz)
-    c.kernel_ms = _ms(lambda: G._grads(lambda a, b: LigerSiLUMulFunction.apply(a, b), leaves, dz))
-    c.fallback_ms, c.fallback = _ms(lambda: G._grads(lambda a, b: F.silu(a) * b, leaves, dz)), "torch, eager"
+    c.kernel_ms = _ms(lambda: G.grads(lambda a, b: LigerSiLUMulFunction.apply(a, b), leaves, dz))
+    c.fallback_ms, c.fallback = _ms(lambda: G.grads(lambda a, b: F.silu(a) * b, leaves, dz)), "torch, eager"
     out.append(c)
     n = min(tokens, 1024)
     h, head = rnd(n, hidden), rnd(vocab, hidden, scale=hidden ** -0.5)
@@ -168,8 +168,8 @@ def check_liger(tree: dict, tokens: int) -> list[Check]:
 
     c = _check("liger fused linear cross-entropy", f"{n} tokens, vocab {vocab}", lambda h, head: fused(head, h, target),
                ce_ref, leaves, one)
-    c.kernel_ms = _ms(lambda: G._grads(lambda h, head: fused(head, h, target), leaves, one))
-    c.fallback_ms, c.fallback = _ms(lambda: G._grads(ce_torch, leaves, one)), "LM head + cross-entropy, full logits"
+    c.kernel_ms = _ms(lambda: G.grads(lambda h, head: fused(head, h, target), leaves, one))
+    c.fallback_ms, c.fallback = _ms(lambda: G.grads(ce_torch, leaves, one)), "LM head + cross-entropy, full logits"
     out.append(c)
     return out
 
@@ -197,12 +197,12 @@ def check_varlen_attention(tree: dict, lengths, device: str) -> Check:
     leaves = {"q": q, "k": k, "v": v}
     name = "varlen attention (FlashAttention-2 varlen)" if device == "cuda" else "varlen attention (CPU: block-causal SDPA)"
     c = _check(name, f"{len(lengths)} conversations, {t} tokens, {heads}/{kv} heads, head_dim {d}", kernel, ref, leaves, do)
-    c.kernel_ms = _ms(lambda: G._grads(kernel, leaves, do))
+    c.kernel_ms = _ms(lambda: G.grads(kernel, leaves, do))
     if device == "cuda":
         def masked(q, k, v):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=block_causal_mask(cu, t), scale=d ** -0.5,
                                                   enable_gqa=kv != heads).transpose(1, 2)
-        c.fallback_ms, c.fallback = _ms(lambda: G._grads(masked, leaves, do)), "SDPA with a [T, T] block mask"
+        c.fallback_ms, c.fallback = _ms(lambda: G.grads(masked, leaves, do)), "SDPA with a [T, T] block mask"
     return c
 
 

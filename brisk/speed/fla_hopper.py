@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 
 from ..errors import ConfigError
 
@@ -32,6 +33,7 @@ WINDOW = ((3, 4, 0), (3, 7, 1))  # Triton versions [low, high) that fla 0.6 refu
 _forced: contextvars.ContextVar[int | None] = contextvars.ContextVar("brisk_fla_forced_bk", default=None)
 
 
+@functools.cache
 def triton_version() -> tuple[int, ...] | None:
     try:
         import triton
