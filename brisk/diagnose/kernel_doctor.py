@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..config_llm import llm_config_tree
+from ..config_llm import linear_key_head_dims, llm_config_tree
 from ..plan import make_plan
 from ..speed.fla_hopper import in_window, triton_version
 from ..speed.llm_kernels import available, fla_refusal
@@ -252,7 +252,8 @@ def kernel_doctor(config: str, overrides: list[str] | None = None) -> str:
 
     cfg = load_config(config, list(overrides or []))
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    cfg, plan = make_plan(cfg, device, 1, {})
+    why = fla_refusal(linear_key_head_dims(cfg.model.llm)) if cfg.task == "chat" and available("fla") else None
+    cfg, plan = make_plan(cfg, device, 1, {"fla_kernels": why} if why and device == "cuda" else {})  # as assemble does
     tree = llm_config_tree(cfg.model.llm)
     budget = min(int(cfg.data.batch_tokens), 8192)
     lengths, total = [], 0
