@@ -13,7 +13,8 @@ sequence through the layer's own forward on its own (exact, one host read of cu_
 reference), ``apply_linear_attention_batched`` runs them as one right-padded batch through that forward (exact
 for real tokens; one chunk loop a layer instead of one a sequence), and ``apply_fla_linear_attention`` runs
 flash-linear-attention's varlen Triton kernels (short conv and chunked gated delta rule, both given cu_seqlens)
-on the whole row (GPU).
+on the whole row (GPU; on Hopper with Triton 3.4-3.7.0 its gated backward runs through ``fla_hopper``'s
+launcher, at the key head sizes the kernel check proved).
 
 Note on defaults: transformers 5.24 binds flash-linear-attention at import time when the package is
 installed, for every model in the process; brisk's default (no swap) is then transformers' choice. The
@@ -180,10 +181,13 @@ def apply_fla_linear_attention(model, cfg=None) -> str:
     refusal = fla_refusal([layer.head_k_dim for _, _, layer in layers])
     if refusal:
         raise ConfigError(refusal)
+    how = ""
     if torch.cuda.is_available() and in_window(torch.cuda.get_device_capability(), triton_version()):
         register_launcher()  # fla's gated backward at the checked block widths (fla alone refuses it here)
+        how = (" (its gated backward through brisk's launcher at the checked block width: fla refuses it on Hopper "
+               "with this Triton)")
     n = _swap_all(model.llm, layers, FlaVarlen)
-    return f"fla kernels: {n} Gated DeltaNet layers run flash-linear-attention's varlen conv + chunked delta rule"
+    return f"fla kernels: {n} Gated DeltaNet layers run flash-linear-attention's varlen conv + chunked delta rule{how}"
 
 
 # --------------------------------------------------------------------------------------- liger
