@@ -23,6 +23,8 @@ Arms (each a fresh process; real tokens/s = non-pad tokens of the timed steps ov
                   --no-fla: the row's conversations as one right-padded batch through transformers' torch
                   layer, speed.linear_attention_batched), liger RMSNorm/SwiGLU, label_head (LM head + loss on
                   labelled rows), fused AdamW
+  d2_brisk_fast_batched  d_brisk_fast with flash-linear-attention off the path: the Gated DeltaNet layers run
+                  the batched torch path (the chat preset's fallback where fla is refused)
 Every arm, TRL too, trains on the same batches in the same order (groups of whole conversations under a
 padded-token budget; data.overlong=skip): TRL tokenises the same messages itself and its loader is handed the
 groups.
@@ -45,7 +47,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # Run in this order (every model's arm before the next arm), so a short time budget keeps the main comparison.
-ARMS = ("a_loop", "d_brisk_fast", "b_trl_liger", "b2_trl_liger_nockpt", "k_loop_kernels", "p_loop_packed",
+ARMS = ("a_loop", "d_brisk_fast", "d2_brisk_fast_batched", "b_trl_liger", "b2_trl_liger_nockpt", "k_loop_kernels",
+        "p_loop_packed",
         "c_brisk_default", "d1_brisk_fast_per_sequence")
 TRL_ARMS = {"b_trl_liger", "b2_trl_liger_nockpt"}
 FLA_ARMS = {"k_loop_kernels", "p_loop_packed", "d_brisk_fast", "d1_brisk_fast_per_sequence"} | TRL_ARMS
@@ -157,13 +160,14 @@ def worker(args) -> dict:
 
         times, tokens = timed(step, batches, args.warmup, prof)
         note = f"gated delta rule from {linear_attention_impl()}"
-    elif arm in ("c_brisk_default", "d_brisk_fast", "d1_brisk_fast_per_sequence"):
+    elif arm in ("c_brisk_default", "d_brisk_fast", "d2_brisk_fast_batched", "d1_brisk_fast_per_sequence"):
         from brisk.bench.harness import build_runner
 
         fast = ["speed.packing=true", "speed.label_head=true", "speed.fused_adamw=true", "speed.pack_buckets=[1024]"]
         if DEVICE == "cuda":  # Triton kernels (the CPU smoke test runs the rest)
-            fast += ["speed.liger=true"] + ([] if os.environ.get("SFT_BENCH_NO_FLA") else ["speed.fla_kernels=true"])
-        if arm == "d_brisk_fast":  # Gated DeltaNet layers where fla is off (fla wins when on)
+            no_fla = os.environ.get("SFT_BENCH_NO_FLA") or arm == "d2_brisk_fast_batched"
+            fast += ["speed.liger=true"] + ([] if no_fla else ["speed.fla_kernels=true"])
+        if arm in ("d_brisk_fast", "d2_brisk_fast_batched"):  # Gated DeltaNet layers where fla is off (fla wins when on)
             fast += ["speed.linear_attention_batched=true"]
         cfg = load_cfg(args.model, Path(args.data), [] if arm == "c_brisk_default" else fast)
         runner = build_runner(cfg)  # the run's parts as `brisk train` assembles them
@@ -279,14 +283,17 @@ def driver(args) -> None:
     wheels = Path(args.wheels) if args.wheels else None
     kernels = ["liger_kernel"] if args.no_fla else ["fla_core", "liger_kernel"]
     fla = install(wheels, work / "site_fla", kernels) if wheels else None
-    trl = install(wheels, work / "site_trl", kernels + ["trl", "datasets", "dill", "multiprocess"]) if wheels else None
+    trl = install(wheels, work / "site_trl", kernels + ["trl", "datasets", "dill", "multiprocess"]) \
+        if wheels and TRL_ARMS & set(args.arms.split(",")) else None
+    liger = install(wheels, work / "site_liger", ["liger_kernel"]) if wheels else None  # the arms without fla
     rows, deadline = [], time.time() + args.budget_s
     for arm in args.arms.split(","):
         for model in args.models.split(","):
             if time.time() > deadline:
                 rows.append({"model": model, "arm": arm, "error": "skipped: out of the time budget"})
                 continue
-            paths = [str(REPO)] + ([str(trl)] if arm in TRL_ARMS and trl else [str(fla)] if arm in FLA_ARMS and fla else [])
+            paths = [str(REPO)] + ([str(trl)] if arm in TRL_ARMS and trl else [str(fla)] if arm in FLA_ARMS and fla
+                                   else [str(liger)] if arm == "d2_brisk_fast_batched" and liger else [])
             # The caller's PYTHONPATH (brisk's own needs, such as soundfile) goes last: an arm's kernels come first.
             paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "TOKENIZERS_PARALLELISM": "false",

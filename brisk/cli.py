@@ -3,6 +3,7 @@
     brisk train [CONFIG] [key=value ...]       fine-tune (no CONFIG: the bundled demo on the CPU)
     brisk report RUN                           step-time plot, slow steps and causes, acceleration state
     brisk doctor                               GPU, torch, cuDNN, SDPA order, known traps for this machine
+    brisk doctor --kernels CONFIG              the plan's kernels here, at CONFIG's shapes, against their references
     brisk probe compare A B [--tolerances F]   were the numbers kept? gates met or unmet
     brisk probe calibrate A B [C ...]          tolerances from the spread of equivalent runs
     brisk export RUN --format funasr|hf        a model folder FunASR or transformers loads (RUN: a run folder,
@@ -119,6 +120,12 @@ def cmd_report(args) -> int:
 
 
 def cmd_doctor(args) -> int:
+    if args.kernels:
+        from .diagnose.kernel_doctor import kernel_doctor
+
+        path, overrides = _config_and_overrides([args.kernels, *args.overrides], None)
+        print(kernel_doctor(str(path), overrides))
+        return 0
     from .diagnose.doctor import doctor
 
     print(doctor())
@@ -222,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_report)
 
     d = sub.add_parser("doctor", help="check this machine for known traps")
+    d.add_argument("--kernels", metavar="CONFIG", help="run each kernel CONFIG's speed plan would use here, at its "
+                   "shapes: checked against its reference, timed against the path it replaces")
+    d.add_argument("overrides", nargs="*", help="key=value overrides of CONFIG")
     d.set_defaults(fn=cmd_doctor)
 
     pr = sub.add_parser("probe", help="compare or calibrate probe records")

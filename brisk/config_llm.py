@@ -37,6 +37,38 @@ def _model_type(llm: LLMConfig) -> str | None:
     return None
 
 
+def llm_config_tree(llm: LLMConfig) -> dict:
+    """The decoder's config as a dict before the model is built: the folder's config.json (its text_config's
+    keys where the top level lacks them), then the inline config over it."""
+    tree = {}
+    if llm.path:
+        f = Path(llm.path) / "config.json"
+        try:
+            tree = json.loads(f.read_text(encoding="utf-8")) if f.is_file() else {}
+        except ValueError:
+            tree = {}
+        tree = {**tree.get("text_config", {}), **tree}
+    return {**tree, **llm.config}
+
+
+def linear_key_head_dims(llm: LLMConfig) -> list[int]:
+    """The key head size of the model's Gated DeltaNet layers (``linear_key_head_dim``), read from the inline
+    config, else the folder's config.json (or its text_config), else the config class's default; [] for a
+    model without linear attention or when it cannot be told before the model is built."""
+    tree = llm_config_tree(llm)
+    if "linear_key_head_dim" in tree:
+        return [int(tree["linear_key_head_dim"])]
+    layer_types = tree.get("layer_types") or []
+    model_type = tree.get("model_type")
+    if model_type and (not layer_types or "linear_attention" in layer_types):
+        from transformers import CONFIG_MAPPING
+
+        if model_type in CONFIG_MAPPING:
+            default = getattr(CONFIG_MAPPING[model_type](), "linear_key_head_dim", None)
+            return [int(default)] if default else []
+    return []
+
+
 def _type_error(key: str, value, default) -> str | None:
     """What is wrong with ``value`` given the class default's type, or None."""
     if default is None or value is None:

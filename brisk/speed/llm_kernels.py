@@ -13,7 +13,8 @@ sequence through the layer's own forward on its own (exact, one host read of cu_
 reference), ``apply_linear_attention_batched`` runs them as one right-padded batch through that forward (exact
 for real tokens; one chunk loop a layer instead of one a sequence), and ``apply_fla_linear_attention`` runs
 flash-linear-attention's varlen Triton kernels (short conv and chunked gated delta rule, both given cu_seqlens)
-on the whole row (GPU).
+on the whole row (GPU; on Hopper with Triton 3.4-3.7.0 its gated backward runs through ``fla_hopper``'s
+launcher, at the key head sizes the kernel check proved).
 
 Note on defaults: transformers 5.24 binds flash-linear-attention at import time when the package is
 installed, for every model in the process; brisk's default (no swap) is then transformers' choice. The
@@ -32,6 +33,7 @@ from torch import nn
 from ..config import ConfigError
 from ..models.swap import swap_class as subclass
 from ..models.swap import swapped
+from .fla_hopper import hopper_refusal, in_window, register_launcher, triton_version
 
 
 def available(package: str) -> bool:
@@ -39,24 +41,15 @@ def available(package: str) -> bool:
     return package in sys.modules or importlib.util.find_spec(package) is not None
 
 
-def fla_refusal() -> str | None:
-    """Why flash-linear-attention's gated delta rule cannot train here, or None: fla 0.6 refuses its backward
-    on Hopper with Triton < 3.7.1 (wrong results), which is torch 2.11's Triton 3.6 (seen on the H200)."""
+def fla_refusal(head_k_dims=()) -> str | None:
+    """Why flash-linear-attention's gated delta rule cannot train here, or None. fla 0.6 refuses its gated
+    backward on Hopper with Triton 3.4-3.7.0 (torch 2.11's Triton 3.6); brisk runs that one kernel at the
+    block widths its kernel check proves (``fla_hopper``) and refuses the key head sizes it does not cover."""
     if not available("fla"):
         return "speed.fla_kernels needs flash-linear-attention (pip install fla-core)"
-    import torch
-
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
-        return None
-    try:
-        import triton
-    except ImportError:
+    if torch.cuda.is_available() and triton_version() is None:
         return "speed.fla_kernels needs Triton"
-    version = tuple(int(x) for x in triton.__version__.split("+")[0].split(".")[:3] if x.isdigit())
-    if version < (3, 7, 1):
-        return (f"speed.fla_kernels: flash-linear-attention refuses its gated delta rule backward on Hopper with Triton "
-                f"{triton.__version__} (< 3.7.1: wrong results); upgrade Triton or set speed.fla_kernels=false")
-    return None
+    return hopper_refusal(head_k_dims)
 
 
 def linear_attention_layers(llm: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
@@ -185,11 +178,16 @@ def apply_fla_linear_attention(model, cfg=None) -> str:
     layers = linear_attention_layers(model.llm)
     if not layers:
         return "fla kernels: no linear-attention layer in this model (nothing swapped)"
-    refusal = fla_refusal()
+    refusal = fla_refusal([layer.head_k_dim for _, _, layer in layers])
     if refusal:
         raise ConfigError(refusal)
+    how = ""
+    if torch.cuda.is_available() and in_window(torch.cuda.get_device_capability(), triton_version()):
+        register_launcher()  # fla's gated backward at the checked block widths (fla alone refuses it here)
+        how = (" (its gated backward through brisk's launcher at the checked block width: fla refuses it on Hopper "
+               "with this Triton)")
     n = _swap_all(model.llm, layers, FlaVarlen)
-    return f"fla kernels: {n} Gated DeltaNet layers run flash-linear-attention's varlen conv + chunked delta rule"
+    return f"fla kernels: {n} Gated DeltaNet layers run flash-linear-attention's varlen conv + chunked delta rule{how}"
 
 
 # --------------------------------------------------------------------------------------- liger

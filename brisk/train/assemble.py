@@ -75,9 +75,10 @@ def unusable_here(cfg: Config, device: torch.device) -> dict[str, str]:
     """Switches a preset would turn on that this machine cannot run (asked only when a preset is set)."""
     if not cfg.speed.preset or cfg.task != "chat" or device.type != "cuda":
         return {}
+    from ..config_llm import linear_key_head_dims
     from ..speed.llm_kernels import available, fla_refusal
 
-    why = fla_refusal() if available("fla") else None
+    why = fla_refusal(linear_key_head_dims(cfg.model.llm)) if available("fla") else None
     return {"fla_kernels": why.split(": ", 1)[-1]} if why else {}
 
 

@@ -1,0 +1,49 @@
+"""`brisk doctor --kernels CONFIG` on the CPU: it checks what runs there (the torch Gated DeltaNet fallback, the
+block-causal attention) at the config's head sizes, names what it cannot check (fla, liger: Triton), says where
+transformers takes its slow path, and a kernel with a wrong gradient is reported outside its bound."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from brisk.cli import main
+from brisk.diagnose.kernel_doctor import _check, kernel_doctor
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_QWEN3_5 = ["model.llm.config={model_type: qwen3_5_text, vocab_size: 392, hidden_size: 64, intermediate_size: 128, "
+                "num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, "
+                "linear_num_key_heads: 2, linear_num_value_heads: 4, linear_key_head_dim: 32, linear_value_head_dim: 32, "
+                "linear_conv_kernel_dim: 4, layer_types: [linear_attention, full_attention]}", "speed.preset=fast"]
+
+
+def test_kernel_doctor_on_the_cpu_checks_the_fallbacks_and_names_what_it_cannot(capsys):
+    text = kernel_doctor(str(ROOT / "configs/sft_demo.yaml"), TINY_QWEN3_5)
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert any("torch chunk" in r and "K 32" in r and "| within |" in r for r in rows)
+    assert any("varlen attention" in r and "| within |" in r for r in rows)
+    assert "OUTSIDE" not in text
+    assert "preset fast" in text  # the plan as resolved here (the preset trimmed to the CPU)
+    assert "torch chunk loop" in text  # transformers' slow path, said plainly
+    cannot = text.split("## Not checked here")[1]
+    assert "fla" in cannot and "liger" in cannot and "CUDA" in cannot
+
+
+def test_a_wrong_gradient_is_outside_its_bound():
+    x = torch.randn(64, 32)
+
+    def reference(x):
+        return x.float().sin()
+
+    def wrong_backward(x):  # right values, gradient off by 10%
+        return reference(x) + 0.1 * (reference(x) - reference(x).detach())
+
+    assert _check("ok", "", reference, reference, {"x": x}, torch.randn(64, 32)).ratio <= 1
+    bad = _check("bad", "", wrong_backward, reference, {"x": x}, torch.randn(64, 32))
+    assert bad.ratio > 1 and bad.worst == "dx" and "OUTSIDE" in bad.line()
+
+
+def test_the_cli_takes_the_config_and_overrides(capsys):
+    assert main(["doctor", "--kernels", str(ROOT / "configs/sft_demo.yaml"), *TINY_QWEN3_5]) == 0
+    assert "| Gated DeltaNet" in capsys.readouterr().out
