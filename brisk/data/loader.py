@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import Config, ConfigError
+from ..families import family_of
 from .collate import Collator
 from .context import ContextPrompt
 from .dataset import SpeechDataset, SyntheticDataset, read_profile
@@ -49,18 +50,47 @@ def build_split(cfg: Config, which: str, collator: Collator, vocab_size: int, ra
                 tokenizer=None) -> Split | None:
     d = cfg.data
     path = d.train if which == "train" else d.valid
-    skipped: list[str] = []
-    if cfg.task == "chat":
-        if not path:
-            if which == "train":
-                raise ConfigError("data.train: give a chat jsonl (one {\"messages\": [...]} a line)")
-            return None
-        from .chat import build_chat_dataset
+    made = family_of(cfg).dataset(cfg, which, path, vocab_size, tokenizer)  # the model family's samples
+    if made is None:
+        return None
+    dataset, skipped = made
+    sampler = TokenBatchSampler(dataset.lengths(), batch_tokens=d.batch_tokens, max_utts=d.max_utts,
+                                sort_size=d.sort_size, shuffle=d.shuffle and which == "train", seed=cfg.train.seed,
+                                rank=rank, world_size=world)
+    # Our own generator: the loader then draws its worker seeds from it, not from torch's global RNG,
+    # so dropout randomness in the model is the same with or without a resume.
+    gen = torch.Generator()
+    gen.manual_seed(cfg.train.seed)
+    workers = d.num_workers
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_sampler=sampler, collate_fn=collator, num_workers=workers,
+        pin_memory=d.pin_memory and torch.cuda.is_available(), generator=gen,
+        prefetch_factor=4 if workers else None, persistent_workers=workers > 0,
+        worker_init_fn=ignore_sigint if workers else None,
+    )
+    return Split(dataset, sampler, NotedLoader(loader, which), skipped)
 
-        dataset, skipped = build_chat_dataset(path, tokenizer if tokenizer is not None else load_tokenizer(cfg),
-                                              max_len=d.max_len, overlong=d.overlong, skip_bad=d.skip_bad,
-                                              template_path=d.chat_template)
-    elif path:
+
+def chat_dataset(cfg: Config, which: str, path: str | None, vocab_size: int, tokenizer=None):
+    """A causal LM's split: chat jsonl with assistant-only labels (the family's ``dataset``)."""
+    d = cfg.data
+    if not path:
+        if which == "train":
+            raise ConfigError("data.train: give a chat jsonl (one {\"messages\": [...]} a line)")
+        return None
+    from .chat import build_chat_dataset
+
+    return build_chat_dataset(path, tokenizer if tokenizer is not None else load_tokenizer(cfg),
+                              max_len=d.max_len, overlong=d.overlong, skip_bad=d.skip_bad,
+                              template_path=d.chat_template)
+
+
+def speech_dataset(cfg: Config, which: str, path: str | None, vocab_size: int, tokenizer=None):
+    """Fun-ASR-Nano's split: FunASR jsonl (FunASR's prompt and labels, fbank + LFR), or synthetic batches of a
+    length profile (the family's ``dataset``)."""
+    d = cfg.data
+    skipped: list[str] = []
+    if path:
         index = read_jsonl(path, max_speech_length=d.max_speech_length, max_text_length=d.max_text_length,
                            skip_bad=d.skip_bad)
         skipped = index.skipped
@@ -78,21 +108,7 @@ def build_split(cfg: Config, which: str, collator: Collator, vocab_size: int, ra
         if which == "train":
             raise ConfigError("data.train: give a FunASR jsonl (or data.profile for synthetic batches)")
         return None
-    sampler = TokenBatchSampler(dataset.lengths(), batch_tokens=d.batch_tokens, max_utts=d.max_utts,
-                                sort_size=d.sort_size, shuffle=d.shuffle and which == "train", seed=cfg.train.seed,
-                                rank=rank, world_size=world)
-    # Our own generator: the loader then draws its worker seeds from it, not from torch's global RNG,
-    # so dropout randomness in the model is the same with or without a resume.
-    gen = torch.Generator()
-    gen.manual_seed(cfg.train.seed)
-    workers = d.num_workers
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_sampler=sampler, collate_fn=collator, num_workers=workers,
-        pin_memory=d.pin_memory and torch.cuda.is_available(), generator=gen,
-        prefetch_factor=4 if workers else None, persistent_workers=workers > 0,
-        worker_init_fn=ignore_sigint if workers else None,
-    )
-    return Split(dataset, sampler, NotedLoader(loader, which), skipped)
+    return dataset, skipped
 
 
 def ignore_sigint(_worker_id: int) -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..config import Config
+from ..config import Config, ConfigError
+from ..families import family_of
 from .decode import Recognizer, timed_transcribe
 from .metrics import corpus_rates, errors
 
@@ -48,8 +49,11 @@ def load_run(path: str | Path, weights: str | None = None, device: str = "cpu"):
 
 
 def recognizer(cfg: Config, model, tokenizer, device: str = "cpu", **kw) -> Recognizer:
-    return Recognizer(model, tokenizer, cfg.model.frontend, device=device, sys_prompt=cfg.data.sys_prompt,
-                      do_think=cfg.data.do_think, **kw)
+    """The model family's decoding (its prompt, features and splicing) with ``model``."""
+    make = family_of(cfg).recognizer
+    if make is None:
+        raise ConfigError(f"model.family={cfg.model.family} does not decode audio (brisk eval gives its own measures)")
+    return make(cfg, model, tokenizer, device, **kw)
 
 
 def score(keys: list[str], refs: list[str], hyps: list[str]) -> tuple[list[dict], dict]:
@@ -120,10 +124,9 @@ def eval_main(args) -> int:
 
     device = pick_device(args.device)
     cfg, model, tok, w = load_run(args.model, args.weights, device)
-    if cfg.task == "chat":
-        from .chat_eval import chat_eval_main
-
-        return chat_eval_main(args, cfg, model, tok, w, device)
+    own = family_of(cfg).eval_main
+    if own is not None:  # a family that does not decode audio measures itself
+        return own(args, cfg, model, tok, w, device)
     keys, paths, refs = read_eval_set(args.data, cfg)
     run = Path(args.model)
     which = describe_weights(run, w, cfg.train.keep_metric) if folder_kind(run) == "run" else f"weights: {w or run}"
@@ -168,11 +171,11 @@ def add_verbs(sub) -> None:
                        help="--fast with the decode step compiled by torch.compile before capture (CUDA; compiles once)")
 
     e = sub.add_parser("eval", help="decode a jsonl, CER/WER with jiwer, one line per utterance "
-                                    "(task chat: loss, perplexity and greedy answers)")
+                                    "(a causal LM: loss, perplexity and greedy answers)")
     e.add_argument("model", help="a brisk run folder or a FunASR model folder")
     e.add_argument("data", help="a FunASR jsonl with references")
     e.add_argument("--out", help="per-utterance jsonl (default: MODEL/eval/<data>.jsonl)")
-    e.add_argument("--answers", type=int, default=3, help="task chat: conversations answered greedily (default 3)")
+    e.add_argument("--answers", type=int, default=3, help="a causal LM: conversations answered greedily (default 3)")
     common(e)
     e.set_defaults(fn=eval_main)
     t = sub.add_parser("transcribe", help="print the transcript of each audio file")

@@ -27,7 +27,7 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", ove
     kind = folder_kind(path)
     if kind == "run":
         cfg = load_config(path / "config.yaml", overrides, check_paths=False)  # its data may have moved
-        model = build_model(cfg.model, task=cfg.task)
+        model = build_model(cfg.model)
         weights = run_weights(path, weights, cfg.train.keep_metric)
         if weights is not None:
             state = read_state_dict(weights)
