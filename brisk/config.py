@@ -217,6 +217,7 @@ class DataConfig:
     auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
     max_len: int = 2048  # task chat: tokens of one conversation at most (see data.overlong)
     overlong: str = "truncate"  # task chat: a conversation over data.max_len is truncated (its end dropped) or skipped
+    language: str | None = None  # model.family=qwen3_asr: FunASR jsonl targets become "language <this><asr_text>..." and decoding is prefilled with it (none: "language None", no prefill)
     chat_template: str | None = None  # task chat: a jinja chat template with {% generation %} markers; none: the tokenizer's own, or the training twin of a known one
 
     def __post_init__(self):

@@ -127,7 +127,8 @@ def eval_main(args) -> int:
     own = family_of(cfg).eval_main
     if own is not None:  # a family that does not decode audio measures itself
         return own(args, cfg, model, tok, w, device)
-    keys, paths, refs = read_eval_set(args.data, cfg)
+    own_set = family_of(cfg).eval_set
+    keys, paths, refs = own_set(args.data, cfg) if own_set is not None else read_eval_set(args.data, cfg)
     run = Path(args.model)
     which = describe_weights(run, w, cfg.train.keep_metric) if folder_kind(run) == "run" else f"weights: {w or run}"
     print(which, flush=True)

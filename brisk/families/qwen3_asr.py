@@ -41,6 +41,7 @@ FAMILY = register(Family(
     readme=Ref("brisk.models.qwen3_asr:write_readme"),
     recognizer=Ref("brisk.eval.qwen3_asr_decode:qwen3_asr_recognizer"),
     val_recognizer=Ref("brisk.eval.qwen3_asr_decode:qwen3_asr_val_recognizer"),
+    eval_set=Ref("brisk.data.qwen3_asr:eval_set"),
     encoder_blocks=encoder_blocks,
     audio_path=("audio_tower", "multi_modal_projector"),
 ))

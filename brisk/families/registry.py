@@ -56,6 +56,7 @@ class Family:
     recognizer: Ref | None = None  # (cfg, model, tokenizer, device, **kw) -> eval.decode.Recognizer
     val_recognizer: Ref | None = None  # (model, valid dataset, device, fast) -> Recognizer for train.val_decode
     eval_main: Ref | None = None  # (args, cfg, model, tokenizer, weights, device) -> exit code: its own `brisk eval`
+    eval_set: Ref | None = None  # (path, cfg) -> (keys, audio paths, references) of an eval jsonl; none: FunASR jsonl
     task: str = ""  # the old top-level `task:` word for it (an alias)
     labelled: str = "transcript"  # what its labelled tokens are (the log's accuracy line)
     frozen_audio: tuple[str, ...] = ()  # switches that need model.encoder.freeze and model.adaptor.freeze
