@@ -86,7 +86,7 @@ class Qwen3ASR(nn.Module):
     def encode_audio(self, speech: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Log-mel frames [N, F, 128] (zero-padded) and their lengths -> the projected rows of every utterance,
         flat [A, D] in utterance order (A: the sum of each utterance's audio token count)."""
-        chunk = 2 * self.n_window
+        chunk = 2 * self.audio_tower.n_window
         pad = -speech.shape[1] % chunk  # the tower runs in whole chunks of 2 * n_window frames
         feats = F.pad(speech, (0, 0, 0, pad)).transpose(1, 2)  # [N, 128, F']
         mask = (torch.arange(feats.shape[-1], device=feats.device) < lengths[:, None]).long()
