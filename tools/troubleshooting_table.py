@@ -214,6 +214,13 @@ def main_table() -> None:
          ["train", sft, f"train.output_dir={tmp}/cn", f"data.train={jsonl(tmp, 'noanswer.jsonl', noanswer)}"],
          shown="brisk train configs/sft_demo.yaml data.train=<chat jsonl, line 5: no assistant turn>")
 
+    # model.family: an unknown family, and what Qwen3-ASR does not take
+    q3 = str(REPO / "configs" / "qwen3_asr_demo.yaml")
+    case("an unknown model family", ["train", q3, "model.family=whisper"])
+    case("qwen3_asr: a CUDA-graphed step", ["train", q3, "speed.cuda_graph=true", "speed.packing=true",
+                                            "speed.frozen_eval=true", "model.encoder.freeze=true", "model.adaptor.freeze=true"])
+    case("qwen3_asr: a FunASR export", ["train", q3, "train.export=funasr"])
+
     print("| mistake | command | what brisk prints | exit |")
     print("|---|---|---|---|")
     for what, cmd, line, rc in rows:
