@@ -9,8 +9,9 @@ assembling a run reads. Every broken rule is one ``ConfigError`` line that names
 
 Adding a switch: a field in ``SpeedConfig`` (config.py, with its comment), an entry here, its rules here, and
 its ``apply_*`` function in brisk/speed, called by ``speed.accelerate`` (model side) or by
-``train.assemble.step_function`` (step side: ``speed.graph.GraphedStep``). Which switches a model family takes and
-its preset values are the family's (brisk/families); the plan asks it. The acceleration line, accel.json and the report list whatever ``SpeedPlan.on`` holds.
+``train.assemble.step_function`` (step side: ``speed.graph.GraphedStep``). Which switches a model family takes
+and its preset values are the family's (brisk/families); the plan asks it. The acceleration line, accel.json and
+the report list whatever ``SpeedPlan.on`` holds.
 
 This module imports neither torch nor the config module (the report reads it in a process without torch).
 """
@@ -62,10 +63,17 @@ SWITCH_KEYS = tuple(s.key for s in SWITCHES)
 # without CUDA the gpu_only switches stay off, and the frozen-audio switches need a frozen encoder and adaptor
 # (the plan's notes say what was left off and why). A switch goes in when a probe against the shipped
 # kernel_noise tolerances and an interleaved bench on the GPU show it keeps the numbers and pays.
-PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    name: {key: values for f in families.all_families() if name in f.presets for key in (f.name, f.task) if key
-           for values in (f.presets[name],)}
-    for name in sorted({n for f in families.all_families() for n in f.presets})}
+def _presets() -> dict[str, dict[str, dict[str, Any]]]:
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for f in families.all_families():
+        for name, values in f.presets.items():
+            for key in (f.name, f.task):
+                if key:
+                    out.setdefault(name, {})[key] = values
+    return out
+
+
+PRESETS = _presets()
 PACKAGES = {"fla_kernels": "fla", "liger": "liger_kernel", "liger_loss": "liger_kernel"}  # a preset skips them if missing
 
 

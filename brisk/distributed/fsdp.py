@@ -2,8 +2,8 @@
 
 Applied from outside the plain model, torchtitan's way: each decoder layer is its own FSDP unit (its
 parameters all-gathered just before its forward/backward and freed after), then the whole model is the
-root unit (embeddings, final norm, the tied head, and any trainable audio module). The SpeechLLM is the root,
-not the LLM, because the token embeddings run in SpeechLLM.forward before the LLM. Frozen modules (the
+root unit (embeddings, final norm, the tied head, and any trainable audio module). The model is the root,
+not the LLM, because the token embeddings run in the model's forward before the LLM. Frozen modules (the
 encoder and adaptor in FunASR's recipe) are left out (``ignored_params``): replicated, not sharded, so the
 frozen audio path (speed.frozen_eval) can call them outside the root's forward.
 
