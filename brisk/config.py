@@ -24,6 +24,7 @@ from .errors import ConfigError  # noqa: F401 - re-exported: config errors are r
 from .formats.funasr import funasr_folder_config, funasr_folder_data_config
 from .formats.brisk_keys import keys_tree, read_keys_file
 from .formats.hf import hf_folder_model_config, is_hf_folder
+from . import families
 from .plan import PRESETS, check_rules, expand_preset
 
 
@@ -160,6 +161,7 @@ class LLMConfig:
 
 @dataclass
 class ModelConfig:
+    family: str = families.DEFAULT  # the model family (brisk/families): fun_asr_nano | causal_lm | qwen3_asr
     path: str | None = None  # a FunASR model folder (config.yaml, model.pt, the LLM folder); overrides sizes
     init: str | None = None  # weights to start from: FunASR model.pt, brisk checkpoint, or .safetensors
     seed: int = 0  # seed of the random initialisation (before any weights are loaded)
@@ -216,6 +218,7 @@ class DataConfig:
     auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
     max_len: int = 2048  # task chat: tokens of one conversation at most (see data.overlong)
     overlong: str = "truncate"  # task chat: a conversation over data.max_len is truncated (its end dropped) or skipped
+    language: str | None = None  # model.family=qwen3_asr: FunASR jsonl targets become "language <this><asr_text>..." and decoding is prefilled with it (none: "language None", no prefill)
     chat_template: str | None = None  # task chat: a jinja chat template with {% generation %} markers; none: the tokenizer's own, or the training twin of a known one
     train_split: str | None = None  # a split of data.train where its layout has splits (train_sft of ultrachat_200k's parquet folder, a DatasetDict folder)
     valid_split: str | None = None  # a split of data.valid (test_sft); data.valid may be the same folder as data.train
@@ -407,7 +410,7 @@ class BenchConfig:
 
 @dataclass
 class Config:
-    task: str = "speech"  # speech: a speech-LLM on FunASR jsonl | chat: a causal LM on chat jsonl (assistant-only loss)
+    task: str | None = None  # old name of model.family, kept as an alias: speech = fun_asr_nano, chat = causal_lm (filled from model.family)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -418,8 +421,14 @@ class Config:
     bench: BenchConfig = field(default_factory=BenchConfig)
 
     def __post_init__(self):
-        if self.task not in ("speech", "chat"):
-            raise ConfigError(f"task={self.task!r}: use speech or chat")
+        if self.task is not None:  # the old word picks the family unless model.family names one itself
+            named = families.get(self.task, key="task")
+            if self.model.family not in (families.DEFAULT, named.name):
+                raise ConfigError(f"task={self.task} and model.family={self.model.family} name different model "
+                                  "families; give model.family alone")
+            self.model.family = named.name
+        family = families.get(self.model.family)
+        self.task = family.task or family.name  # read by code written before model.family
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -729,6 +738,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if folder:
         tree = _with_model_folder(tree, folder)
     merged = expand_preset(_merge(tree, cli))
+    if merged.get("task") is not None and "family" not in (merged.get("model") or {}):
+        import logging
+
+        logging.getLogger("brisk").info("config: task: %s is the old name of model.family (%s); it still works",
+                                        merged["task"], families.get(merged["task"], key="task").name)
     _resolve_paths(merged, Path.cwd(), CWD_KEYS & _flatten(merged))
     cfg = build(Config, merged)
     check_rules(cfg)  # which switches go together: before any model exists

@@ -8,8 +8,10 @@ the device and the number of ranks, resolves a preset for that device and return
 assembling a run reads. Every broken rule is one ``ConfigError`` line that names the keys.
 
 Adding a switch: a field in ``SpeedConfig`` (config.py, with its comment), an entry here, its rules here, and
-its ``apply_*`` function in brisk/speed, called by ``speed.accelerate`` (model side) or ``speed.wrap_step``
-(step side). The acceleration line, accel.json and the report list whatever ``SpeedPlan.on`` holds.
+its ``apply_*`` function in brisk/speed, called by ``speed.accelerate`` (model side) or by
+``train.assemble.step_function`` (step side: ``speed.graph.GraphedStep``). Which switches a model family takes
+and its preset values are the family's (brisk/families); the plan asks it. The acceleration line, accel.json and
+the report list whatever ``SpeedPlan.on`` holds.
 
 This module imports neither torch nor the config module (the report reads it in a process without torch).
 """
@@ -20,6 +22,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from . import families
 from .errors import ConfigError
 
 if TYPE_CHECKING:  # config.py calls check_rules: a runtime import back would be a circle
@@ -48,38 +51,32 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("fused_adamw", "optimizer", True, "torch's fused AdamW; non-finite steps skipped on the device"),
     Switch("tf32", "process", True, "TF32 matmuls and convolutions for fp32 work (process-wide, restored after)"),
     Switch("linear_attention_batched", "model", False, "a packed row's sequences as one padded batch in Gated DeltaNet "
-           "layers (task chat)"),
-    Switch("fla_kernels", "model", True, "flash-linear-attention's kernels for Gated DeltaNet layers (task chat)"),
+           "layers"),
+    Switch("fla_kernels", "model", True, "flash-linear-attention's kernels for Gated DeltaNet layers"),
     Switch("liger", "model", True, "liger-kernel's fused RMSNorm and SwiGLU in the decoder"),
-    Switch("liger_loss", "step", True, "liger-kernel's fused linear cross-entropy (task chat)"),
+    Switch("liger_loss", "step", True, "liger-kernel's fused linear cross-entropy"),
     Switch("optimizer_in_backward", "optimizer", True, "each decoder layer updated by fused AdamW as soon as its "
            "gradients are final, under the rest of the backward"),
 )
 SWITCH_KEYS = tuple(s.key for s in SWITCHES)
 
-# What ``speed.preset`` turns on. Single speed.* keys given in the config or on the command line win over it;
-# on a device without CUDA the gpu_only switches stay off, and the frozen-audio switches need a frozen encoder
-# and adaptor (the plan's notes say what was left off and why). A switch goes in when a probe against the
-# shipped kernel_noise tolerances and an interleaved bench on the GPU show it keeps the numbers and pays:
-# bench/results/2026-12-01-h200-round3b (speech: 17.4 ms against the round-2 fast path's 20.3; the probe meets
-# the same 1,349 of 1,350 gates as that fast path).
-PRESETS: dict[str, dict[str, dict[str, Any]]] = {  # name -> task -> values
-    "fast": {
-        "speech": {"packing": True, "cuda_graph": True, "frozen_eval": True, "encoder_dtype": "bf16", "compile": True,
-                   "fused_adamw": True, "label_head": True, "label_rows_frac": 0.3, "fresh_grads": True,
-                   "fuse_projections": True,
-                   # 1,792 and 2,304 too: FunASR's ~1,600-token steps pad to 1,741 positions, not 1,971 (28.0 ms
-                   # against 30.1, bench/results/2026-12-01-h200-round3c)
-                   "pack_buckets": [256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2304, 2560, 3072,
-                                    4096]},
-        "chat": {"packing": True, "fused_adamw": True, "label_head": True, "fla_kernels": True,
-                 "linear_attention_batched": True},  # the Gated DeltaNet path where fla is left off
-    },
-}
+# What ``speed.preset`` turns on: each family's own values (brisk/families), name -> family (and its old task
+# word) -> values. Single speed.* keys given in the config or on the command line win over it; on a device
+# without CUDA the gpu_only switches stay off, and the frozen-audio switches need a frozen encoder and adaptor
+# (the plan's notes say what was left off and why). A switch goes in when a probe against the shipped
+# kernel_noise tolerances and an interleaved bench on the GPU show it keeps the numbers and pays.
+def _presets() -> dict[str, dict[str, dict[str, Any]]]:
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for f in families.all_families():
+        for name, values in f.presets.items():
+            for key in (f.name, f.task):
+                if key:
+                    out.setdefault(name, {})[key] = values
+    return out
+
+
+PRESETS = _presets()
 PACKAGES = {"fla_kernels": "fla", "liger": "liger_kernel", "liger_loss": "liger_kernel"}  # a preset skips them if missing
-SPEECH_ONLY = ("frozen_eval", "encoder_dtype", "encoder_cache", "cuda_graph", "fresh_grads")
-CHAT_ONLY = ("linear_attention_batched", "fla_kernels", "liger_loss")
-FROZEN_AUDIO = ("frozen_eval", "encoder_dtype", "encoder_cache", "cuda_graph", "fresh_grads")  # need frozen audio
 
 
 @dataclass(frozen=True)
@@ -87,12 +84,13 @@ class Rule:
     keys: str  # the keys the message names
     when: str  # config | device | ranks
     broken: Callable[[Any, str, int], bool]  # (cfg, device type, world) -> True when the rule is broken
-    message: str
+    message: str | Callable[[Any], str]  # formatted with world, device, cfg; or cfg -> the line
 
     def check(self, cfg, device: str = "", world: int = 1) -> None:
         if self.broken(cfg, device, world):
-            speech_on = ", ".join(f"speed.{k}" for k in switches_on(cfg.speed) if k in SPEECH_ONLY)
-            raise ConfigError(self.message.format(world=world, device=device, cfg=cfg, speech_on=speech_on))
+            if callable(self.message):
+                raise ConfigError(self.message(cfg))
+            raise ConfigError(self.message.format(world=world, device=device, cfg=cfg))
 
 
 RULES: tuple[Rule, ...] = (
@@ -143,28 +141,17 @@ RULES: tuple[Rule, ...] = (
          lambda c, d, w: c.speed.clip_by_previous_norm and not c.speed.optimizer_in_backward,
          "speed.clip_by_previous_norm belongs to speed.optimizer_in_backward (the plain step clips by its own norm); "
          "set it false or turn speed.optimizer_in_backward on"),
-    Rule("task, speech switches", "config",
-         lambda c, d, w: c.task == "chat" and any(k in switches_on(c.speed) for k in SPEECH_ONLY),
-         "task chat: {speech_on} act on the audio path or the speech fast path's graphs; set them false "
-         "(the chat path takes packing, compile, fused_adamw, label_head, linear_attention_batched, fla_kernels, "
-         "liger, liger_loss)"),
-    Rule("task, chat switches", "config",
-         lambda c, d, w: c.task == "speech" and any(k in switches_on(c.speed) for k in CHAT_ONLY),
-         "speed.linear_attention_batched, fla_kernels and liger_loss are for task: chat (the speech-LLM's Qwen3 "
-         "decoder has no linear attention, and speed.label_head is its loss without full logits); set them false"),
-    Rule("task, model.encoder.activation_checkpoint", "config",
-         lambda c, d, w: c.task == "chat" and c.model.encoder.activation_checkpoint,
-         "model.encoder.activation_checkpoint recomputes the speech encoder's blocks; a task: chat model has no "
-         "encoder (model.llm.activation_checkpoint recomputes its decoder layers)"),
-    Rule("task, train.export", "config", lambda c, d, w: c.task == "chat" and c.train.export == "funasr",
-         "train.export=funasr is a speech-LLM folder; with task: chat use train.export=hf or none"),
-    Rule("task, train.val_decode", "config", lambda c, d, w: c.task == "chat" and c.train.val_decode,
-         "train.val_decode decodes speech; with task: chat use train.val_decode=0 (brisk eval gives greedy answers)"),
-    Rule("task, model.path", "config", lambda c, d, w: c.task == "chat" and c.model.path,
-         "model.path is a speech-LLM folder; with task: chat give the causal LM's folder as model.llm.path (or "
-         "model.llm.config for a random one)"),
-    Rule("task, data.profile", "config", lambda c, d, w: c.task == "chat" and c.data.profile,
-         "data.profile makes synthetic speech batches; with task: chat give data.train (chat jsonl)"),
+    # What a model family takes and needs is the family's (brisk/families); these rules ask it.
+    Rule("model.family, speed switches", "config", lambda c, d, w: bool(_not_taken(c)),
+         lambda c: families.family_of(c).refuse(_not_taken(c))),
+    Rule("model.family, train.export", "config",
+         lambda c, d, w: c.train.export != "none" and c.train.export not in families.family_of(c).exporters,
+         lambda c: f"train.export={c.train.export}: model.family={c.model.family} writes "
+                   f"{', '.join(families.family_of(c).exporters)} (or none); set train.export to one of them"),
+    Rule("model.family, train.val_decode", "config",
+         lambda c, d, w: c.train.val_decode and families.family_of(c).val_recognizer is None,
+         "train.val_decode decodes speech; model.family={cfg.model.family} has no decoder: use train.val_decode=0 "
+         "(brisk eval gives greedy answers)"),
     Rule("speed.cuda_graph, train.device", "device", lambda c, d, w: c.speed.cuda_graph and d != "cuda",
          "speed.cuda_graph needs a CUDA device (this run's is {device})"),
     Rule("speed.cuda_graph, train.parallel", "ranks",
@@ -187,10 +174,20 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+def _not_taken(cfg) -> list[str]:
+    """The switches turned on that the config's model family does not take."""
+    takes = families.family_of(cfg).switches
+    return [k for k in switches_on(cfg.speed) if k not in takes]
+
+
 def check_rules(cfg: "Config", when: tuple[str, ...] = ("config",), device: str = "", world: int = 1) -> None:
     for rule in RULES:
         if rule.when in when:
             rule.check(cfg, device, world)
+    if "config" in when:  # the model family's own rules
+        for r in families.family_of(cfg).rules:
+            if r.broken(cfg):
+                raise ConfigError(r.message)
 
 
 def _default(speed, key: str):
@@ -204,14 +201,19 @@ def switches_on(speed) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ presets
-def preset_values(name: str, frozen_audio: bool, lora: bool = False, task: str = "speech",
+def preset_values(name: str, frozen_audio: bool, lora: bool = False, family: str = families.DEFAULT,
                   fsdp: bool = False) -> dict[str, Any]:
-    """The preset's values for a task, for a model whose encoder and adaptor are (or are not) both frozen, with
-    or without LoRA adapters (the fused projections would skip them) or FSDP (fused projections untested there)."""
+    """The preset's values for a model family (its name or old task word), for a model whose encoder and adaptor
+    are (or are not) both frozen, with or without LoRA adapters (the fused projections would skip them) or FSDP
+    (fused projections untested there)."""
     if name not in PRESETS:
         raise ConfigError(f"speed.preset={name!r}: use one of {', '.join(sorted(PRESETS))} (or leave it unset)")
-    values = dict(PRESETS[name][task])
-    for k in (() if frozen_audio else FROZEN_AUDIO) + (("fuse_projections",) if lora or fsdp else ()):
+    fam = families.get(family)
+    if name not in fam.presets:
+        raise ConfigError(f"speed.preset={name}: model.family={fam.name} has no such preset (its presets: "
+                          f"{', '.join(sorted(fam.presets)) or 'none'}); leave speed.preset unset")
+    values = dict(fam.presets[name])
+    for k in (() if frozen_audio else fam.frozen_audio) + (("fuse_projections",) if lora or fsdp else ()):
         values.pop(k, None)
     return values
 
@@ -229,7 +231,8 @@ def expand_preset(tree: dict) -> dict:
     lora = bool(((model.get("llm") or {}).get("lora") or {}).get("enabled", False))
     out = dict(tree)
     fsdp = (tree.get("train") or {}).get("parallel") == "fsdp"
-    out["speed"] = {**preset_values(name, frozen, lora, tree.get("task", "speech"), fsdp), **speed}
+    family = model.get("family") or tree.get("task") or families.DEFAULT
+    out["speed"] = {**preset_values(name, frozen, lora, family, fsdp), **speed}
     return out
 
 
@@ -250,7 +253,7 @@ class SpeedPlan:
     world: int = 1
     notes: tuple[str, ...] = ()
     on: tuple[str, ...] = field(default=())
-    task: str = "speech"
+    family: str = families.DEFAULT  # model.family
 
     def __contains__(self, key: str) -> bool:
         return key in self.on
@@ -282,7 +285,8 @@ def make_plan(cfg: "Config", device: str, world: int = 1,
     speed, notes = cfg.speed, []
     if speed.preset:
         frozen = cfg.model.encoder.freeze and cfg.model.adaptor.freeze
-        values = preset_values(speed.preset, frozen, cfg.model.llm.lora.enabled, cfg.task, cfg.train.parallel == "fsdp")
+        values = preset_values(speed.preset, frozen, cfg.model.llm.lora.enabled, cfg.model.family,
+                               cfg.train.parallel == "fsdp")
         off = {k: f"{p} is not installed" for k, p in PACKAGES.items() if k in values and not _installed(p)}
         off.update({k: why for k, why in (unusable or {}).items() if k in values and k not in off})
         if device != "cuda":
@@ -300,9 +304,10 @@ def make_plan(cfg: "Config", device: str, world: int = 1,
         notes.append(f"preset {speed.preset}: on {', '.join(on) or 'nothing'}" +
                      (f"; with {', '.join(settings)}" if settings else "") +
                      "".join(f"; left off {k} ({why})" for k, why in off.items() if k in changes))
-        if not frozen and cfg.task == "speech":
-            notes.append(f"preset {speed.preset}: the frozen-audio switches ({', '.join(FROZEN_AUDIO)}) stay off: "
+        frozen_audio = families.family_of(cfg).frozen_audio
+        if not frozen and frozen_audio:
+            notes.append(f"preset {speed.preset}: the frozen-audio switches ({', '.join(frozen_audio)}) stay off: "
                          "model.encoder.freeze and model.adaptor.freeze are not both true")
         cfg = dataclasses.replace(cfg, speed=speed)
     check_rules(cfg, ("config", "device", "ranks"), device, world)
-    return cfg, SpeedPlan(speed, device, world, tuple(notes), tuple(switches_on(speed)), cfg.task)
+    return cfg, SpeedPlan(speed, device, world, tuple(notes), tuple(switches_on(speed)), cfg.model.family)

@@ -13,6 +13,7 @@ from brisk.data.collate import collator_for
 from brisk.data.loader import build_split
 from brisk.models.build import build_model
 from brisk.plan import make_plan
+from brisk.families import family_of
 from brisk.speed.optim_in_backward import apply_optimizer_in_backward, layer_buckets
 from brisk.train.optim import WarmupLR, build_optimizer, load_optimizer_state, trainable_params
 from brisk.train.step import StepHooks, TrainStep
@@ -37,7 +38,7 @@ def _step(cfg, *, in_backward: bool, clip: float = 0.0, state: tuple | None = No
     params = trainable_params(model)
     hooks = StepHooks(grad_groups={id(p): i % 3 for i, p in enumerate(params)})
     if in_backward:
-        hooks.in_backward, _ = apply_optimizer_in_backward(model, opt, params, clip)
+        hooks.in_backward, _ = apply_optimizer_in_backward(family_of(cfg).decoder_layers(model), opt, params, clip)
     if state is not None:  # after the updater: loading replaces the optimizer's group dicts, which it must follow
         model.load_state_dict(state[0])
         load_optimizer_state(opt, state[1])
@@ -178,7 +179,7 @@ def test_buckets_are_the_decoder_layers_last_first(tmp_path):
     cfg = tiny_config(tmp_path)
     model = build_model(cfg.model)
     params = trainable_params(model)
-    buckets = layer_buckets(model.llm, params)
+    buckets = layer_buckets(family_of(cfg).decoder_layers(model), params)
     layers = list(model.llm.model.layers)
     assert [set(map(id, b)) for b in buckets] == [set(map(id, layer.parameters())) for layer in reversed(layers)]
 

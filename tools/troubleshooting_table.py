@@ -241,6 +241,12 @@ def main_table() -> None:
          ["train", sft, f"train.output_dir={tmp}/cl", "train.max_steps=1", "data.max_len=64", "data.valid=none",
           f"data.train={jsonl(tmp, 'unlabelled.jsonl', unlabelled)}"], pick="dropped", want="out",
          shown="brisk train configs/sft_demo.yaml data.max_len=64 data.train=<chat jsonl with 2 user turns of 80 words>")
+    # model.family: an unknown family, and what Qwen3-ASR does not take
+    q3 = str(REPO / "configs" / "qwen3_asr_demo.yaml")
+    case("an unknown model family", ["train", q3, "model.family=whisper"])
+    case("qwen3_asr: a CUDA-graphed step", ["train", q3, "speed.cuda_graph=true", "speed.packing=true",
+                                            "speed.frozen_eval=true", "model.encoder.freeze=true", "model.adaptor.freeze=true"])
+    case("qwen3_asr: a FunASR export", ["train", q3, "train.export=funasr"])
 
     print("| mistake | command | what brisk prints | exit |")
     print("|---|---|---|---|")

@@ -35,11 +35,15 @@ def sample_stream(cfg: Config, n: int, vocab: int) -> list[list]:
 
 
 def llm_vocab(cfg: Config) -> int:
-    if cfg.model.llm.path:
-        from transformers import AutoConfig
+    """The decoder's vocabulary (of a multimodal config too: its text config's)."""
+    from transformers import AutoConfig
 
-        return AutoConfig.from_pretrained(cfg.model.llm.path, local_files_only=True).vocab_size
-    return int(cfg.model.llm.config["vocab_size"])
+    if cfg.model.llm.path:
+        c = AutoConfig.from_pretrained(cfg.model.llm.path, local_files_only=True)
+    else:
+        extra = dict(cfg.model.llm.config)
+        c = AutoConfig.for_model(extra.pop("model_type"), **extra)
+    return int(c.get_text_config().vocab_size)
 
 
 @dataclass

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from ..config import Config, ConfigError
+from ..families import family_of
 from .collate import Collator
 from .context import ContextPrompt
 from .dataset import SpeechDataset, SyntheticDataset, read_profile
@@ -30,26 +31,35 @@ def load_tokenizer(cfg: Config):
 
 
 def prepare_data(cfg: Config, tokenizer=None) -> dict[str, object]:
-    """data.train and data.valid read, checked and indexed (speech: every line and audio file) or tokenised
-    (chat), before the model is built: a bad line or audio file is one line at start, not after a minute of
-    loading a 2B model. What is built is cached in data.cache_dir and handed to build_split as it is."""
-    return {which: _prepare(cfg, which, tokenizer) for which in ("train", "valid")}
+    """data.train and data.valid read, checked and indexed or tokenised by the model family (its ``prepare``),
+    before the model is built: a bad line or audio file is one line at start, not after a minute of loading a
+    2B model. What is built is cached in data.cache_dir and handed to build_split as it is."""
+    prepare = family_of(cfg).prepare
+    out: dict[str, object] = {"train": None, "valid": None}
+    if prepare is not None:
+        for which in out:
+            path = cfg.data.train if which == "train" else cfg.data.valid
+            if path:
+                out[which] = prepare(cfg, which, path, tokenizer)
+    return out
 
 
-def _prepare(cfg: Config, which: str, tokenizer=None):
+def chat_prepare(cfg: Config, which: str, path: str, tokenizer=None):
+    """A causal LM's data (jsonl, parquet, datasets folders), tokenised once into the cache (its ``prepare``)."""
+    from .chat_store import build_chat_store
+
     d = cfg.data
-    path = d.train if which == "train" else d.valid
-    if not path:
-        return None
-    if cfg.task == "chat":
-        from .chat_store import build_chat_store
+    return build_chat_store(path, tokenizer if tokenizer is not None else load_tokenizer(cfg),
+                            max_len=d.max_len, overlong=d.overlong, skip_bad=d.skip_bad,
+                            cache_dir=cache_dir(cfg), split=d.train_split if which == "train" else d.valid_split,
+                            template_path=d.chat_template, workers=d.prepare_workers, what=f"data.{which}")
 
-        return build_chat_store(path, tokenizer if tokenizer is not None else load_tokenizer(cfg),
-                                max_len=d.max_len, overlong=d.overlong, skip_bad=d.skip_bad,
-                                cache_dir=cache_dir(cfg), split=d.train_split if which == "train" else d.valid_split,
-                                template_path=d.chat_template, workers=d.prepare_workers, what=f"data.{which}")
+
+def speech_prepare(cfg: Config, which: str, path: str, tokenizer=None):
+    """A FunASR jsonl indexed once, every line and audio file checked (Fun-ASR-Nano's ``prepare``)."""
     from .speech_index import build_speech_index
 
+    d = cfg.data
     return build_speech_index(path, max_speech_length=d.max_speech_length, max_text_length=d.max_text_length,
                               skip_bad=d.skip_bad, cache_dir=cache_dir(cfg), check_audio=d.check_audio,
                               workers=d.prepare_workers, what=f"data.{which}")
@@ -77,20 +87,46 @@ def build_split(cfg: Config, which: str, collator: Collator, vocab_size: int, ra
     """``prepared``: what prepare_data built for this split (built here when not given)."""
     d = cfg.data
     path = d.train if which == "train" else d.valid
+    made = family_of(cfg).dataset(cfg, which, path, vocab_size, tokenizer, prepared)  # the model family's samples
+    if made is None:
+        return None
+    dataset, skipped, counts = made
+    sampler = TokenBatchSampler(dataset.lengths(), batch_tokens=d.batch_tokens, max_utts=d.max_utts,
+                                sort_size=d.sort_size, shuffle=d.shuffle and which == "train", seed=cfg.train.seed,
+                                rank=rank, world_size=world)
+    # Our own generator: the loader then draws its worker seeds from it, not from torch's global RNG,
+    # so dropout randomness in the model is the same with or without a resume.
+    gen = torch.Generator()
+    gen.manual_seed(cfg.train.seed)
+    workers = d.num_workers
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_sampler=sampler, collate_fn=collator, num_workers=workers,
+        pin_memory=d.pin_memory and torch.cuda.is_available(), generator=gen,
+        prefetch_factor=4 if workers else None, persistent_workers=workers > 0,
+        worker_init_fn=ignore_sigint if workers else None,
+    )
+    return Split(dataset, sampler, NotedLoader(loader, which), skipped, counts)
+
+
+def chat_dataset(cfg: Config, which: str, path: str | None, vocab_size: int, tokenizer=None, prepared=None):
+    """A causal LM's split: chat data with assistant-only labels (the family's ``dataset``)."""
+    if not path:
+        if which == "train":
+            raise ConfigError("data.train: give chat data: a jsonl, parquet files (a file, folder or glob) or a "
+                              "datasets save_to_disk folder, with 'messages' or 'prompt' + 'completion'")
+        return None
+    dataset = prepared if prepared is not None else chat_prepare(cfg, which, path, tokenizer)
+    return dataset, dataset.bad_first, dict(dataset.counts)
+
+
+def speech_dataset(cfg: Config, which: str, path: str | None, vocab_size: int, tokenizer=None, prepared=None):
+    """Fun-ASR-Nano's split: FunASR jsonl (FunASR's prompt and labels, fbank + LFR), or synthetic batches of a
+    length profile (the family's ``dataset``)."""
+    d = cfg.data
     skipped: list[str] = []
     counts: dict[str, int] = {}
-    if path and prepared is None:
-        prepared = _prepare(cfg, which, tokenizer)
-    if cfg.task == "chat":
-        if not path:
-            if which == "train":
-                raise ConfigError("data.train: give chat data: a jsonl, parquet files (a file, folder or glob) or a "
-                                  "datasets save_to_disk folder, with 'messages' or 'prompt' + 'completion'")
-            return None
-        dataset = prepared
-        skipped, counts = dataset.bad_first, dict(dataset.counts)
-    elif path:
-        index = prepared
+    if path:
+        index = prepared if prepared is not None else speech_prepare(cfg, which, path, tokenizer)
         skipped = index.skipped
         counts = {"bad_lines": len(skipped), "suspect_lines": index.meta["suspects"],
                   "missing_audio": index.meta["audio_missing"]}
@@ -108,21 +144,7 @@ def build_split(cfg: Config, which: str, collator: Collator, vocab_size: int, ra
         if which == "train":
             raise ConfigError("data.train: give a FunASR jsonl (or data.profile for synthetic batches)")
         return None
-    sampler = TokenBatchSampler(dataset.lengths(), batch_tokens=d.batch_tokens, max_utts=d.max_utts,
-                                sort_size=d.sort_size, shuffle=d.shuffle and which == "train", seed=cfg.train.seed,
-                                rank=rank, world_size=world)
-    # Our own generator: the loader then draws its worker seeds from it, not from torch's global RNG,
-    # so dropout randomness in the model is the same with or without a resume.
-    gen = torch.Generator()
-    gen.manual_seed(cfg.train.seed)
-    workers = d.num_workers
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_sampler=sampler, collate_fn=collator, num_workers=workers,
-        pin_memory=d.pin_memory and torch.cuda.is_available(), generator=gen,
-        prefetch_factor=4 if workers else None, persistent_workers=workers > 0,
-        worker_init_fn=ignore_sigint if workers else None,
-    )
-    return Split(dataset, sampler, NotedLoader(loader, which), skipped, counts)
+    return dataset, skipped, counts
 
 
 def cache_dir(cfg: Config) -> Path:

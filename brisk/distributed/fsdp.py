@@ -1,9 +1,9 @@
 """train.parallel=fsdp: FSDP2 (``fully_shard``, torch >= 2.6) for decoders too large for comfortable DDP.
 
 Applied from outside the plain model, torchtitan's way: each decoder layer is its own FSDP unit (its
-parameters all-gathered just before its forward/backward and freed after), then the whole SpeechLLM is the
-root unit (embeddings, final norm, the tied head, and any trainable audio module). The SpeechLLM is the root,
-not the LLM, because the token embeddings run in SpeechLLM.forward before the LLM. Frozen modules (the
+parameters all-gathered just before its forward/backward and freed after), then the whole model is the
+root unit (embeddings, final norm, the tied head, and any trainable audio module). The model is the root,
+not the LLM, because the token embeddings run in the model's forward before the LLM. Frozen modules (the
 encoder and adaptor in FunASR's recipe) are left out (``ignored_params``): replicated, not sharded, so the
 frozen audio path (speed.frozen_eval) can call them outside the root's forward.
 
@@ -20,12 +20,16 @@ import torch
 from torch import nn
 
 from ..config import Config, ConfigError
+from ..families import get as get_family
 from ..models.speech_llm import human, param_count
 
 
-def decoder_layers(llm: nn.Module) -> nn.ModuleList:
-    base = getattr(llm, "model", llm)
-    layers = getattr(base, "layers", None)
+def decoder_layers(model: nn.Module, cfg: Config) -> nn.ModuleList:
+    """The decoder layers, where the model family says they are."""
+    try:
+        layers = get_family(cfg.model.family).decoder_layers(model)
+    except AttributeError:
+        layers = None
     if not isinstance(layers, nn.ModuleList):
         raise ConfigError("train.parallel=fsdp: the LLM has no model.layers list (a transformers decoder-only LM)")
     return layers
@@ -39,7 +43,7 @@ def apply_fsdp(model: nn.Module, cfg: Config, device: torch.device) -> str:
     if "ignored_params" not in inspect.signature(fully_shard).parameters:
         raise ConfigError(f"train.parallel=fsdp needs torch >= 2.7 (fully_shard's ignored_params); this is {torch.__version__}")
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    layers = decoder_layers(model.llm)
+    layers = decoder_layers(model, cfg)
     for layer in layers:
         fully_shard(layer, mesh=mesh)
     frozen = {p for m, f in model.freeze_plan().items() if f for p in m.parameters()}

@@ -18,6 +18,7 @@ import yaml
 
 from ..config import Config, ConfigError
 from ..errors import DataError
+from ..families import family_of
 from .decode import Recognizer
 from .metrics import corpus_rates, errors
 
@@ -50,8 +51,11 @@ def load_run(path: str | Path, weights: str | None = None, device: str = "cpu"):
 
 
 def recognizer(cfg: Config, model, tokenizer, device: str = "cpu", **kw) -> Recognizer:
-    return Recognizer(model, tokenizer, cfg.model.frontend, device=device, sys_prompt=cfg.data.sys_prompt,
-                      do_think=cfg.data.do_think, **kw)
+    """The model family's decoding (its prompt, features and splicing) with ``model``."""
+    make = family_of(cfg).recognizer
+    if make is None:
+        raise ConfigError(f"model.family={cfg.model.family} does not decode audio (brisk eval gives its own measures)")
+    return make(cfg, model, tokenizer, device, **kw)
 
 
 def score(keys: list[str], refs: list[str], hyps: list[str]) -> tuple[list[dict], dict]:
@@ -67,16 +71,6 @@ def score(keys: list[str], refs: list[str], hyps: list[str]) -> tuple[list[dict]
                "char_errors": sum(r["char_errors"] for r in rows), "chars": sum(r["chars"] for r in rows),
                "word_errors": sum(r["word_errors"] for r in rows), "words": sum(r["words"] for r in rows)}
     return rows, summary
-
-
-def read_eval_set(path: str, cfg: Config) -> tuple[list[str], list[str], list[str]]:
-    """(keys, audio paths, references) of a FunASR jsonl: each line's first audio and first answer."""
-    from ..data.jsonl import read_jsonl
-
-    d = cfg.data
-    index = read_jsonl(path, max_speech_length=10**9, max_text_length=10**9, skip_bad=d.skip_bad)
-    utts = index.utterances
-    return [u.key for u in utts], [u.audio_paths()[0] for u in utts], [u.assistant[0] for u in utts]
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -149,13 +143,15 @@ def eval_main(args) -> int:
 
     args.data = data_path(args.data)  # data/demo/valid.jsonl names the shipped set when there is no such file here
     cfg, model, tok, w = load_run(args.model, args.weights, device)
-    if cfg.task == "chat":
-        from .chat_eval import chat_eval_main
+    family = family_of(cfg)
+    if family.eval_main is not None:  # a family that does not decode audio measures itself
+        return family.eval_main(args, cfg, model, tok, w, device)
+    from .testset import items_of, read_items
 
-        return chat_eval_main(args, cfg, model, tok, w, device)
-    from .testset import read_items
-
-    items = read_items([args.data], skip_bad=cfg.data.skip_bad)
+    if family.eval_set is not None:  # the family's own jsonl layout
+        items = items_of(*family.eval_set(args.data, cfg))
+    else:
+        items = read_items([args.data], skip_bad=cfg.data.skip_bad)
     missing = [it for it in items if it.ref is None]
     if missing:
         raise DataError(f"{args.data}: {missing[0].key} has no reference (an assistant answer); brisk eval scores "
@@ -262,11 +258,11 @@ def add_verbs(sub) -> None:
                        help="fbank + LFR one utterance at a time on the CPU (default: a batch at once on --device)")
 
     e = sub.add_parser("eval", help="decode a jsonl, CER/WER with jiwer, one line per utterance "
-                                    "(task chat: loss, perplexity and greedy answers)")
+                                    "(a causal LM: loss, perplexity and greedy answers)")
     e.add_argument("model", help="a brisk run folder or a FunASR model folder")
     e.add_argument("data", help="a FunASR jsonl with references, of any size (decoded in length-sorted batches)")
     e.add_argument("--out", help="per-utterance jsonl (default: MODEL/eval/<data>.jsonl)")
-    e.add_argument("--answers", type=int, default=3, help="task chat: conversations answered greedily (default 3)")
+    e.add_argument("--answers", type=int, default=3, help="a causal LM: conversations answered greedily (default 3)")
     common(e)
     e.set_defaults(fn=eval_main)
     t = sub.add_parser("transcribe", help="print the transcript of each audio file")

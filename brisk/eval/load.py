@@ -24,7 +24,7 @@ def chat_folder_overrides(path: Path) -> list[str]:
 
     found = read_keys_file(path) or {"keys": {}}
     keys = {k: v for k, v in found["keys"].items() if k.startswith(("data.", "model.llm."))}
-    return ["task=chat", "train.export=hf", f"model.llm.path={path}", f"data.tokenizer={path}",
+    return ["model.family=causal_lm", "train.export=hf", f"model.llm.path={path}", f"data.tokenizer={path}",
             *(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in keys.items())]
 
 
@@ -42,7 +42,7 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", ove
         cfg = load_config(path / "config.yaml", overrides, check_paths=False)  # its data may have moved
         weights = run_weights(path, weights, cfg.train.keep_metric)
         check_run_files(path, weights)  # config.yaml and the checkpoint describe the same model, or one line
-        model = build_model(cfg.model, task=cfg.task)
+        model = build_model(cfg.model)
         if weights is not None:
             state = read_state_dict(weights)
             own = model.state_dict()
@@ -58,7 +58,7 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", ove
             log.info("loaded %d tensors from %s", len(state), weights)
     elif kind == "chat":
         cfg = load_config(None, [*chat_folder_overrides(path), *(overrides or [])])
-        model = build_model(cfg.model, task="chat")
+        model = build_model(cfg.model)
     else:
         cfg = load_config(None, [f"model.path={path}", *(overrides or [])])
         model = build_model(cfg.model)

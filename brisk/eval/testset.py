@@ -75,6 +75,11 @@ def read_items(sources: list[str], max_speech_length: int = 10**9, skip_bad: boo
     return items
 
 
+def items_of(keys: list[str], paths: list[str], refs: list[str | None]) -> list[Item]:
+    """Items of a model family's own eval set (its jsonl layout); durations from the audio headers."""
+    return [Item(i, k, p, r, _duration(Path(p))) for i, (k, p, r) in enumerate(zip(keys, paths, refs))]
+
+
 def length_batches(items: list[Item], batch_size: int) -> list[list[Item]]:
     """Every item sorted by duration, longest first (ties: input order), cut into batches of ``batch_size``."""
     order = sorted(items, key=lambda it: (-it.seconds, it.index))

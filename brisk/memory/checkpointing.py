@@ -25,7 +25,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..config import ModelConfig
-from ..models.swap import swapped
+from ..families import get as family
+from ..swap import swapped
 
 _CLASSES: dict[type, type] = {}
 
@@ -78,17 +79,17 @@ def _swap_every(layers: nn.ModuleList, every: int) -> int:
 
 
 def apply_activation_checkpointing(model: nn.Module, cfg: ModelConfig) -> str:
-    """Swap every k-th decoder layer (model.llm.activation_checkpoint=k) and SANM block
-    (model.encoder.activation_checkpoint=k) for a checkpointed one."""
+    """Swap every k-th decoder layer (model.llm.activation_checkpoint=k) and audio encoder block
+    (model.encoder.activation_checkpoint=k) for a checkpointed one; the model family says where they are."""
     notes = []
+    fam = family(cfg.family)
     if cfg.llm.activation_checkpoint:
-        layers = model.llm.base_model.layers
+        layers = fam.decoder_layers(model)
         n = _swap_every(layers, cfg.llm.activation_checkpoint)
         notes.append(f"{n} of {len(layers)} decoder layers")
     if cfg.encoder.activation_checkpoint:
-        enc = model.audio_encoder
         n = total = 0
-        for blocks in (enc.encoders0, enc.encoders, enc.tp_encoders):
+        for blocks in fam.encoder_blocks(model):
             n += _swap_every(blocks, cfg.encoder.activation_checkpoint)
             total += len(blocks)
         notes.append(f"{n} of {total} encoder blocks")

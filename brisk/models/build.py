@@ -42,8 +42,15 @@ def build_llm(cfg: ModelConfig) -> nn.Module:
     return AutoModelForCausalLM.from_config(hf_cfg)
 
 
-def build_model(cfg: ModelConfig, device: torch.device | str | None = None, task: str = "speech") -> nn.Module:
-    """The model with its random initialisation (seeded), then any weights the config names.
+def build_model(cfg: ModelConfig, device: torch.device | str | None = None, task: str | None = None) -> nn.Module:
+    """The model of ``cfg.family`` (or of the old ``task`` word given here), built by that family's builder."""
+    from ..families import get
+
+    return get(task or cfg.family, key="task" if task else "model.family").build(cfg, device)
+
+
+def build_speech_model(cfg: ModelConfig, device: torch.device | str | None = None) -> nn.Module:
+    """Fun-ASR-Nano: the model with its random initialisation (seeded), then any weights the config names.
 
     With ``device`` the parameters are created there directly (a 0.8B model initialises on a GPU in a
     second rather than ~15 s on the CPU); the random values then come from that device's generator.
@@ -51,8 +58,6 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None, task
     all be overwritten: the parameters are then made without values (meta), allocated once in their
     final dtype on ``device`` and filled from the file (see build_from_file).
     """
-    if task == "chat":
-        return build_chat_model(cfg, device)
     full = Path(cfg.init) if cfg.init else (Path(cfg.path) / "model.pt" if cfg.path else None)
     if full is not None and full.is_file():
         model = build_from_file(cfg, full, device)

@@ -43,3 +43,8 @@ Load with transformers: `AutoModelForCausalLM.from_pretrained("<this folder>")` 
 Weights: `model.safetensors` ({dtype}). The tokenizer keeps its own chat template; training labelled the
 assistant turns as that template's training twin renders them (see brisk/data/chat.py).
 """
+
+
+def write_chat_readme(out: Path, fmt: str, dtype: str, cfg) -> None:
+    """The causal LM family's README beside its export."""
+    (out / "README.md").write_text(chat_readme(dtype), encoding="utf-8")

@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from ..config import Config, ConfigError
+from ..families import get as get_family
 from ..formats.brisk_keys import CMVN_NAME, FILE_KEYS, KEYS_FILE, inference_keys
 from ..files import SYNCER, ensure_free, fsync_dir, fsync_file, no_crc32, share_modes, tensor_bytes
 
@@ -48,13 +49,13 @@ def export_folder(model, cfg: Config, out: str | Path, fmt: str = "funasr", dtyp
             tokenizer = load_tokenizer(cfg)
         state = _converted_state(model, DTYPES[dtype], state)
         ensure_free(out.parent, tensor_bytes(state), f"the {fmt} export")
-        writer = _write_funasr if fmt == "funasr" else _write_hf
-        if cfg.task == "chat":  # a plain causal LM: its own save_pretrained layout
-            from .chat_export import write_chat_hf as writer
+        family = get_family(cfg.model.family)
+        if fmt not in family.exporters:
+            raise ConfigError(f"export format {fmt}: model.family={family.name} writes {', '.join(family.exporters)}")
         with no_crc32():
-            writer(model, cfg, state, tmp, dtype, tokenizer)
+            family.exporters[fmt](model, cfg, state, tmp, dtype, tokenizer)
         write_inference_keys(tmp, cfg)
-        _write_readme(tmp, fmt, dtype, cfg)
+        family.readme(tmp, fmt, dtype, cfg)
         share_modes(tmp)  # mkdtemp made it 0o700: a model folder is for sharing
         if sync:  # torch.save and save_file do not fsync: the data is on disk before the rename
             for f in tmp.rglob("*"):
@@ -267,11 +268,6 @@ def _processor_gap(cfg: Config) -> str:
 
 
 def _write_readme(out: Path, fmt: str, dtype: str, cfg: Config) -> None:
-    if cfg.task == "chat":
-        from .chat_export import chat_readme
-
-        (out / "README.md").write_text(chat_readme(dtype), encoding="utf-8")
-        return
     header = "with the context header (" + cfg.data.prompt_class + ")" if cfg.data.prompt_class else "without a context header"
     if fmt == "funasr":
         body = f"""# Fun-ASR-Nano model folder (FunASR layout), exported by brisk

@@ -22,6 +22,7 @@ from typing import Callable, ContextManager
 
 import torch
 
+from ..families import get as get_family
 from ..plan import SpeedPlan
 from .frozen import FrozenAudio, apply_frozen_eval, training_mode
 
@@ -37,21 +38,22 @@ class Accelerated:
 
 
 def accelerate(model, plan: SpeedPlan) -> Accelerated:
-    """Apply the model-side switches of ``plan`` to ``model`` (a SpeechLLM), in this order: the frozen audio
+    """Apply the model-side switches of ``plan`` to ``model`` (the plain model of ``plan.family``, whose hooks say
+    where its audio modules and encoder blocks are), in this order: the frozen audio
     path (its copies are what compile compiles), varlen attention, fused projections (before compile: the
     compiled layers trace the fused forwards), the chunked embedding (graphs), compile, the label head."""
     s = plan.speed
+    family = get_family(plan.family)
     out = Accelerated(train_mode=training_mode(model, s.frozen_eval))
     if s.frozen_eval:
         out.notes.append(apply_frozen_eval(model))
         dtype = torch.bfloat16 if s.encoder_dtype == "bf16" else torch.float32
-        out.audio = FrozenAudio(model, dtype, cache=s.encoder_cache)
+        out.audio = FrozenAudio(model, dtype, cache=s.encoder_cache, names=family.audio_path)
         if dtype != torch.float32:
             out.notes.append("encoder_dtype: frozen encoder and adaptor run as bf16 copies (the fp32 originals are saved)")
         if s.encoder_cache:
             out.notes.append("encoder_cache: audio rows kept per utterance and reused in later epochs")
-    if plan.task == "chat":
-        out.notes += _chat_kernels(model, plan)
+    out.notes += _llm_kernels(model, plan)
     if s.packing:
         if plan.device == "cuda":
             from .varlen import apply_varlen_attention, padded_attention
@@ -75,8 +77,8 @@ def accelerate(model, plan: SpeedPlan) -> Accelerated:
     if s.compile:
         from .compile import apply_compile, eval_context
 
-        encoder = out.audio.path.audio_encoder if out.audio is not None else None
-        out.notes.append(apply_compile(model, s, plan.device, encoder))
+        path = out.audio.path if out.audio is not None else None
+        out.notes.append(apply_compile(model, s, plan.device, path))
         out.eval_context = eval_context(s)
     if s.sdpa_backends:
         out.notes.append(f"sdpa_backends: attention under sdpa_kernel({s.sdpa_backends}) for the whole run "
@@ -105,9 +107,9 @@ def accelerate(model, plan: SpeedPlan) -> Accelerated:
     return out
 
 
-def _chat_kernels(model, plan: SpeedPlan) -> list[str]:
-    """A plain causal LM's layers: Gated DeltaNet layers under packing (each packed conversation on its own,
-    or flash-linear-attention's varlen kernels)."""
+def _llm_kernels(model, plan: SpeedPlan) -> list[str]:
+    """The LLM's Gated DeltaNet layers under packing (each packed conversation on its own, or
+    flash-linear-attention's varlen kernels). Nothing for an LLM without such layers."""
     from .llm_kernels import (apply_fla_linear_attention, apply_linear_attention_batched,
                               apply_linear_attention_per_sequence, linear_attention_layers)
 

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from ..config import SpeedConfig
+from ..families import get as get_family
 
 
 def compile_counters() -> dict:
@@ -86,8 +87,9 @@ def eval_context(speed: SpeedConfig):
     return nullcontext
 
 
-def apply_compile(model: nn.Module, cfg: SpeedConfig, device_type: str, audio_encoder: nn.Module | None = None) -> str:
-    """``audio_encoder``: the frozen encoder that computes the audio rows (a bf16 copy under encoder_dtype)."""
+def apply_compile(model: nn.Module, cfg: SpeedConfig, device_type: str, audio_path: nn.Module | None = None) -> str:
+    """``audio_path``: what computes the frozen audio rows (the model, or its bf16 copies under encoder_dtype);
+    the model family (``model.cfg.family``) says which of its encoder blocks compile."""
     if device_type != "cuda":
         return f"compile: nothing compiled on {device_type} (the compiled kernels are for CUDA devices)"
     cache, source = inductor_cache_dir(cfg)
@@ -101,12 +103,11 @@ def apply_compile(model: nn.Module, cfg: SpeedConfig, device_type: str, audio_en
     if cfg.compile_scope == "layer":
         stack.register_forward_pre_hook(_fresh_input, with_kwargs=True)
     what = f"{len(targets)} x {'decoder layer' if cfg.compile_scope == 'layer' else 'decoder stack'}"
-    if cfg.frozen_eval and cfg.compile_encoder and model.cfg.encoder.freeze:
+    hook = get_family(model.cfg.family).encoder_blocks
+    blocks = [b for lst in hook(audio_path if audio_path is not None else model, compile=True) for b in lst]
+    if cfg.frozen_eval and cfg.compile_encoder and model.cfg.encoder.freeze and blocks:
         # A frozen encoder in eval mode has no dropout and no autograd: its blocks compile cleanly, and fusing
-        # their elementwise work removes thousands of small kernels a step. The first block (encoders0) takes
-        # the 560-wide LFR features, a graph of its own for one block of 70: it stays eager.
-        enc = audio_encoder if audio_encoder is not None else model.audio_encoder
-        blocks = [*enc.encoders, *enc.tp_encoders]
+        # their elementwise work removes thousands of small kernels a step (the family says which blocks).
         for block in blocks:
             block.compile(dynamic=cfg.compile_dynamic)
         what += f" + {len(blocks)} x frozen encoder block"

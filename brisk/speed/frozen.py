@@ -23,7 +23,6 @@ import torch
 from torch import nn
 
 from ..formats.batch import Batch
-from ..models.speech_llm import SpeechLLM
 
 
 def training_mode(model: nn.Module, frozen_eval: bool) -> Callable[[], None]:
@@ -54,24 +53,30 @@ def apply_frozen_eval(model: nn.Module) -> str:
 
 
 class AudioPath(nn.Module):
-    """Copies of the frozen encoder and adaptor in another dtype, computing the model's audio path.
+    """Copies of the frozen audio modules in another dtype, computing the model's audio path.
 
-    Not a submodule of the model (nothing of it is saved or trained); always in eval mode.
+    ``names``: the model family's audio modules (``Family.audio_path``), copied under the same names, so that the
+    model class's own ``encode_audio`` and ``audio_rows`` run on the copies. Not a submodule of the model
+    (nothing of it is saved or trained); always in eval mode.
     """
 
-    encode_audio = SpeechLLM.encode_audio
-    audio_rows = SpeechLLM.audio_rows
-
-    def __init__(self, model: nn.Module, dtype: torch.dtype):
+    def __init__(self, model: nn.Module, dtype: torch.dtype, names: tuple[str, ...]):
         super().__init__()
-        self.originals = (model.audio_encoder, model.audio_adaptor)  # a tuple: not registered as submodules
-        self.audio_encoder = copy.deepcopy(model.audio_encoder).to(dtype).eval()
-        self.audio_adaptor = copy.deepcopy(model.audio_adaptor).to(dtype).eval()
+        self.kind, self.cfg, self.names = type(model), model.cfg, names
+        self.originals = tuple(getattr(model, n) for n in names)  # a tuple: not registered as submodules
+        for n, m in zip(names, self.originals):
+            setattr(self, n, copy.deepcopy(m).to(dtype).eval())
+
+    def encode_audio(self, speech: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self.kind.encode_audio(self, speech, lengths)
+
+    def audio_rows(self, batch: Batch) -> torch.Tensor:
+        return self.kind.audio_rows(self, batch)
 
     @torch.no_grad()
     def refresh(self) -> None:
         """Copy the originals' weights in again (after a resume loaded them), in place: graphs keep their pointers."""
-        for src, dst in zip(self.originals, (self.audio_encoder, self.audio_adaptor)):
+        for src, dst in zip(self.originals, (getattr(self, n) for n in self.names)):
             theirs = src.state_dict()
             for k, v in dst.state_dict().items():
                 v.copy_(theirs[k])
@@ -80,10 +85,11 @@ class AudioPath(nn.Module):
 class FrozenAudio:
     """Provides the audio rows of a batch when the encoder and adaptor are frozen."""
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.float32, cache: bool = False):
+    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.float32, cache: bool = False,
+                 names: tuple[str, ...] = ()):
         self.model, self.dtype = model, dtype
         # The module that computes the rows: the model itself in fp32, else copies (the originals stay fp32).
-        self.path = model if dtype == torch.float32 else AudioPath(model, dtype)
+        self.path = model if dtype == torch.float32 else AudioPath(model, dtype, names)
         self.cache: dict[str, torch.Tensor] | None = {} if cache else None
         self.hits = self.misses = 0
         self.encoder: Callable[[Batch], torch.Tensor] = self.path.audio_rows  # batch -> audio rows

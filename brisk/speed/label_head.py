@@ -91,7 +91,7 @@ def head_loss(hidden: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, 
 
 
 def _unwrap(model):
-    return getattr(model, "module", model)  # DDP keeps the SpeechLLM as .module
+    return getattr(model, "module", model)  # DDP keeps the plain model as .module
 
 
 class LabelHead:

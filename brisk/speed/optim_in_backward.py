@@ -47,15 +47,13 @@ import torch
 from torch import nn
 from torch.optim.adam import adam
 
-from .compile import decoder_stack
 
-
-def layer_buckets(llm: nn.Module, params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
+def layer_buckets(layers: nn.ModuleList, params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
     """The trainable parameters of each decoder layer, last layer first (the order the backward reaches them);
     layers without a trainable parameter are left out."""
     trainable = {id(p) for p in params}
     out = []
-    for layer in reversed(list(decoder_stack(llm).layers)):
+    for layer in reversed(list(layers)):
         bucket = [p for p in layer.parameters() if id(p) in trainable]
         if bucket:
             out.append(bucket)
@@ -230,10 +228,11 @@ class OptimizerInBackward:
                 state[p] = state.pop(p)
 
 
-def apply_optimizer_in_backward(model: nn.Module, optimizer: torch.optim.Optimizer, params: list[nn.Parameter],
+def apply_optimizer_in_backward(layers: nn.ModuleList, optimizer: torch.optim.Optimizer, params: list[nn.Parameter],
                                 grad_clip: float) -> tuple[OptimizerInBackward, str]:
-    """The updater for ``model``'s decoder layers (its StepHooks.in_backward) and the note of what it does."""
-    buckets = layer_buckets(model.llm, params)
+    """The updater for a model's decoder ``layers`` (its family's decoder_layers; the step's StepHooks.in_backward)
+    and the note of what it does."""
+    buckets = layer_buckets(layers, params)
     ib = OptimizerInBackward(optimizer, params, buckets, grad_clip=grad_clip)
     n = sum(len(b) for b in ib.buckets)
     clip = (f"; clipped by the previous step's norm (optim.grad_clip={grad_clip})" if grad_clip > 0 else "")

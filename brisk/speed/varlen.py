@@ -2,7 +2,7 @@
 
 Registered as ``brisk_varlen``. Without a mask function of its own, transformers builds no mask for it
 (no [T, T] tensor, no host sync in mask creation); the packing boundaries come from ``cu_seq_lens_q``,
-which SpeechLLM.forward passes for packed batches. On CUDA it calls torch.nn.attention.varlen.varlen_attn
+which the plain model's forward passes for packed batches. On CUDA it calls torch.nn.attention.varlen.varlen_attn
 (FlashAttention-2, causal); on the CPU an equivalent SDPA call with a block-diagonal causal mask, which is
 also the reference the CUDA kernel is tested against, and the path an fp32 LLM takes on CUDA (FlashAttention
 has no fp32 kernel).

@@ -22,9 +22,9 @@ from ..config import Config
 from ..data.collate import Collator, collator_for
 from ..distributed.parallel import apply_parallel
 from ..distributed.ranks import init_distributed, pick_device
-from ..models.build import build_model
 from ..models.speech_llm import human, param_count
-from ..plan import SpeedPlan, make_plan
+from ..families import family_of
+from ..plan import SpeedPlan, make_plan, preset_values
 from ..speed import Accelerated, accelerate
 from ..speed.flags import run_scope
 from .optim import WarmupLR, build_optimizer, trainable_params
@@ -53,7 +53,7 @@ class Parts:
     cfg: Config
     plan: SpeedPlan
     ranks: Ranks
-    model: torch.nn.Module  # the plain model (a SpeechLLM), with its model-side switches applied
+    model: torch.nn.Module  # the plain model of cfg.model.family, with its model-side switches applied
     accel: Accelerated
     net: torch.nn.Module  # what the step calls: the model, or DDP around it
     shape_sync: object | None  # several ranks, static shapes: Batch -> Batch padded to the ranks' bucket
@@ -73,7 +73,10 @@ class Parts:
 
 def unusable_here(cfg: Config, device: torch.device) -> dict[str, str]:
     """Switches a preset would turn on that this machine cannot run (asked only when a preset is set)."""
-    if not cfg.speed.preset or cfg.task != "chat" or device.type != "cuda":
+    if not cfg.speed.preset or device.type != "cuda":
+        return {}
+    values = preset_values(cfg.speed.preset, True, family=cfg.model.family)
+    if "fla_kernels" not in values:
         return {}
     from ..config_llm import linear_key_head_dims
     from ..speed.llm_kernels import available, fla_refusal
@@ -87,7 +90,7 @@ def assemble(cfg: Config, ranks: Ranks) -> Parts:
     for note in plan.notes:
         log.info("speed %s", note)
     t0 = time.perf_counter()
-    model = build_model(cfg.model, ranks.device, task=cfg.task)
+    model = family_of(cfg).build(cfg.model, ranks.device)
     torch.manual_seed(cfg.train.seed + ranks.rank)  # training randomness (dropout), separate from the init
     log.info("model: %s parameters, %s trainable (built in %.1f s)", human(param_count(model)),
              human(param_count(model, trainable=True)), time.perf_counter() - t0)
@@ -111,8 +114,9 @@ def step_hooks(parts: Parts, **diagnostics) -> StepHooks:
         from ..speed.optim_in_backward import apply_optimizer_in_backward
 
         clip = parts.cfg.optim.grad_clip if parts.plan.speed.clip_by_previous_norm else 0.0
-        extra["in_backward"], note = apply_optimizer_in_backward(parts.model, parts.optimizer,
-                                                                 trainable_params(parts.net), clip)
+        layers = family_of(parts.cfg).decoder_layers(parts.model)
+        extra["in_backward"], note = apply_optimizer_in_backward(layers, parts.optimizer, trainable_params(parts.net),
+                                                                 clip)
         log.info("speed %s", note)
     return StepHooks(audio=parts.accel.audio, loss=parts.accel.loss, **extra, **diagnostics)
 

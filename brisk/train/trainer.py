@@ -16,6 +16,7 @@ from ..data.loader import Split
 from ..diagnose.slow import GCWatch, SlowStepDetector
 from ..diagnose.timer import StepTimer
 from ..distributed.ranks import gather_to_rank0
+from ..families import family_of
 from ..models.build import read_checkpoint
 from ..speed.compile import compile_counters, compile_seconds
 from ..speed.flags import run_scope
@@ -82,10 +83,11 @@ class Trainer:
         self.gcwatch = GCWatch()
         self.monitor = Monitor(self.run_dir, self.total_steps(), every=c.train.log_every, progress=c.train.progress,
                                tensorboard=c.train.tensorboard, rank=self.rank,
-                               labelled="assistant" if c.task == "chat" else "transcript")
+                               labelled=family_of(c).labelled)
         if self.probe is not None:
             self.monitor.listeners.append(self.probe.on_metrics)
-        self.decoder = (ValDecoder(self.valid, self.run_dir, c.train.val_decode, self.device, fast=c.train.val_decode_fast)
+        self.decoder = (ValDecoder(self.valid, self.run_dir, c.train.val_decode, self.device, fast=c.train.val_decode_fast,
+                                   recognizer=family_of(c).val_recognizer)
                         if c.train.val_decode else None)
 
     # The parts the loop reads, by name.

@@ -23,8 +23,10 @@ from ..eval.testset import Item, run_items
 
 
 class ValDecoder:
-    def __init__(self, valid, run_dir: Path, n: int, device: torch.device, fast: bool = False):
+    def __init__(self, valid, run_dir: Path, n: int, device: torch.device, fast: bool = False, *, recognizer):
+        """``recognizer``: the model family's (model, valid dataset, device, fast) -> Recognizer."""
         self.valid, self.run_dir, self.n, self.device, self.fast = valid, run_dir, n, device, fast
+        self.make = recognizer
         self.rec: Recognizer | None = None
         self.last_rows: list[dict] = []
         if valid is not None:
@@ -38,10 +40,8 @@ class ValDecoder:
             return {}
         ds = self.valid.dataset
         if self.rec is None:
-            b = ds.builder
-            self.rec = Recognizer(model, b.tok, ds.frontend.cfg, device=self.device, sys_prompt=b.sys_prompt,
-                                  do_think=b.do_think, fast=self.fast)
-            self.max_new = 2 * max(len(b.tok.encode(r)) for r in self.refs) + 8
+            self.rec = self.make(model, ds, self.device, self.fast)
+            self.max_new = 2 * max(len(self.rec.tok.encode(r)) for r in self.refs) + 8
         t0 = time.perf_counter()
         try:  # the path `brisk eval` takes: length-sorted batches, rows back in input order
             rows, _ = run_items(self.rec, self.items, None, lambda it, r: score([it.key], [it.ref], [r.text])[0][0],

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from brisk.models.build import build_model
+from brisk.families import family_of
 from brisk.speed.optim_in_backward import apply_optimizer_in_backward
 from brisk.train.optim import WarmupLR, build_optimizer, trainable_params
 from brisk.train.step import StepHooks, TrainStep
@@ -36,7 +37,7 @@ def test_side_stream_updates_equal_the_fused_step_on_the_same_gradients(tmp_path
     ref = build_optimizer(twin, cfg.optim, fused=True, capturable=True)
     params, ref_params = trainable_params(model), trainable_params(twin)
     schedule, ref_schedule = WarmupLR(opt, 1e-2, 2), WarmupLR(ref, 1e-2, 2)
-    ib, _ = apply_optimizer_in_backward(model, opt, params, 0.0)
+    ib, _ = apply_optimizer_in_backward(family_of(cfg).decoder_layers(model), opt, params, 0.0)
     assert ib.update_stream is not None and len(ib.buckets) == 2
     step = TrainStep(model, opt, schedule, grad_clip=0.0, on_device_skip=True, hooks=StepHooks(in_backward=ib))
     collator = collator_for(cfg)

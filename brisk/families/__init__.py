@@ -1,0 +1,24 @@
+"""Model families: one registered object a family, asked by the general rooms and never named by them.
+
+After torchtitan's TrainSpec registry: ``model.family`` picks a ``Family``, and everything that differs between
+Fun-ASR-Nano, a plain causal LM and Qwen3-ASR is read from it:
+
+- what the plan needs before any model exists (floor 1, no torch): the speed switches the family takes, its
+  preset values, the switches that need its audio path frozen, its config rules, what its labels are;
+- its parts on higher floors, named as ``Ref("module:attribute")`` and imported when first called: ``build``
+  (ModelConfig, device) -> the plain model, ``dataset`` (a split's samples), ``exporters`` (train.export
+  formats -> folder writers) and ``readme``, ``recognizer`` (decoding for eval and train.val_decode) or
+  ``eval_main`` (a `brisk eval` of its own);
+- structure hooks, plain functions of a built model that speed/, memory/ and distributed/ call instead of
+  reaching into it: ``decoder_layers(model)``, ``encoder_blocks(model, compile=False)``, ``audio_path``
+  (the names of the audio modules the frozen path copies).
+
+Each family is one module here that registers its object; ``get(name)`` returns it, and an unknown name is one
+ConfigError line listing the families. The old top-level ``task:`` word (speech, chat) is an alias.
+"""
+
+from __future__ import annotations
+
+from .registry import (DEFAULT, Family, FamilyRule, Ref, all_families, family_of, get, names,  # noqa: F401
+                       register)
+from . import causal_lm, fun_asr_nano, qwen3_asr  # noqa: E402,F401 - each registers its family

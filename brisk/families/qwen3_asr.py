@@ -1,0 +1,47 @@
+"""Qwen3-ASR: transformers' ``qwen3_asr`` (an audio tower of windowed Transformer layers over 128-bin log-mel
+features, a two-layer projector, a Qwen3 decoder), fine-tuned as QwenLM/Qwen3-ASR's finetuning/qwen3_asr_sft.py
+does, on its jsonl ({"audio", "text"}) or on FunASR jsonl. Its model is brisk.models.qwen3_asr.Qwen3ASR; its
+folder is transformers' Qwen3ASRForConditionalGeneration folder (weights, config, processor)."""
+
+from __future__ import annotations
+
+from .registry import Family, FamilyRule, Ref, register
+
+
+def encoder_blocks(model, compile: bool = False) -> list:
+    """The audio tower's Transformer layers (of the model, or of the frozen path's copy)."""
+    return [model.audio_tower.layers]
+
+
+FAMILY = register(Family(
+    name="qwen3_asr",
+    summary="Qwen3-ASR (transformers' qwen3_asr) on its fine-tuning jsonl or FunASR jsonl",
+    # Not cuda_graph (nor fresh_grads, which needs it): the audio tower reads its chunk lengths on the host
+    # (nonzero, .item()), so its step cannot be captured as the Fun-ASR-Nano step is.
+    switches=frozenset({"frozen_eval", "encoder_dtype", "encoder_cache", "fuse_projections", "compile", "packing",
+                        "label_head", "sdpa_backends", "fused_adamw", "tf32"}),
+    presets={"fast": {"packing": True, "frozen_eval": True, "encoder_dtype": "bf16", "compile": True,
+                      "fused_adamw": True, "label_head": True, "fuse_projections": True}},
+    frozen_audio=("frozen_eval", "encoder_dtype", "encoder_cache"),
+    refused=("model.family={family} does not take {bad} (speed.cuda_graph and fresh_grads: its audio tower reads "
+             "chunk lengths on the host, so the step cannot be captured); set them false (it takes {takes})"),
+    rules=(
+        FamilyRule("model.family, model.path", lambda c: c.model.path,
+                   "model.path is a FunASR model folder; with model.family=qwen3_asr give the transformers Qwen3-ASR "
+                   "folder as model.llm.path (or model.llm.config for a random one)"),
+        FamilyRule("model.family, data.profile", lambda c: c.data.profile,
+                   "data.profile makes synthetic Fun-ASR-Nano batches; with model.family=qwen3_asr give data.train"),
+        FamilyRule("model.family, data.tokenizer", lambda c: not (c.data.tokenizer or c.model.llm.path),
+                   "model.family=qwen3_asr: give data.tokenizer (a Qwen3-ASR processor folder: tokenizer, "
+                   "preprocessor_config.json, chat template) or model.llm.path that holds one"),
+    ),
+    build=Ref("brisk.models.qwen3_asr:build_qwen3_asr"),
+    dataset=Ref("brisk.data.qwen3_asr:qwen3_asr_dataset"),
+    exporters={"hf": Ref("brisk.models.qwen3_asr:write_qwen3_asr_hf")},
+    readme=Ref("brisk.models.qwen3_asr:write_readme"),
+    recognizer=Ref("brisk.eval.qwen3_asr_decode:qwen3_asr_recognizer"),
+    val_recognizer=Ref("brisk.eval.qwen3_asr_decode:qwen3_asr_val_recognizer"),
+    eval_set=Ref("brisk.data.qwen3_asr:eval_set"),
+    encoder_blocks=encoder_blocks,
+    audio_path=("audio_tower", "multi_modal_projector"),
+))

@@ -1,0 +1,111 @@
+"""The family registry's types and its table (see brisk/families/__init__.py)."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import ConfigError
+
+DEFAULT = "fun_asr_nano"
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A part of a family on a higher floor than this registry, imported when first used."""
+
+    target: str  # "package.module:attribute"
+
+    def resolve(self) -> Any:
+        module, _, attr = self.target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def __call__(self, *args, **kwargs):
+        return self.resolve()(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class FamilyRule:
+    """A config-time rule of one family (plan.check_rules runs it with the general ones)."""
+
+    keys: str
+    broken: Callable[[Any], bool]  # cfg -> True when broken
+    message: str
+
+
+def _llm_layers(model) -> Any:
+    """The decoder layers of a transformers causal LM at ``model.llm`` (its base model's ``layers``)."""
+    return model.llm.base_model.layers
+
+
+def _no_blocks(model, compile: bool = False) -> list:
+    return []
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    summary: str
+    switches: frozenset[str]  # the speed switches it takes (the plan refuses the others in one line)
+    presets: dict[str, dict[str, Any]]  # speed.preset name -> values
+    build: Ref  # (ModelConfig, device) -> the plain model
+    dataset: Ref  # (cfg, which, path, vocab_size, tokenizer, prepared) -> (Dataset, skipped lines, counts), or None
+    exporters: dict[str, Ref]  # train.export format -> writer(model, cfg, state, out, dtype, tokenizer)
+    readme: Ref  # (out, fmt, dtype, cfg) -> writes out/README.md
+    # (cfg, which, path, tokenizer) -> the split's data read, checked and cached before the model is built (handed
+    # to ``dataset`` as ``prepared``); None: ``dataset`` reads its data itself
+    prepare: Ref | None = None
+    recognizer: Ref | None = None  # (cfg, model, tokenizer, device, **kw) -> eval.decode.Recognizer
+    val_recognizer: Ref | None = None  # (model, valid dataset, device, fast) -> Recognizer for train.val_decode
+    eval_main: Ref | None = None  # (args, cfg, model, tokenizer, weights, device) -> exit code: its own `brisk eval`
+    eval_set: Ref | None = None  # (path, cfg) -> (keys, audio paths, references) of an eval jsonl; none: FunASR jsonl
+    task: str = ""  # the old top-level `task:` word for it (an alias)
+    labelled: str = "transcript"  # what its labelled tokens are (the log's accuracy line)
+    frozen_audio: tuple[str, ...] = ()  # switches that need model.encoder.freeze and model.adaptor.freeze
+    refused: str = ("model.family={family} does not take {bad}; set them false (it takes {takes})")
+    rules: tuple[FamilyRule, ...] = ()
+    decoder_layers: Callable = _llm_layers  # model -> nn.ModuleList of decoder layers
+    encoder_blocks: Callable = _no_blocks  # (model or its audio copy, compile) -> list of nn.ModuleList
+    audio_path: tuple[str, ...] = ()  # attribute names of the audio modules (encoder first), () without audio
+    notes: dict[str, str] = field(default_factory=dict)  # extra words for messages (e.g. why a switch is not taken)
+
+    def refuse(self, bad: list[str]) -> str:
+        return self.refused.format(family=self.name, bad=", ".join(f"speed.{k}" for k in bad),
+                                   takes=", ".join(sorted(self.switches)))
+
+
+_REGISTRY: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    if family.name in _REGISTRY:
+        raise ValueError(f"model family {family.name} registered twice")
+    _REGISTRY[family.name] = family
+    return family
+
+
+def names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get(name: str, key: str = "model.family") -> Family:
+    """The family called ``name`` (or by its old ``task:`` word); one line listing the families otherwise."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    for f in _REGISTRY.values():
+        if f.task and f.task == name:
+            return f
+    aliases = ", ".join(f"{f.task} = {f.name}" for f in _REGISTRY.values() if f.task)
+    raise ConfigError(f"{key}={name!r}: use one of the model families {', '.join(names())} (old task: words: {aliases})")
+
+
+def all_families() -> list[Family]:
+    return [_REGISTRY[n] for n in names()]
+
+
+def family_of(cfg) -> Family:
+    """The family of a Config (or of its ModelConfig)."""
+    model = getattr(cfg, "model", cfg)
+    return get(model.family)
+

@@ -1,0 +1,178 @@
+"""Qwen3-ASR in brisk's model interface, built from transformers' own modules.
+
+transformers' ``Qwen3ASRForConditionalGeneration`` is ``model.audio_tower`` (a Whisper-like encoder run in
+windows of 100 mel frames), ``model.multi_modal_projector`` (linear-GELU-linear) and ``model.language_model``
+(a Qwen3 decoder stack) with ``lm_head``. Here the same module objects are held as ``audio_tower``,
+``multi_modal_projector`` and ``llm`` (a ``Qwen3ForCausalLM`` around the decoder stack and lm_head), so the step
+body, label_head, packing, compile and fused projections find the decoder where they find Fun-ASR-Nano's. The
+state-dict keys map one to one onto transformers' (``to_hf``/``from_hf``): the export is its
+``save_pretrained`` folder.
+
+The audio tower's rows for a batch are flat ``[A, D]``, utterance after utterance, exactly the order of the
+batch's audio slots; they are spliced at ``Batch.audio_pos`` (transformers writes them where ``input_ids`` holds
+the audio token: the same positions).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ConfigError, ModelConfig
+from ..formats.batch import Batch
+from .speech_llm import DTYPES, SpeechLLM
+
+log = logging.getLogger("brisk")
+
+# transformers' key prefixes <-> brisk's
+_PREFIXES = (("model.audio_tower.", "audio_tower."), ("model.multi_modal_projector.", "multi_modal_projector."),
+             ("model.language_model.", "llm.model."), ("lm_head.", "llm.lm_head."))
+
+
+def to_hf(state: dict) -> dict:
+    out = {}
+    for k, v in state.items():
+        hf = next((a + k[len(b):] for a, b in _PREFIXES if k.startswith(b)), None)
+        if hf is None:
+            raise KeyError(f"no transformers key for {k}")
+        out[hf] = v
+    return out
+
+
+def from_hf(state: dict) -> dict:
+    out = {}
+    for k, v in state.items():
+        ours = next((b + k[len(a):] for a, b in _PREFIXES if k.startswith(a)), None)
+        if ours is None:
+            raise KeyError(f"no brisk key for {k}")
+        out[ours] = v
+    return out
+
+
+class Qwen3ASR(nn.Module):
+    # The text side is Fun-ASR-Nano's: splice rows at audio_pos, run the causal LM (or its stack for hidden states).
+    embed = SpeechLLM.embed
+    forward = SpeechLLM.forward
+    hidden_states = SpeechLLM.hidden_states
+    _run_llm = SpeechLLM._run_llm
+
+    def __init__(self, cfg: ModelConfig, hf: nn.Module):
+        """``hf``: a transformers Qwen3ASRForConditionalGeneration whose modules this model takes over."""
+        super().__init__()
+        from transformers import Qwen3ForCausalLM
+
+        self.cfg = cfg
+        self.hf_config = hf.config
+        self.audio_tower = hf.model.audio_tower
+        self.multi_modal_projector = hf.model.multi_modal_projector
+        with torch.device("meta"):  # a shell: its decoder stack and head are the ones built already
+            llm = Qwen3ForCausalLM(hf.config.text_config)
+        llm.model, llm.lm_head = hf.model.language_model, hf.lm_head
+        self.llm_dtype = DTYPES[cfg.llm.dtype]
+        self.llm = llm.to(self.llm_dtype)
+        self.n_window = hf.config.audio_config.n_window
+        for module, frozen in self.freeze_plan().items():
+            module.requires_grad_(not frozen)
+
+    def freeze_plan(self) -> dict[nn.Module, bool]:
+        return {self.audio_tower: self.cfg.encoder.freeze, self.multi_modal_projector: self.cfg.adaptor.freeze,
+                self.llm: self.cfg.llm.freeze}
+
+    # ------------------------------------------------------------------------------------ audio path
+    def encode_audio(self, speech: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Log-mel frames [N, F, 128] (zero-padded) and their lengths -> the projected rows of every utterance,
+        flat [A, D] in utterance order (A: the sum of each utterance's audio token count)."""
+        chunk = 2 * self.audio_tower.n_window
+        pad = -speech.shape[1] % chunk  # the tower runs in whole chunks of 2 * n_window frames
+        feats = F.pad(speech, (0, 0, 0, pad)).transpose(1, 2)  # [N, 128, F']
+        mask = (torch.arange(feats.shape[-1], device=feats.device) < lengths[:, None]).long()
+        dtype = next(self.audio_tower.parameters()).dtype
+        hidden = self.audio_tower(input_features=feats.to(dtype), input_features_mask=mask).last_hidden_state
+        return self.multi_modal_projector(hidden)
+
+    def audio_rows(self, batch: Batch) -> torch.Tensor:
+        """The rows that fill the batch's audio slots, [A, D]."""
+        return self.encode_audio(batch.speech, batch.speech_lengths)
+
+
+def hf_config(cfg: ModelConfig):
+    """The transformers Qwen3ASRConfig: model.llm.path's config.json, or model.llm.config (model_type qwen3_asr)."""
+    from transformers import AutoConfig
+
+    llm = cfg.llm
+    if llm.path:
+        c = AutoConfig.from_pretrained(llm.path, local_files_only=True)
+        for k, v in llm.config.items():
+            setattr(c, k, v)
+    else:
+        extra = dict(llm.config)
+        if extra.pop("model_type", None) != "qwen3_asr":
+            raise ConfigError("model.llm.config: model.family=qwen3_asr needs model_type: qwen3_asr (with audio_config "
+                              "and text_config), or model.llm.path (a transformers Qwen3-ASR folder)")
+        c = AutoConfig.for_model("qwen3_asr", **extra)
+    if c.model_type != "qwen3_asr":
+        raise ConfigError(f"model.llm.path={llm.path}: a {c.model_type} folder, not a transformers Qwen3-ASR (qwen3_asr)")
+    return c
+
+
+def build_qwen3_asr(cfg: ModelConfig, device: torch.device | str | None = None) -> Qwen3ASR:
+    """Seeded random initialisation from the config (transformers' own init), or a local folder's weights
+    (transformers' from_pretrained: its key conversions apply); then LoRA adapters, model.init, activation
+    checkpointing, as for every family (brisk.models.build)."""
+    from transformers import Qwen3ASRForConditionalGeneration
+
+    from .build import _after_loading, _with_adapters, load_weights
+
+    config = hf_config(cfg)
+    torch.manual_seed(cfg.seed)
+    folder = Path(cfg.llm.path) if cfg.llm.path else None
+    if folder is not None and cfg.llm.load_weights and any(folder.glob("*.safetensors")):
+        hf = Qwen3ASRForConditionalGeneration.from_pretrained(folder, config=config, local_files_only=True,
+                                                              dtype=torch.float32, device_map=device)
+        log.info("loaded Qwen3-ASR weights from %s", folder)
+    else:
+        with torch.device(device or "cpu"):
+            hf = Qwen3ASRForConditionalGeneration(config)
+    model = _with_adapters(Qwen3ASR(cfg, hf), cfg)
+    if cfg.init:
+        load_weights(model, Path(cfg.init))
+    return _after_loading(model, cfg)
+
+
+# ------------------------------------------------------------------------------------------ export
+def write_qwen3_asr_hf(model, cfg, state: dict[str, torch.Tensor], out: Path, dtype: str, tokenizer) -> None:
+    """transformers' Qwen3ASRForConditionalGeneration folder: config.json, model.safetensors and the processor
+    (tokenizer, feature extractor, chat template) of data.tokenizer (or model.llm.path)."""
+    from transformers import AutoProcessor, Qwen3ASRForConditionalGeneration
+
+    from ..adapters.lora import is_lora_key
+
+    if any(is_lora_key(k) for k in state):
+        raise ConfigError("train.export=hf with LoRA adapters: transformers' Qwen3-ASR folder has no adapters; "
+                          "merge them first or export none")
+    config = model.hf_config
+    config.dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    with torch.device("meta"):
+        hf = Qwen3ASRForConditionalGeneration(config)
+    hf.load_state_dict(to_hf(state), strict=False, assign=True)
+    hf.tie_weights()
+    missing = [n for n, p in hf.named_parameters() if p.device.type == "meta"]
+    if missing:
+        raise ConfigError(f"Qwen3-ASR export: no weights for {missing[:3]}")
+    hf.save_pretrained(out)
+    AutoProcessor.from_pretrained(cfg.data.tokenizer or cfg.model.llm.path, local_files_only=True).save_pretrained(out)
+
+
+def write_readme(out: Path, fmt: str, dtype: str, cfg) -> None:
+    (out / "README.md").write_text(f"""# Qwen3-ASR fine-tuned by brisk (model.family: qwen3_asr)
+
+Load with transformers >= 5.24: `Qwen3ASRForConditionalGeneration.from_pretrained("<this folder>")` and
+`AutoProcessor.from_pretrained("<this folder>")`; brisk loads it back with `model.llm.path=<this folder>`.
+Weights: `model.safetensors` ({dtype}). The prompt brisk trained on is the processor's chat template with an
+empty system turn and the audio turn, then `language <Name><asr_text>` and the transcript, ended by the
+tokenizer's eos token (as QwenLM/Qwen3-ASR's finetuning/qwen3_asr_sft.py trains).
+""", encoding="utf-8")

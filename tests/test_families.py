@@ -1,0 +1,48 @@
+"""brisk/families: model.family picks a registered family; the old top-level task: word is an alias with one
+line in the log; a bad name, a clash or a preset a family lacks is one ConfigError line, never a KeyError."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+
+from brisk import families
+from brisk.config import ConfigError, load_config
+from brisk.plan import PRESETS, preset_values
+
+from .conftest import REPO
+
+
+def test_task_is_an_alias_of_model_family_with_one_note(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="brisk"):
+        cfg = load_config(REPO / "configs" / "sft_demo.yaml", [f"train.output_dir={tmp_path}"])
+    assert cfg.model.family == "causal_lm" and cfg.task == "chat"
+    notes = [r.message for r in caplog.records if "old name of model.family" in r.message]
+    assert notes == ["config: task: chat is the old name of model.family (causal_lm); it still works"]
+    cfg = load_config(REPO / "configs" / "demo.yaml", [f"train.output_dir={tmp_path}"])
+    assert cfg.model.family == "fun_asr_nano" and cfg.task == "speech"
+    assert families.get("speech").name == "fun_asr_nano" and families.get("chat").name == "causal_lm"
+
+
+def test_a_task_and_a_family_that_disagree_are_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="task=chat and model.family=qwen3_asr name different model families") as e:
+        load_config(REPO / "configs" / "qwen3_asr_demo.yaml", [f"train.output_dir={tmp_path}", "task=chat"])
+    assert "\n" not in str(e.value)
+
+
+def test_presets_are_the_families_own_and_a_missing_one_is_a_config_error(monkeypatch):
+    assert PRESETS["fast"]["speech"] is families.get("fun_asr_nano").presets["fast"]
+    assert PRESETS["fast"]["chat"] == PRESETS["fast"]["causal_lm"]
+    bare = dataclasses.replace(families.get("qwen3_asr"), name="bare", presets={})
+    monkeypatch.setitem(families.registry._REGISTRY, "bare", bare)
+    with pytest.raises(ConfigError, match="speed.preset=fast: model.family=bare has no such preset"):
+        preset_values("fast", True, family="bare")
+
+
+def test_every_family_says_where_its_layers_are():
+    for fam in families.all_families():
+        assert fam.switches and "fast" in fam.presets and set(fam.presets["fast"]) - {"label_rows_frac",
+                                                                                       "pack_buckets"} <= fam.switches
+        assert set(fam.frozen_audio) <= fam.switches and bool(fam.audio_path) == bool(fam.frozen_audio)
