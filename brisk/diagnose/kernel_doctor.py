@@ -252,7 +252,10 @@ def kernel_doctor(config: str, overrides: list[str] | None = None) -> str:
 
     cfg = load_config(config, list(overrides or []))
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    why = fla_refusal(linear_key_head_dims(cfg.model.llm)) if cfg.task == "chat" and available("fla") else None
+    from ..families import family_of
+
+    lm_kernels = "fla_kernels" in family_of(cfg).switches  # a family whose decoder these kernels serve
+    why = fla_refusal(linear_key_head_dims(cfg.model.llm)) if lm_kernels and available("fla") else None
     cfg, plan = make_plan(cfg, device, 1, {"fla_kernels": why} if why and device == "cuda" else {})  # as assemble does
     tree = llm_config_tree(cfg.model.llm)
     budget = min(int(cfg.data.batch_tokens), 8192)
@@ -270,9 +273,9 @@ def kernel_doctor(config: str, overrides: list[str] | None = None) -> str:
              "| kernel | shape | worst error | vs the bf16 bound | speed vs the path it replaces |", "|---|---|---|---|---|"]
     cannot = []
     linear = "linear_attention" in (tree.get("layer_types") or []) or "linear_key_head_dim" in tree
-    if cfg.task != "chat":
-        cannot.append("this check covers the chat path's kernels (task: chat); the speech path's are checked by "
-                      "`brisk probe compare` against the eager reference")
+    if not lm_kernels:
+        cannot.append(f"this check covers the causal LM family's kernels (model.family={cfg.model.family} takes none "
+                      "of them); the speech path's are checked by `brisk probe compare` against the eager reference")
     else:
         if linear:
             refusal = fla_refusal([int(tree.get("linear_key_head_dim", 128))]) if available("fla") else \

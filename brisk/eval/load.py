@@ -56,7 +56,7 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", ove
                 raise ConfigError(f"{weights}: {len(unknown)} keys the run's model lacks (e.g. {unknown[:3]})")
             model.load_state_dict(state, strict=False)
             log.info("loaded %d tensors from %s", len(state), weights)
-    elif kind == "chat":
+    elif kind == "lm":
         cfg = load_config(None, [*chat_folder_overrides(path), *(overrides or [])])
         model = build_model(cfg.model)
     else:

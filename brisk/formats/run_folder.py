@@ -20,7 +20,7 @@ def ranked(index: dict[str, dict], metric: str) -> list[str]:
 # ------------------------------------------------------------------------------------------ loading
 def folder_kind(path: str | Path) -> str:
     """'run' (a brisk run folder), 'funasr' (FunASR model folder), 'hf' (transformers-native Fun-ASR-Nano folder)
-    or 'chat' (a causal LM's transformers folder, as a chat run exports it)."""
+    or 'lm' (a causal LM's transformers folder, as a causal_lm run exports it)."""
     path = Path(path)
     if is_hf_folder(path):
         return "hf"
@@ -29,7 +29,7 @@ def folder_kind(path: str | Path) -> str:
         raw = yaml.safe_load(cfg_file.read_text(encoding="utf-8")) or {}
         return "run" if isinstance(raw.get("model"), dict) else "funasr"
     if (path / "config.json").is_file():  # a causal LM's save_pretrained folder (a chat run's export)
-        return "chat"
+        return "lm"
     raise ConfigError(f"{path}: not a brisk run folder, a FunASR model folder (config.yaml), a native "
                       "Fun-ASR-Nano folder (config.json with model_type fun_asr_nano) or a causal LM folder (config.json)")
 
