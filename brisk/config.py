@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import glob
+import os
 import re
 import types
 import typing
@@ -821,7 +823,12 @@ def get_dotted(cfg: Any, key: str) -> Any:
 def check_files(cfg: Config) -> None:
     for key in sorted(MUST_EXIST):
         value = get_dotted(cfg, key)
-        if value is not None and not Path(value).exists():
+        if value is None:
+            continue
+        if any(c in str(value) for c in "*?[") and key in ("data.train", "data.valid"):  # chat data: a glob of files
+            if not glob.glob(os.path.expanduser(str(value)), recursive=True):
+                raise ConfigError(f"{key}: {value} matches no files")
+        elif not Path(value).exists():
             raise ConfigError(f"{key}: {value} does not exist")
 
 

@@ -161,3 +161,13 @@ def test_bad_rows_name_file_and_row(tok, tmp_path):
     lines.write_text(json.dumps({"messages": conversations()[0]}) + "\nnot json\n")
     with pytest.raises(DataError, match=rf"{lines}:2: not valid JSON"):
         store(lines, tok, tmp_path)
+
+
+def test_config_takes_a_glob_of_data_files(tmp_path):
+    from brisk.config import ConfigError, load_config
+
+    write_parquet(tmp_path / "train_sft-00000-of-00001.parquet", ultrachat_rows(conversations()[:2]))
+    cfg = load_config(ROOT / "configs" / "sft_demo.yaml", [f"data.train={tmp_path}/train_sft-*.parquet"])
+    assert cfg.data.train.endswith("train_sft-*.parquet")
+    with pytest.raises(ConfigError, match="matches no files"):
+        load_config(ROOT / "configs" / "sft_demo.yaml", [f"data.train={tmp_path}/none-*.parquet"])
