@@ -16,13 +16,15 @@ from .conftest import REPO
 
 
 def test_task_is_an_alias_of_model_family_with_one_note(tmp_path, caplog):
+    old = tmp_path / "old.yaml"  # a config written before model.family: the shipped demo with the old word
+    old.write_text(f"include: {REPO / 'configs' / 'demo.yaml'}\ntask: speech\n", encoding="utf-8")
     with caplog.at_level(logging.INFO, logger="brisk"):
-        cfg = load_config(REPO / "configs" / "sft_demo.yaml", [f"train.output_dir={tmp_path}"])
-    assert cfg.model.family == "causal_lm" and cfg.task == "chat"
-    notes = [r.message for r in caplog.records if "old name of model.family" in r.message]
-    assert notes == ["config: task: chat is the old name of model.family (causal_lm); it still works"]
-    cfg = load_config(REPO / "configs" / "demo.yaml", [f"train.output_dir={tmp_path}"])
+        cfg = load_config(old, [f"train.output_dir={tmp_path}"])
     assert cfg.model.family == "fun_asr_nano" and cfg.task == "speech"
+    notes = [r.message for r in caplog.records if "old name of model.family" in r.message]
+    assert notes == ["config: task: speech is the old name of model.family (fun_asr_nano); it still works"]
+    cfg = load_config(REPO / "configs" / "sft_demo.yaml", [f"train.output_dir={tmp_path}"])
+    assert cfg.model.family == "causal_lm" and cfg.task == "chat"  # task is filled from the family
     assert families.get("speech").name == "fun_asr_nano" and families.get("chat").name == "causal_lm"
 
 

@@ -103,7 +103,7 @@ def config(tmp_path, *extra: str, data: str | None = None):
 
 
 def samples_of(cfg, path: str, n: int):
-    ds, _ = family_of(cfg).dataset(cfg, "train", path, 0, None)
+    ds, _, _ = family_of(cfg).dataset(cfg, "train", path, 0, None)
     return ds, [ds[i] for i in range(n)]
 
 
@@ -381,8 +381,9 @@ def test_the_cpu_demo_learns_validation_cer_falls(tmp_path):
 
     # `brisk eval`'s path on the run folder: its config, its newest weights, the family's eval set and decoding
     from brisk.eval.evaluate import evaluate, load_run, recognizer
+    from brisk.eval.testset import items_of
 
     cfg, model, tok, _ = load_run(run)
-    keys, paths, refs = family_of(cfg).eval_set(str(DEMO / "valid.jsonl"), cfg)
-    rows, summary = evaluate(recognizer(cfg, model, tok, max_new_tokens=20), keys[:8], paths[:8], refs[:8], None)
+    items = items_of(*family_of(cfg).eval_set(str(DEMO / "valid.jsonl"), cfg))[:8]
+    rows, summary = evaluate(recognizer(cfg, model, tok, max_new_tokens=20), items, None)
     assert summary["utterances"] == 8 and summary["cer"] < 1.0 and any(r["hyp"] for r in rows)

@@ -173,7 +173,10 @@ def train(cfg: Config) -> dict:
         if allowed and rank == 0:
             log.info("resume: %d allowed change%s: %s", len(allowed), "" if len(allowed) == 1 else "s", "; ".join(allowed))
     with run_dirs.run_lock(cfg.train.output_dir, rank):
-        return _train(cfg)
+        try:
+            return _train(cfg)
+        finally:  # the run's train.log is closed: what this process says later (another command) is not its
+            setup_logging(None, rank)
 
 
 def _train(cfg: Config) -> dict:
