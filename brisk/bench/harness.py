@@ -35,15 +35,11 @@ def sample_stream(cfg: Config, n: int, vocab: int) -> list[list]:
 
 
 def llm_vocab(cfg: Config) -> int:
-    """The decoder's vocabulary (of a multimodal config too: its text config's)."""
-    from transformers import AutoConfig
+    """The decoder's vocabulary (of a multimodal config too: its text config's), from the config the model is
+    built from."""
+    from ..models.build import llm_hf_config
 
-    if cfg.model.llm.path:
-        c = AutoConfig.from_pretrained(cfg.model.llm.path, local_files_only=True)
-    else:
-        extra = dict(cfg.model.llm.config)
-        c = AutoConfig.for_model(extra.pop("model_type"), **extra)
-    return int(c.get_text_config().vocab_size)
+    return int(llm_hf_config(cfg.model.llm).get_text_config().vocab_size)
 
 
 @dataclass

@@ -82,21 +82,27 @@ def parse_chat_line(text: str, where: str) -> Conversation:
     return parse_chat_obj(obj, where)
 
 
+def checked_message(msg, where: str, name: str) -> dict:
+    """One chat message with a known role and string content (``name``: where it sits, e.g. messages[2]), as a
+    clean {role, content} dict; one DataError line naming ``where`` and ``name`` otherwise."""
+    if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
+        raise DataError(f"{where}: {name} needs 'role' and 'content'")
+    if msg["role"] not in ROLES:
+        raise DataError(f"{where}: {name} has role {msg['role']!r}; use one of {', '.join(ROLES)}")
+    if not isinstance(msg["content"], str):
+        raise DataError(f"{where}: {name}.content must be a string")
+    return {"role": msg["role"], "content": msg["content"]}
+
+
 def parse_chat_obj(obj, where: str) -> Conversation:
     """A row of a chat data set (a jsonl line, a parquet or arrow row) with a ``messages`` list."""
     if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list) or not obj["messages"]:
         raise DataError(f"{where}: expected an object with a non-empty 'messages' list")
     messages = []
     for i, msg in enumerate(obj["messages"]):
-        if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
-            raise DataError(f"{where}: messages[{i}] needs 'role' and 'content'")
-        if msg["role"] not in ROLES:
-            raise DataError(f"{where}: messages[{i}] has role {msg['role']!r}; use one of {', '.join(ROLES)}")
-        if not isinstance(msg["content"], str):
-            raise DataError(f"{where}: messages[{i}].content must be a string")
+        messages.append(checked_message(msg, where, f"messages[{i}]"))
         if msg["role"] == "system" and i > 0:
             raise DataError(f"{where}: messages[{i}]: a system message may only come first")
-        messages.append({"role": msg["role"], "content": msg["content"]})
     if not any(m["role"] == "assistant" for m in messages):
         raise DataError(f"{where}: no assistant message, so nothing to learn from")
     key = obj.get("key", obj.get("prompt_id", where))

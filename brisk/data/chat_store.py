@@ -27,7 +27,7 @@ import torch
 
 from ..config import ConfigError
 from ..errors import DataError
-from .chat import ROLES, ChatEncoder, parse_chat_obj, training_template
+from .chat import ChatEncoder, checked_message, parse_chat_obj, training_template
 from .chat_sources import Unit, read_unit, resolve_files, units_of
 from .dataset import Sample
 from .prompt import Tokens
@@ -41,16 +41,7 @@ COUNTS = ("truncated", "skipped", "unlabelled", "bad_rows")
 def _messages(value, where: str, name: str) -> list[dict]:
     if not isinstance(value, list) or not value:
         raise DataError(f"{where}: '{name}' must be a non-empty list of messages")
-    out = []
-    for i, m in enumerate(value):
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise DataError(f"{where}: {name}[{i}] needs 'role' and 'content'")
-        if m["role"] not in ROLES:
-            raise DataError(f"{where}: {name}[{i}] has role {m['role']!r}; use one of {', '.join(ROLES)}")
-        if not isinstance(m["content"], str):
-            raise DataError(f"{where}: {name}[{i}].content must be a string")
-        out.append({"role": m["role"], "content": m["content"]})
-    return out
+    return [checked_message(m, where, f"{name}[{i}]") for i, m in enumerate(value)]
 
 
 def parse_row(row, where: str) -> tuple[str, list[dict], list[dict] | None]:

@@ -27,19 +27,25 @@ log = logging.getLogger("brisk")
 
 def build_llm(cfg: ModelConfig) -> nn.Module:
     """A transformers causal LM from a local folder (config.json) or an inline config, random weights."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    llm = cfg.llm
+    return AutoModelForCausalLM.from_config(llm_hf_config(cfg.llm))
+
+
+def llm_hf_config(llm):
+    """The transformers config of model.llm: its folder's config.json with model.llm.config's keys set on top, or
+    model.llm.config alone (with its model_type)."""
+    from transformers import AutoConfig
+
     if llm.path:
         hf_cfg = AutoConfig.from_pretrained(llm.path, local_files_only=True)
         for k, v in llm.config.items():
             setattr(hf_cfg, k, v)
-    else:
-        if "model_type" not in llm.config:
-            raise ConfigError("model.llm: give model.llm.path (a local folder) or model.llm.config with a model_type")
-        extra = dict(llm.config)
-        hf_cfg = AutoConfig.for_model(extra.pop("model_type"), **extra)
-    return AutoModelForCausalLM.from_config(hf_cfg)
+        return hf_cfg
+    if "model_type" not in llm.config:
+        raise ConfigError("model.llm: give model.llm.path (a local folder) or model.llm.config with a model_type")
+    extra = dict(llm.config)
+    return AutoConfig.for_model(extra.pop("model_type"), **extra)
 
 
 def build_model(cfg: ModelConfig, device: torch.device | str | None = None, task: str | None = None) -> nn.Module:

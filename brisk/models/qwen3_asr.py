@@ -33,24 +33,23 @@ _PREFIXES = (("model.audio_tower.", "audio_tower."), ("model.multi_modal_project
              ("model.language_model.", "llm.model."), ("lm_head.", "llm.lm_head."))
 
 
-def to_hf(state: dict) -> dict:
+def _renamed(state: dict, pairs, what: str) -> dict:
+    """``state`` with each key's prefix ``old`` replaced by ``new`` ((new, old) pairs); KeyError for a key none fits."""
     out = {}
     for k, v in state.items():
-        hf = next((a + k[len(b):] for a, b in _PREFIXES if k.startswith(b)), None)
-        if hf is None:
-            raise KeyError(f"no transformers key for {k}")
-        out[hf] = v
+        key = next((new + k[len(old):] for new, old in pairs if k.startswith(old)), None)
+        if key is None:
+            raise KeyError(f"no {what} key for {k}")
+        out[key] = v
     return out
+
+
+def to_hf(state: dict) -> dict:
+    return _renamed(state, _PREFIXES, "transformers")
 
 
 def from_hf(state: dict) -> dict:
-    out = {}
-    for k, v in state.items():
-        ours = next((b + k[len(a):] for a, b in _PREFIXES if k.startswith(a)), None)
-        if ours is None:
-            raise KeyError(f"no brisk key for {k}")
-        out[ours] = v
-    return out
+    return _renamed(state, [(ours, hf) for hf, ours in _PREFIXES], "brisk")
 
 
 class Qwen3ASR(nn.Module):
@@ -101,19 +100,13 @@ class Qwen3ASR(nn.Module):
 
 def hf_config(cfg: ModelConfig):
     """The transformers Qwen3ASRConfig: model.llm.path's config.json, or model.llm.config (model_type qwen3_asr)."""
-    from transformers import AutoConfig
+    from .build import llm_hf_config
 
     llm = cfg.llm
-    if llm.path:
-        c = AutoConfig.from_pretrained(llm.path, local_files_only=True)
-        for k, v in llm.config.items():
-            setattr(c, k, v)
-    else:
-        extra = dict(llm.config)
-        if extra.pop("model_type", None) != "qwen3_asr":
-            raise ConfigError("model.llm.config: model.family=qwen3_asr needs model_type: qwen3_asr (with audio_config "
-                              "and text_config), or model.llm.path (a transformers Qwen3-ASR folder)")
-        c = AutoConfig.for_model("qwen3_asr", **extra)
+    if not llm.path and llm.config.get("model_type") != "qwen3_asr":
+        raise ConfigError("model.llm.config: model.family=qwen3_asr needs model_type: qwen3_asr (with audio_config "
+                          "and text_config), or model.llm.path (a transformers Qwen3-ASR folder)")
+    c = llm_hf_config(llm)
     if c.model_type != "qwen3_asr":
         raise ConfigError(f"model.llm.path={llm.path}: a {c.model_type} folder, not a transformers Qwen3-ASR (qwen3_asr)")
     return c
