@@ -68,6 +68,15 @@ def undecodable(path: str) -> str | None:
     return "it has no samples" if info.frames == 0 else None
 
 
+def audio_problem(path: str) -> str | None:
+    """What is wrong with one audio path: "missing", "a folder" or "cannot be decoded (why)"; None for a file
+    whose header soundfile reads."""
+    if os.path.isfile(path):
+        why = undecodable(path)
+        return None if why is None else f"cannot be decoded ({why})"
+    return "a folder" if os.path.isdir(path) else "missing"
+
+
 def check_audio_headers(index: JsonlIndex, path: str | Path, skip_bad: bool) -> None:
     """Every audio file's header read (soundfile.info, not the samples): a file that cannot be decoded stops the
     run before the model is built (or, with skip_bad, its lines are skipped with one warning), not at the

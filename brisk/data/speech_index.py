@@ -20,8 +20,8 @@ import numpy as np
 
 from ..errors import DataError
 from .chat_sources import Unit
-from .check import SHORT_FRAMES, SHOW, suspect_reason, undecodable
-from .jsonl import Utterance, decode_line, parse_line
+from .check import SHORT_FRAMES, SHOW, audio_problem, suspect_reason
+from .jsonl import decode_line, parse_line
 from .token_cache import Entry, file_identity, parallel_map, workers_for
 
 log = logging.getLogger("brisk")
@@ -52,12 +52,8 @@ class _IndexUnit:
         self.seen: dict[str, str | None] = {}  # audio path -> None (a file) or what it is; per worker
 
     def audio_problem(self, p: str) -> str | None:
-        if p not in self.seen:
-            if os.path.isfile(p):  # its header too: a file that cannot be decoded is found now, not at step 0
-                why = undecodable(p)
-                self.seen[p] = None if why is None else f"cannot be decoded ({why})"
-            else:
-                self.seen[p] = "a folder" if os.path.isdir(p) else "missing"
+        if p not in self.seen:  # its header too: a file that cannot be decoded is found now, not at step 0
+            self.seen[p] = audio_problem(p)
         return self.seen[p]
 
     def __call__(self, unit: Unit) -> dict:
