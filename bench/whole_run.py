@@ -3,8 +3,8 @@
 
 One call does the whole comparison: a real-size random Fun-ASR-Nano folder in FunASR's layout is built
 (tools/make_nano_folder.py, on the GPU) unless --model names one, then brisk trains on the espeak-ng set
-(tools/make_wholerun_data.py: 360/40 utterances, made where espeak-ng is installed, not on the GPU
-machine) for 4 epochs with validation and a checkpoint after each (finetune.sh settings), with the fast
+(tools/make_wholerun_data.py: 360/40 utterances, made where espeak-ng or brisk[tools]'s libespeak-ng is
+installed, not on the GPU machine) for 4 epochs with validation and a checkpoint after each (finetune.sh settings), with the fast
 path, once with an empty Inductor cache (cold) and once with the cache the first run left (warm).
 
 Phases come from the run's own files: train.log timestamps (launch -> "training from step" = start-up;
@@ -194,7 +194,7 @@ def main() -> int:
         cmd = [sys.executable, str(REPO / "tools" / "make_wholerun_data.py"), "--out", str(data)]
         rc, t0, t1 = sh(cmd + (["--train", "8", "--valid", "2"] if a.tiny else []), work / "make_data.log", 900, env)
         if rc:
-            print(f"whole_run: making the data set failed (needs espeak-ng): see {work / 'make_data.log'}")
+            print(f"whole_run: making the data set failed (needs espeak-ng or brisk[tools]): see {work / 'make_data.log'}")
             return 2
     model = Path(a.model).resolve() if a.model else work / ("nano_tiny" if a.tiny else "nano_folder")
     if not (model / "model.pt").exists():

@@ -56,6 +56,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -253,6 +254,88 @@ def synthesize(text: str, voice: str, rate: int, out_path: Path, tmp_dir: Path, 
 
         wave, rate_hz = sf.read(str(target), dtype="int16")
         sf.write(str(out_path), wave, rate_hz, format="OGG", subtype="OPUS", compression_level=OPUS_LEVEL)
+
+
+class LibEspeak:
+    """libespeak-ng through ctypes, from the espeakng-loader wheel (the library and its voice data, no program):
+    the fallback where the espeak-ng program is not installed (no apt). It speaks as the program does: the same
+    voice[+variant] names, words a minute and pitch, the program's synthesis flags, the same 22050 Hz 16-bit
+    samples (not bit-identical run to run: a few samples' difference, as the library keeps state between
+    calls). The library keeps one global state: calls are serialised."""
+
+    RATE, PITCH = 1, 3  # espeak_PARAMETER: espeakRATE, espeakPITCH
+    SYNCHRONOUS = 2  # espeak_AUDIO_OUTPUT: AUDIO_OUTPUT_SYNCHRONOUS (espeak_Synth returns when the text is spoken)
+    FLAGS = 0x1000 | 0x100  # espeakENDPAUSE | espeakPHONEMES (espeakCHARS_AUTO = 0), as espeak-ng's program
+    # The program resolves "en-gb" by language to the voice file "en" (English, Great Britain); the library's
+    # espeak_SetVoiceByName looks names up by file only.
+    FILES = {"en-gb": "en"}
+
+    def __init__(self) -> None:
+        import ctypes
+
+        try:
+            import espeakng_loader
+        except ImportError:
+            sys.exit("error: neither the espeak-ng program nor the espeakng-loader package is installed "
+                     "(`apt-get install -y espeak-ng` or `pip install 'brisk[tools]'`)")
+        self.ct = ctypes
+        self.lib = ctypes.CDLL(espeakng_loader.get_library_path())
+        self.lock = threading.Lock()
+        self.chunks: list[bytes] = []
+        callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
+
+        def collect(wav, n, _events):
+            if wav and n > 0:
+                self.chunks.append(ctypes.string_at(wav, n * 2))
+            return 0  # 0: go on
+
+        self.callback = callback_type(collect)  # kept on self: the library holds only the pointer
+        self.lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        self.lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+        self.lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        self.lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
+                                          ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+        self.sample_rate = self.lib.espeak_Initialize(self.SYNCHRONOUS, 0, espeakng_loader.get_data_path().encode(), 0)
+        if self.sample_rate <= 0:
+            raise RuntimeError(f"espeak_Initialize failed ({self.sample_rate}) with {espeakng_loader.get_data_path()}")
+        self.lib.espeak_SetSynthCallback(self.callback)
+
+    def __call__(self, text: str, voice: str, rate: int, pitch: int | None = None) -> tuple[bytes, int]:
+        """16-bit mono PCM (native byte order) and its sample rate."""
+        with self.lock:
+            if self.lib.espeak_SetVoiceByName(self.FILES.get(voice, voice).encode()) != 0:
+                raise RuntimeError(f"libespeak-ng: unknown voice {voice!r}")
+            self.lib.espeak_SetParameter(self.RATE, rate, 0)
+            if pitch is not None:
+                self.lib.espeak_SetParameter(self.PITCH, pitch, 0)
+            self.chunks = []
+            data = text.encode() + b"\0"
+            err = self.lib.espeak_Synth(data, len(data), 0, 1, 0, self.FLAGS, None, None)  # 1: POS_CHARACTER
+            if err != 0:
+                raise RuntimeError(f"libespeak-ng: espeak_Synth failed ({err}) on {text!r}")
+            return b"".join(self.chunks), self.sample_rate
+
+
+_LIB: list[LibEspeak] = []  # made once, on first use (make_wholerun_data speaks from threads)
+_LIB_LOCK = threading.Lock()
+
+
+def espeak_pcm(text: str, voice: str, rate: int, pitch: int | None = None) -> tuple[bytes, int]:
+    """espeak-ng's speech of `text` as 16-bit mono PCM (native byte order) and its sample rate: the espeak-ng
+    program where it is on PATH, else libespeak-ng from the espeakng-loader package."""
+    if shutil.which("espeak-ng") is None:
+        with _LIB_LOCK:
+            if not _LIB:
+                _LIB.append(LibEspeak())
+        return _LIB[0](text, voice, rate, pitch)
+    cmd = ["espeak-ng", "-v", voice, "-s", str(rate), *(["-p", str(pitch)] if pitch is not None else []), "--stdout", text]
+    wav = subprocess.run(cmd, capture_output=True, check=True).stdout
+    import io
+
+    import soundfile as sf
+
+    samples, fs = sf.read(io.BytesIO(wav), dtype="int16")
+    return samples.tobytes(), fs
 
 
 def check_tools() -> None:

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""The whole-run benchmark's speech set: English espeak-ng utterances of 1.5-10 s (mean about 4.5 s).
+"""The whole-run benchmark's speech set: English espeak-ng utterances of 1.5-10 s (mean about 3.6 s).
 
-Sentences come from tools/make_demo_data.py's grammar, 1 to 4 of them an utterance, spoken by its 8
-voices at 140-190 words a minute, resampled to 16 kHz with brisk's own resampler and written as
-Ogg/Vorbis (about 3 KB a second: 400 utterances fit in ~6 MB, small enough to carry to a GPU machine).
-brisk reads them with soundfile like FLAC or WAV. Writes train.jsonl / valid.jsonl in FunASR's layout
-(audio paths relative to the jsonl's folder) and stats.json. Deterministic for a seed.
+Sentences come from tools/make_demo_data.py's grammar, 1 to 4 of them an utterance, spoken by its 18
+voices at 150-200 words a minute, resampled to 16 kHz with brisk's own resampler and written as
+Ogg/Vorbis (about 6 KB a second: 400 utterances fit in ~9 MB, small enough to carry to a GPU machine).
+brisk reads them with soundfile like FLAC or WAV. Speaks with the espeak-ng program where it is on PATH,
+else with libespeak-ng from the espeakng-loader package (`pip install 'brisk[tools]'`; no program needed).
+Writes train.jsonl / valid.jsonl in FunASR's layout
+(audio paths relative to the jsonl's folder) and stats.json. The same sentences, voices and rates for a seed
+(libespeak-ng's audio may differ by a few samples run to run).
 
     python tools/make_wholerun_data.py --out bench/tmp/wholerun_data              # 360 + 40
     python tools/make_wholerun_data.py --out bench/tmp/wholerun_tiny --train 8 --valid 2
@@ -14,11 +17,9 @@ brisk reads them with soundfile like FLAC or WAV. Writes train.jsonl / valid.jso
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import random
 import shutil
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,23 +31,22 @@ sys.path.insert(0, str(REPO))
 
 import make_demo_data as demo  # noqa: E402  (the grammar, voices, jsonl layout)
 
-# Sentences an utterance and their odds: a demo sentence is ~2.3 s, so the mean is ~4.5 s.
+# Sentences an utterance and their odds: 2.1 sentences and ~3.6 s an utterance.
 SENTENCES = (1, 2, 3, 4)
 ODDS = (0.25, 0.4, 0.25, 0.1)
 MIN_S, MAX_S = 1.5, 10.0
 
 
 def speak(text: str, voice: str, rate: int):
-    """espeak-ng -> 16 kHz float waveform (numpy)."""
-    import soundfile as sf
+    """espeak-ng (the program, else libespeak-ng) -> 16 kHz float waveform (numpy)."""
+    import numpy as np
     import torch
 
     from brisk.data.audio import resample
 
-    wav = subprocess.run(["espeak-ng", "-v", voice, "-s", str(rate), "--stdout", text], capture_output=True,
-                         check=True).stdout
-    data, fs = sf.read(io.BytesIO(wav), dtype="float32")
-    wave = resample(torch.from_numpy(data), fs, demo.SAMPLE_RATE) * 0.89  # 1 dB headroom for Vorbis
+    pcm, fs = demo.espeak_pcm(text, voice, rate)
+    data = torch.from_numpy(np.frombuffer(pcm, dtype=np.int16).astype(np.float32) / 32768.0)
+    wave = resample(data, fs, demo.SAMPLE_RATE) * 0.89  # 1 dB headroom for Vorbis
     return wave.clamp(-1, 1).numpy()
 
 
@@ -85,8 +85,6 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--jobs", type=int, default=2)
     a = ap.parse_args()
-    if shutil.which("espeak-ng") is None:
-        sys.exit("make_wholerun_data: needs the espeak-ng program (apt-get install -y espeak-ng)")
     from transformers import AutoTokenizer
 
     out = Path(a.out)
