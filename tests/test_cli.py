@@ -54,6 +54,38 @@ def test_bench_prints_the_interleaved_table(tmp_path, capsys):
     assert all(len(v) == 2 for v in data["results"].values()) and data["flops"] > 0
 
 
+def test_bench_batch_size_arm_trains_on_its_own_batches_and_is_compared_by_tokens_per_second(tmp_path):
+    """An arm that sets data.batch_tokens gets its own stream (max_utts scaled as data.auto_batch scales it); arms
+    without data overrides share the base stream; the table compares real LLM tokens a second, no roofline for
+    the arm off the first arm's stream."""
+    from types import SimpleNamespace
+
+    from brisk.bench.bench import arm_streams, render, with_overrides
+    from brisk.config import load_config
+
+    cfg = load_config(REPO / "configs/bench_demo.yaml", tiny_overrides(tmp_path))
+    arms = [with_overrides(cfg, []), with_overrides(cfg, ["speed.packing=true"]),
+            with_overrides(cfg, ["data.batch_tokens=4800"])]
+    assert (arms[2].data.batch_tokens, arms[2].data.max_utts) == (4800, 2 * cfg.data.max_utts)
+    assert with_overrides(cfg, ["data.batch_tokens=4800", "data.max_utts=7"]).data.max_utts == 7
+    streams = arm_streams(cfg, arms, 6)
+    assert streams[0] is streams[1] and streams[2] is not streams[0] and len(streams[2]) == 6
+    mean_utts = lambda s: sum(map(len, s)) / len(s)  # noqa: E731
+    assert mean_utts(streams[2]) > 1.5 * mean_utts(streams[0])
+
+    run = lambda mean, tokens: {"mean": mean, "median": mean, "slow": 0, "forward": 0.0, "backward": 0.0,  # noqa: E731
+                                "optimizer": mean, "setup": 1.0, "first_step": 0.1, "phase_wall": 2.0,
+                                "tokens": tokens, "label_tokens": 10.0, "positions": tokens}
+    b = SimpleNamespace(runs=1, steps=3, warmup=1)
+    table = render({"small": [run(0.100, 1000.0)], "large": [run(0.150, 3000.0)], "unfinished": []}, {}, 1e9, 1e11,
+                   "x", b, gpu=False, own_stream={"large"})
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in table.splitlines()
+            if r.startswith("| ") and "---" not in r and "| arm |" not in r}
+    assert list(rows) == ["small", "large *"]  # an arm with no finished run is left out
+    assert rows["small"][-1] == "1.00x" and rows["small"][-2] == "10.0%" and rows["small"][5] == "10,000"
+    assert rows["large *"][5] == "20,000" and rows["large *"][-2] == "-" and rows["large *"][-1] == "2.00x"
+
+
 def test_profile_writes_op_tables_and_a_verdict(tmp_path):
     rc = main(["profile", str(DEMO_CONFIG), *tiny_overrides(tmp_path), "--steps", "2", "--warmup", "1",
                "--out", str(tmp_path / "prof")])

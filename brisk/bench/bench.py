@@ -8,6 +8,12 @@ median and steps over 3x the median (per-step CUDA-event spans), phase medians (
 first-step time, the wall time of the whole training phase, peak allocated memory. For the first run of
 each arm also: kernel launches a step (torch.profiler over bench.profile_steps steps) and, for the first
 arm, the model FLOPs a step, which give each arm's fraction of the measured matmul rate (the roofline).
+
+An arm whose overrides change the data section (``data.batch_tokens``: a batch-size sweep) trains on its own
+stream: the same utterances in the same order, cut into its own batches (``data.max_utts`` scaled with the
+budget unless the arm sets it, as data.auto_batch does). Arms then carry different tokens a step, so the table
+compares real LLM tokens a second; the roofline is given only for arms on the first arm's stream (its FLOPs).
+The table is rewritten after every run, so a run cut short by a time limit keeps what finished.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import math
 import statistics
 import time
 from contextlib import contextmanager
@@ -106,18 +113,24 @@ def run_bench(cfg: Config, out_dir: Path | None = None) -> str:
     out_dir = out_dir or Path(cfg.train.output_dir) / "bench"
     out_dir.mkdir(parents=True, exist_ok=True)
     n = b.batches or (b.warmup + b.steps + b.profile_steps)
-    stream = sample_stream(cfg, n, llm_vocab(cfg))
     configs = [with_overrides(cfg, arm.overrides) for arm in b.arms]
+    streams = arm_streams(cfg, configs, n)
     results: dict[str, list[dict]] = {arm.name: [] for arm in b.arms}
     extra: dict[str, dict] = {}
-    with dynamo_limits(64):
-        flops = _runs(b, configs, stream, results, extra)
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
     rate, rate_what = matmul_rate(device)
-    table = render(results, extra, flops or 0.0, rate, rate_what, b, gpu=device.type == "cuda")
-    (out_dir / "bench.md").write_text(table, encoding="utf-8")
-    (out_dir / "bench.json").write_text(json.dumps({"results": results, "extra": extra, "flops": flops, "rate": rate,
-                                                    "arms": [asdict(a) for a in b.arms]}, indent=1), encoding="utf-8")
+    own = {arm.name for arm, s in zip(b.arms, streams) if s is not streams[0]}  # arms off the first arm's stream
+
+    def write(flops: float | None) -> str:
+        table = render(results, extra, flops or 0.0, rate, rate_what, b, gpu=device.type == "cuda", own_stream=own)
+        (out_dir / "bench.md").write_text(table, encoding="utf-8")
+        (out_dir / "bench.json").write_text(json.dumps({"results": results, "extra": extra, "flops": flops, "rate": rate,
+                                                        "arms": [asdict(a) for a in b.arms]}, indent=1), encoding="utf-8")
+        return table
+
+    with dynamo_limits(64):
+        flops = _runs(b, configs, streams, results, extra, write)
+    table = write(flops)
     print(table)
     print(f"wrote {out_dir / 'bench.md'} and {out_dir / 'bench.json'}")
     return table
@@ -137,19 +150,36 @@ def dynamo_limits(limit: int):
         dc.recompile_limit = saved
 
 
-def _runs(b, configs, stream, results, extra) -> float | None:
+def arm_streams(cfg: Config, configs: list[Config], n: int) -> list[list]:
+    """Each arm's batch stream: the base config's, unless the arm changes the data section; arms with the same
+    data section share one stream (the same object)."""
+    made: dict[str, list] = {}
+
+    def stream(c: Config) -> list:
+        key = json.dumps(asdict(c.data), sort_keys=True, default=str)
+        if key not in made:
+            made[key] = sample_stream(c, n, llm_vocab(c))
+        return made[key]
+
+    base = stream(cfg)
+    return [base if acfg.data == cfg.data else stream(acfg) for acfg in configs]
+
+
+def _runs(b, configs, streams, results, extra, write) -> float | None:
     flops = None
     for rep in range(b.runs):
-        for arm, acfg in zip(b.arms, configs):
+        for arm, acfg, stream in zip(b.arms, configs, streams):
             log.info("bench: run %d of arm %s", rep + 1, arm.name)
             res, (runner, batches) = one_run(acfg, stream, b.warmup, b.steps)
             if rep == 0:
                 tail = batches[b.warmup + b.steps:][: b.profile_steps] or batches[-b.profile_steps:]
                 extra[arm.name] = launches(runner, tail)
-                if flops is None:
+                if flops is None:  # the first arm's stream: the roofline's FLOPs
                     flops = count_flops(runner, batches[b.warmup: b.warmup + b.steps])
             results[arm.name].append(res)
-            log.info("bench: %s run %d: mean %.1f ms, median %.1f ms", arm.name, rep + 1, res["mean"] * 1e3, res["median"] * 1e3)
+            log.info("bench: %s run %d: mean %.1f ms, median %.1f ms, %.0f LLM tokens a step, %.0f tokens/s", arm.name,
+                     rep + 1, res["mean"] * 1e3, res["median"] * 1e3, res["tokens"], res["tokens"] / res["mean"])
+            write(flops)
             del runner, batches
             gc.collect()
             if torch.cuda.is_available():
@@ -168,6 +198,9 @@ def with_overrides(cfg: Config, overrides: list[str]) -> Config:
         key, value = parse_override(text)
         _set_dotted(patch, key, value)
     tree = _merge(cfg.to_dict(), patch)
+    data = patch.get("data") or {}
+    if "batch_tokens" in data and "max_utts" not in data:  # the same utterance density, as data.auto_batch scales it
+        tree["data"]["max_utts"] = max(1, math.ceil(cfg.data.max_utts * data["batch_tokens"] / cfg.data.batch_tokens))
     if (patch.get("speed") or {}).get("preset"):
         tree = _merge(tree, expand_preset({"model": tree["model"], "speed": patch["speed"]}))
     out = build(Config, tree)
@@ -181,38 +214,49 @@ def _ms(x: float) -> str:
     return f"{x * 1000:.1f}"
 
 
-def render(results: dict, extra: dict, flops: float, rate: float, rate_what: str, b, gpu: bool = True) -> str:
-    """The markdown table; without a GPU the GPU-only columns (launches, peak memory) are left out, not zeros."""
-    names = list(results)
-    base = statistics.fmean(r["mean"] for r in results[names[0]])
+def render(results: dict, extra: dict, flops: float, rate: float, rate_what: str, b, gpu: bool = True,
+           own_stream: set[str] = frozenset()) -> str:
+    """The markdown table; without a GPU the GPU-only columns (launches, peak memory) are left out, not zeros.
+    ``own_stream``: arms on batches of their own (a batch-size sweep): no roofline (the FLOPs are the first
+    arm's), compared by tokens a second. Arms with no finished run yet are left out."""
+    names = [n for n in results if results[n]]
+    if not names:
+        return "no run finished\n"
+    tps = {n: statistics.fmean(r["tokens"] for r in results[n]) / statistics.fmean(r["mean"] for r in results[n])
+           for n in names}
+    same = "same batches" if not own_stream else "same utterances (arms marked * cut them into batches of their own)"
     lines = [
-        f"Arms interleaved, {b.runs} runs each, {b.steps} timed steps after {b.warmup} warm-up steps, same batches. "
+        f"Arms interleaved, {b.runs} runs each, {b.steps} timed steps after {b.warmup} warm-up steps, {same}. "
         f"Roofline: {flops_str(flops)} a step (counted) against {flops_str(rate)}/s ({rate_what}, measured).",
         "",
         "| arm | mean ms (runs) | median ms (runs) | steps >3x median | fwd / bwd / opt median ms "
-        + ("| launches / kernels a step | peak GiB " if gpu else "") + "| setup s | first step s | phase wall s | roofline | vs first |",
-        "|---" * (12 if gpu else 10) + "|",
+        + ("| launches / kernels a step | peak GiB " if gpu else "")
+        + "| LLM tokens a step | tokens/s | setup s | first step s | phase wall s | roofline | vs first (tokens/s) |",
+        "|---" * (14 if gpu else 12) + "|",
     ]
     for name in names:
         rs = results[name]
         mean = statistics.fmean(r["mean"] for r in rs)
         e = extra.get(name, {})
-        roof = flops / mean / rate if rate and mean else 0.0
+        roof = f"{flops / mean / rate * 100:.1f}%" if rate and mean and name not in own_stream else "-"
         lines.append(
-            f"| {name} | {_ms(mean)} ({', '.join(_ms(r['mean']) for r in rs)}) "
+            f"| {name}{' *' if name in own_stream else ''} | {_ms(mean)} ({', '.join(_ms(r['mean']) for r in rs)}) "
             f"| {_ms(statistics.fmean(r['median'] for r in rs))} ({', '.join(_ms(r['median']) for r in rs)}) "
             f"| {', '.join(str(r['slow']) for r in rs)} "
             f"| {_phases(rs[0])} "
             + (f"| {e.get('launches', 0):.0f} / {e.get('kernels', 0):.0f} | {max(r['peak_gb'] for r in rs):.2f} " if gpu else "")
-            + f"| {_join(rs, 'setup', 1)} "
+            + f"| {rs[0]['tokens']:.0f} | {tps[name]:,.0f} "
+            f"| {_join(rs, 'setup', 1)} "
             f"| {_join(rs, 'first_step', 2)} | {_join(rs, 'phase_wall', 1)} "
-            f"| {roof * 100:.1f}% | {base / mean:.2f}x |")
+            f"| {roof} | {tps[name] / tps[names[0]]:.2f}x |")
     spread = [f"{n}: {(_spread(results[n])):.1f}%" for n in names]
     first = results[names[0]][0]
-    if "tokens" in first:
-        lines += ["", f"A timed step carries {first['tokens']:.0f} real LLM tokens, {first['label_tokens']:.0f} of them "
-                  "labelled (mean); positions computed a step (rows x length, padding included): "
-                  + ", ".join(f"{n}: {results[n][0]['positions']:.0f}" for n in names)]
+    lines += ["", f"{names[0]}: a timed step carries {first['tokens']:.0f} real LLM tokens, {first['label_tokens']:.0f} "
+              "of them labelled (mean); positions computed a step (rows x length, padding included): "
+              + ", ".join(f"{n}: {results[n][0]['positions']:.0f}" for n in names)]
+    if own_stream:
+        lines += ["", "* batches of its own (data.batch_tokens): an epoch is the same tokens in fewer, larger steps; "
+                  "the same learning-rate schedule per token needs optim.warmup_steps divided by the same factor."]
     lines += ["", "Run-to-run spread of the mean (max-min over mean): " + ", ".join(spread)]
     return "\n".join(lines) + "\n"
 
