@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Issue 35, item 3: the attention kernels at the speech step's size, forward + backward, one decoder layer.
+
+FunASR's workload packs ~10 utterances of ~160 LLM tokens into one row of the 1,792-token bucket (1,595 real
+tokens, configs/bench_levers35.yaml); Qwen3-0.6B's attention has 16 query heads, 8 KV heads of 128, bf16.
+The arms:
+
+- varlen: brisk's packed path as the preset runs it (brisk.speed.varlen: torch's varlen_attn, FlashAttention-2,
+  the KV heads repeated where torch's kernel has no GQA), on the packed row;
+- SDPA flash / efficient / cuDNN on the same sequences as a padded batch [utterances, heads, L, 128] with a
+  causal mask (exact for right-padded rows), L the longest sequence and, for cuDNN, also L rounded up to a
+  fixed bucket (a multiple of 256) (cuDNN builds an execution plan per new shape, ~0.5 s each: fixed buckets keep that to
+  one; the warm-up steps pay it here);
+- each padded arm twice: the kernel alone, and with the gather from the packed row and the scatter back that
+  the packed model would need around it.
+
+Reports the median of CUDA-event timed forward + backward calls, x 28 layers, and each arm's largest output
+difference from varlen on the real tokens (bf16). FlexAttention is not measured: brisk has no path for it.
+
+    python bench/attention35.py --out /tmp/attn35          # CUDA; writes attention35.md / .json, prints the table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from brisk.speed.varlen import varlen_attention  # noqa: E402
+
+H, HKV, D, LAYERS = 16, 8, 128, 28
+
+
+def lengths(total: int, n: int, bucket: int, seed: int) -> list[int]:
+    """n sequence lengths summing to total (about total / n each, +-30%), then the bucket's padding as one more."""
+    g = torch.Generator().manual_seed(seed)
+    w = 0.7 + 0.6 * torch.rand(n, generator=g)
+    out = [int(x) for x in (w / w.sum() * total).round()]
+    out[-1] += total - sum(out)
+    return out + ([bucket - total] if bucket > total else [])
+
+
+def timed(fn, warmup: int, reps: int, cuda: bool) -> float:
+    """Median seconds of one call: CUDA events (the CPU smoke run: the wall clock)."""
+    for _ in range(warmup):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        if not cuda:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+            continue
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="bench/tmp/attention35")
+    ap.add_argument("--tokens", type=int, default=1595)
+    ap.add_argument("--utts", type=int, default=10)
+    ap.add_argument("--bucket", type=int, default=1792)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--device", default="cuda", help="cuda; cpu only checks that the script runs (no SDPA kernels)")
+    a = ap.parse_args()
+    if a.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("attention35: needs CUDA")
+    dev, dt, cuda = torch.device(a.device), torch.bfloat16, a.device == "cuda"
+    lens = lengths(a.tokens, a.utts, a.bucket, seed=35)
+    real = lens[: a.utts]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    T = sum(lens)
+    torch.manual_seed(0)
+    q = torch.randn(1, H, T, D, device=dev, dtype=dt, requires_grad=True)
+    k = torch.randn(1, HKV, T, D, device=dev, dtype=dt, requires_grad=True)
+    v = torch.randn(1, HKV, T, D, device=dev, dtype=dt, requires_grad=True)
+    g_out = torch.randn(1, T, H, D, device=dev, dtype=dt)
+    scale = D ** -0.5
+
+    def varlen():
+        q.grad = k.grad = v.grad = None
+        out, _ = varlen_attention(None, q, k, v, None, scaling=scale, cu_seq_lens_q=cu)
+        out.backward(g_out)
+        return out
+
+    # padded layout: [B, H, L, D]; index of each real token of the packed row in the flattened [B * L]
+    starts = cu[: a.utts].tolist()
+    pos = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, real)]).to(dev)
+
+    def padded_io(L: int):
+        slot = torch.cat([torch.arange(i * L, i * L + n) for i, n in enumerate(real)]).to(dev)
+
+        def to_padded(x):  # [1, h, T, D] -> [B, h, L, D]
+            h = x.shape[1]
+            buf = x.new_zeros(len(real) * L, h, D)
+            buf[slot] = x[0].transpose(0, 1)[pos]
+            return buf.view(len(real), L, h, D).transpose(1, 2)
+
+        def from_padded(o):  # [B, H, L, D] -> the real tokens [n_real, H, D]
+            return o.transpose(1, 2).reshape(len(real) * L, H, D)[slot]
+
+        return to_padded, from_padded, slot
+
+    maxlen = max(real)
+    arms = {"varlen (the preset's path)": (varlen, None)}
+    ref = varlen().detach()[0][pos].float()  # [n_real, H, D]
+    q.grad = k.grad = v.grad = None
+    results = {}
+    fixed = -(-maxlen // 256) * 256
+    for name, backend, L in (("SDPA flash", SDPBackend.FLASH_ATTENTION, maxlen),
+                             ("SDPA efficient", SDPBackend.EFFICIENT_ATTENTION, maxlen),
+                             ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION, maxlen),
+                             ("SDPA cuDNN, fixed bucket", SDPBackend.CUDNN_ATTENTION, fixed)):
+        to_p, from_p, slot = padded_io(L)
+        qp0, kp0, vp0 = (to_p(x).detach().contiguous().requires_grad_() for x in (q, k, v))
+        kr0, vr0 = (x.repeat_interleave(H // HKV, dim=1).detach().contiguous().requires_grad_() for x in (kp0, vp0))
+        gp = torch.zeros(len(real) * L, H, D, device=dev, dtype=dt)
+        gp[slot] = g_out[0][pos]
+        gp = gp.view(len(real), L, H, D).transpose(1, 2).contiguous()
+
+        def kernel(backend=backend, qp0=qp0, kr0=kr0, vr0=vr0, gp=gp):
+            qp0.grad = kr0.grad = vr0.grad = None
+            with sdpa_kernel([backend]):
+                o = F.scaled_dot_product_attention(qp0, kr0, vr0, is_causal=True, scale=scale)
+            o.backward(gp)
+            return o
+
+        def with_copies(backend=backend, to_p=to_p, from_p=from_p):
+            q.grad = k.grad = v.grad = None
+            qp, kp, vp = to_p(q), to_p(k), to_p(v)
+            kp, vp = kp.repeat_interleave(H // HKV, dim=1), vp.repeat_interleave(H // HKV, dim=1)
+            with sdpa_kernel([backend]):
+                o = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale)
+            out = from_p(o)
+            out.backward(g_out[0][pos])
+            return o
+
+        try:
+            o = kernel()
+            diff = float((from_p(o.detach()).float() - ref).abs().max())
+            arms[f"{name}, L {L}: kernel"] = (kernel, diff)
+            arms[f"{name}, L {L}: + gather / scatter"] = (with_copies, diff)
+        except RuntimeError as e:  # a backend that does not take these shapes on this build
+            results[f"{name}, L {L}"] = {"error": str(e).splitlines()[0][:160]}
+    for name, (fn, diff) in arms.items():
+        try:
+            s = timed(fn, warmup=5, reps=a.reps, cuda=cuda)
+            results[name] = {"ms": s * 1e3, "ms_28_layers": s * 1e3 * LAYERS, "max_diff": diff}
+        except RuntimeError as e:
+            results[name] = {"error": str(e).splitlines()[0][:160]}
+        q.grad = k.grad = v.grad = None
+    results = dict(sorted(results.items(), key=lambda kv: not kv[0].startswith("varlen")))  # varlen first
+    base = results["varlen (the preset's path)"].get("ms")
+    lines = [f"One decoder layer's attention, forward + backward, bf16, {H} query / {HKV} KV heads of {D}: "
+             f"{a.utts} sequences ({min(real)}-{maxlen} tokens, {sum(real)} in all) packed in a {a.bucket}-token "
+             f"row; median of {a.reps} timed calls. torch {torch.__version__}, "
+             f"{torch.cuda.get_device_name() if cuda else 'CPU (a smoke run: no timing worth reading)'}.", "",
+             "| arm | ms a layer | x 28 layers ms | vs varlen | max diff from varlen (real tokens) |", "|---|---|---|---|---|"]
+    for name, r in results.items():
+        if "error" in r:
+            lines.append(f"| {name} | not run: {r['error']} | | | |")
+            continue
+        d = "-" if r["max_diff"] is None else f"{r['max_diff']:.3g}"
+        lines.append(f"| {name} | {r['ms']:.3f} | {r['ms_28_layers']:.2f} | {base / r['ms']:.2f}x | {d} |")
+    table = "\n".join(lines) + "\n"
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "attention35.md").write_text(table)
+    (out / "attention35.json").write_text(json.dumps({"lengths": lens, "results": results}, indent=1))
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
