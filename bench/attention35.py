@@ -9,7 +9,7 @@ The arms:
   the KV heads repeated where torch's kernel has no GQA), on the packed row;
 - SDPA flash / efficient / cuDNN on the same sequences as a padded batch [utterances, heads, L, 128] with a
   causal mask (exact for right-padded rows), L the longest sequence and, for cuDNN, also L rounded up to a
-  fixed bucket (a multiple of 256) (cuDNN builds an execution plan per new shape, ~0.5 s each: fixed buckets keep that to
+  fixed bucket (a multiple of 256) (cuDNN builds an execution plan per new shape: fixed buckets keep that to
   one; the warm-up steps pay it here);
 - each padded arm twice: the kernel alone, and with the gather from the packed row and the scatter back that
   the packed model would need around it.
