@@ -73,7 +73,7 @@ else
     W="data.profile=brisk/bench/profiles/aishell1_like.jsonl data.train=null"; echo "workload: AISHELL-1-like stream (no wholerun data or nano folder)"
 fi
 echo "$W" > "$OUT/workload.txt"
-timeout "$(left 535)" python3 -m brisk bench configs/bench_levers35.yaml $W --out /tmp/levers35 \
+timeout "$(left ${BENCH_END:-535})" python3 -m brisk bench configs/bench_levers35.yaml $W --out /tmp/levers35 \
     > "$OUT/bench_levers35.log" 2>&1 || echo "bench exited with $? (the table holds the runs that finished)"
 cp /tmp/levers35/bench.md "$OUT/bench_levers35.md" 2>/dev/null; cp /tmp/levers35/bench.json "$OUT/" 2>/dev/null
 grep -h "bench: .* run [0-9]*: mean" "$OUT/bench_levers35.log" | sed 's/.*bench: /  /'
