@@ -198,16 +198,22 @@ def test_val_decode_fast_needs_val_decode():
         TrainConfig(val_decode_fast=True)
 
 
-def test_the_step_is_one_dynamo_graph():
-    """What ``compile="inductor"`` compiles on CUDA: traced here with Dynamo alone, the step has no graph break
-    (so it compiles whole) and gives the same ids."""
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "llm_step"])
+def test_the_step_is_one_dynamo_graph(fused):
+    """What ``compile="inductor"`` compiles on CUDA: traced here with Dynamo alone, without graph breaks, and
+    the same ids. The LLM's step is one graph; the fused step is two, one layer (one graph for every layer: no
+    recompile a layer) and the tail, and a second span (a longer decode) recompiles the layer once, not again
+    for a third."""
     from torch._dynamo.utils import counters
 
     llm = tiny_llm()
     embeds, mask = prompts(llm, [9, 5, 12], seed=6)
     torch._dynamo.reset()
     counters.clear()
-    dec = FastGreedy(llm, [], PAD, torch.float32, "cpu", compile="eager")
+    dec = FastGreedy(llm, [], PAD, torch.float32, "cpu", compile="eager", fused=fused)
     assert dec.generate(embeds, mask, 8).tolist() == reference_ids(llm, embeds, mask, [], 8)
-    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    assert counters["stats"]["unique_graphs"] == (2 if fused else 1) and not counters["graph_break"]
+    if fused:
+        assert dec.generate(embeds, mask, 150).tolist() == reference_ids(llm, embeds, mask, [], 150)  # spans 64-192
+        assert counters["stats"]["unique_graphs"] <= 4 and not counters["graph_break"]
     torch._dynamo.reset()

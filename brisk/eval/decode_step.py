@@ -54,7 +54,7 @@ def refusal(llm: torch.nn.Module) -> str | None:
 class FusedStep:
     """One greedy token for every row: ``__call__(tok, pos, slot, mask, caches, span)`` -> logits [B, V]."""
 
-    def __init__(self, llm: torch.nn.Module, dtype: torch.dtype, attn: str):
+    def __init__(self, llm: torch.nn.Module, dtype: torch.dtype, attn: str, compile: str | None = None):
         self.llm, self.dtype, self.attn = llm, dtype, attn
         base = llm.model
         self.embed, self.norm, self.rotary, self.head = base.embed_tokens, base.norm, base.rotary_emb, llm.lm_head
@@ -69,6 +69,21 @@ class FusedStep:
         self.qkv = [self._cat([la.self_attn.q_proj, la.self_attn.k_proj, la.self_attn.v_proj]) for la in self.layers]
         self.gate_up = [self._cat([la.mlp.gate_proj, la.mlp.up_proj]) for la in self.layers]
         self.versions = self._versions()
+        self.weights = []  # a layer's arguments to layer_step after its inputs (the layer's tensors, in order)
+        for la, (wqkv, bqkv), (wgu, bgu) in zip(self.layers, self.qkv, self.gate_up):
+            a, m = la.self_attn, la.mlp
+            qn, kn = (a.q_norm, a.k_norm) if hasattr(a, "q_norm") else (None, None)
+            self.weights.append((la.input_layernorm.weight, la.input_layernorm.variance_epsilon, wqkv, bqkv,
+                                 None if qn is None else qn.weight, None if kn is None else kn.weight,
+                                 None if qn is None else qn.variance_epsilon, a.o_proj.weight, a.o_proj.bias,
+                                 la.post_attention_layernorm.weight, la.post_attention_layernorm.variance_epsilon,
+                                 wgu, bgu, m.down_proj.weight, m.down_proj.bias))
+        self.shape = dict(head_dim=self.head_dim, kv_heads=self.kv_heads, q_width=self.q_width,
+                          kv_width=self.kv_width, scaling=self.scaling, eager=attn == "eager")
+        # compile: one graph for a layer (every layer's tensors are its arguments) and one for the tail, so
+        # Inductor compiles one layer, not the unrolled stack.
+        self.layer = torch.compile(layer_step, backend=compile) if compile else layer_step
+        self.tail = torch.compile(tail_step, backend=compile) if compile else tail_step
 
     @staticmethod
     def _fused_sources(layer) -> list[torch.Tensor]:
@@ -105,44 +120,68 @@ class FusedStep:
                 b.copy_(torch.cat([m.gate_proj.bias, m.up_proj.bias]))
         self.versions = self._versions()
 
-    def _attend(self, q, k, v, mask):
-        """q [B, kv heads, group, D] against k, v [B, kv heads, span, D]; mask [B, 1, 1, span] (additive)."""
-        if self.attn == "eager":  # transformers' eager attention: the softmax in fp32
-            w = torch.matmul(q, k.transpose(2, 3)) * self.scaling + mask
-            w = torch.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
-            return torch.matmul(w, v)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), scale=self.scaling)
+    def kv_views(self, caches: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Views of the static cache's tensors, what the layer step writes and reads. transformers marks the
+        tensors themselves static for Dynamo (a guard on each one's identity), which would recompile the one
+        compiled layer for every layer; a view shares the memory without the mark."""
+        return [(c.keys.view(c.keys.shape), c.values.view(c.values.shape)) for c in caches]
 
-    def __call__(self, tok: torch.Tensor, pos: torch.Tensor, slot: torch.Tensor, mask: torch.Tensor, caches: list,
+    def __call__(self, tok: torch.Tensor, pos: torch.Tensor, slot: torch.Tensor, mask: torch.Tensor, kv: list,
                  span: int) -> torch.Tensor:
         """tok, pos [B, 1]; slot [1] (where this token's key and value go); mask [B, L] bool (slots each row
-        sees, this token's included); caches: the static cache's layers (``keys``/``values`` [B, kv, L, D]);
-        attention over slots [0, span) -> the last position's logits [B, V]."""
-        b = tok.shape[0]
+        sees, this token's included); kv: ``kv_views`` of the static cache ([B, kv heads, L, D] each);
+        attention over slots [0, span) -> the greedy token of each row [B]."""
         x = self.embed(tok)  # [B, 1, H]
         cos, sin = self.rotary(x, pos)  # [B, 1, D]
         m = mask[:, None, None, :span]
         add = torch.zeros(m.shape, dtype=self.dtype, device=m.device).masked_fill_(~m, torch.finfo(self.dtype).min)
-        for layer, (wqkv, bqkv), (wgu, bgu), cache in zip(self.layers, self.qkv, self.gate_up, caches):
-            a = layer.self_attn
-            h = layer.input_layernorm(x)
-            qkv = F.linear(h, wqkv, bqkv)  # [B, 1, q + 2 kv]
-            q, k, v = qkv.split([self.q_width, self.kv_width, self.kv_width], dim=-1)
-            q = q.view(b, -1, self.head_dim)  # [B, heads, D]
-            k = k.view(b, self.kv_heads, self.head_dim)
-            if hasattr(a, "q_norm"):
-                q, k = a.q_norm(q), a.k_norm(k)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            cache.keys.index_copy_(2, slot, k[:, :, None].to(cache.keys.dtype))
-            cache.values.index_copy_(2, slot, v.view(b, self.kv_heads, 1, self.head_dim).to(cache.values.dtype))
-            o = self._attend(q.view(b, self.kv_heads, -1, self.head_dim), cache.keys[:, :, :span],
-                             cache.values[:, :, :span], add)  # [B, kv, group, D]
-            x = x + a.o_proj(o.reshape(b, 1, -1))
-            h = layer.post_attention_layernorm(x)
-            gate, up = F.linear(h, wgu, bgu).chunk(2, dim=-1)
-            x = x + layer.mlp.down_proj(F.silu(gate) * up)
-        return self.head(self.norm(x))[:, -1]
+        for w, (keys, values) in zip(self.weights, kv):
+            x = self.layer(x, cos, sin, add, slot, keys, values, span, *w, **self.shape)
+        return self.tail(x, self.norm.weight, self.norm.variance_epsilon, self.head.weight, self.head.bias)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm of Qwen3, Qwen2 and Llama, to the operation."""
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def layer_step(x, cos, sin, add, slot, keys, values, span: int, ln1, eps1, wqkv, bqkv, qn, kn, eps_qk, wo, bo, ln2,
+               eps2, wgu, bgu, wd, bd, *, head_dim: int, kv_heads: int, q_width: int, kv_width: int, scaling: float,
+               eager: bool) -> torch.Tensor:
+    """One decoder layer for one token a row: x [B, 1, H] -> [B, 1, H]; the token's key and value written at
+    ``slot`` of ``keys``/``values`` [B, kv heads, L, D], attention over their first ``span`` slots. Every
+    weight an argument, so that one compiled graph serves every layer."""
+    b = x.shape[0]
+    h = rms_norm(x, ln1, eps1)
+    q, k, v = F.linear(h, wqkv, bqkv).split([q_width, kv_width, kv_width], dim=-1)  # one GEMM for q, k, v
+    q = q.view(b, -1, head_dim)  # [B, heads, D]
+    k = k.view(b, kv_heads, head_dim)
+    if qn is not None:
+        q, k = rms_norm(q, qn, eps_qk), rms_norm(k, kn, eps_qk)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    keys.index_copy_(2, slot, k[:, :, None].to(keys.dtype))
+    values.index_copy_(2, slot, v.view(b, kv_heads, 1, head_dim).to(values.dtype))
+    # Grouped-query attention without repeating the cache: a key head's queries are one SDPA call's rows.
+    q = q.view(b, kv_heads, -1, head_dim)
+    k, v = keys[:, :, :span], values[:, :, :span]
+    if eager:  # transformers' eager attention: the softmax in fp32
+        w = torch.matmul(q, k.transpose(2, 3)) * scaling + add
+        o = torch.matmul(torch.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype), v)
+    else:
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=add.to(q.dtype), scale=scaling)
+    x = x + F.linear(o.reshape(b, 1, -1), wo, bo)
+    h = rms_norm(x, ln2, eps2)
+    gate, up = F.linear(h, wgu, bgu).chunk(2, dim=-1)  # one GEMM for gate and up
+    return x + F.linear(F.silu(gate) * up, wd, bd)
+
+
+def tail_step(x, norm_w, eps, head_w, head_b) -> torch.Tensor:
+    """The last norm, the head and the greedy pick: x [B, 1, H] -> token ids [B]."""
+    return F.linear(rms_norm(x, norm_w, eps), head_w, head_b)[:, -1].argmax(-1)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -16,9 +16,16 @@ batch 1 the host, not the GPU, sets the pace. Here:
   buffer updated in place, so on CUDA the step is captured once a bucket and replayed; on the CPU (or with
   ``graphs=False``) the same function runs eagerly;
 - the host reads the finished mask only every ``check_every`` steps;
+- for Qwen3, Qwen2 and Llama LLMs (without LoRA layers) the step is brisk's own (``fused``,
+  brisk.eval.decode_step.FusedStep): one q/k/v GEMM and one gate/up GEMM a layer on weights concatenated when
+  the decoder is built, grouped-query attention without repeating the cache, and attention over the filled
+  slots rounded up to SPAN_MIN x a power of two: one graph a span, the span picked by the host, which knows the
+  step count without reading the device. Other LLMs (or ``fused=False``) run their own forward for the token,
+  attending over the whole cache;
 - optionally (``compile="inductor"``) the step is compiled first, which fuses the decoder's many small
-  elementwise kernels (norms, rotary) before capture; the first room compiles static shapes, the second a
-  dynamic-shape version that later rooms reuse.
+  elementwise kernels (norms, rotary) before capture: with the fused step one layer's function (every layer's
+  tensors are its arguments, so one graph serves the stack) and the tail; else the LLM's whole step. The first
+  room compiles static shapes, the second a dynamic-shape version that later rooms reuse.
 
 The decode-step mask is passed to the LLM as a prepared mapping {layer type: mask} (transformers' models accept
 it and skip their own mask building, which would read values back to the host): a boolean [B, 1, 1, L] for
@@ -104,6 +111,7 @@ class _Room:
     out: torch.Tensor  # [B, L] generated ids
     graphs: dict = field(default_factory=dict)  # attention span -> the step's graph
     counters: list = field(default_factory=list)  # the cache layers' write positions
+    kv: list = field(default_factory=list)  # the fused step's views of the cache tensors (FusedStep.kv_views)
     prefills: dict = field(default_factory=dict)  # padded prompt length -> _Prefill
 
     def buffers(self) -> list[torch.Tensor]:
@@ -158,13 +166,14 @@ class FastGreedy:
         if fused:
             why = refusal(llm)
             if why is None:
-                self.fused = FusedStep(llm, dtype, self.attn)
+                self.fused = FusedStep(llm, dtype, self.attn, compile=compile)
             else:
                 log.info("fast decode: the LLM's own forward for each token (%s)", why)
         self.rooms: dict[int, _Room] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
         # compile: a torch.compile backend for the step ("inductor"; "eager" traces it with Dynamo alone).
-        self.run_step = torch.compile(self._step, backend=compile) if compile else self._step
+        # With the fused step, FusedStep compiles one layer and the tail instead (brisk.eval.decode_step).
+        self.run_step = torch.compile(self._step, backend=compile) if compile and self.fused is None else self._step
 
     # ------------------------------------------------------------------------------------------- rooms
     def _room(self, rows: int, length: int) -> _Room:
@@ -213,11 +222,10 @@ class FastGreedy:
         r.mask.scatter_(1, r.slot.expand(r.mask.shape[0], 1), True)  # the fed token's own slot
         with self._autocast():
             if self.fused is not None:
-                logits = self.fused(r.tok, r.pos, r.slot, r.mask, r.cache.layers, span)
+                nxt = self.fused(r.tok, r.pos, r.slot, r.mask, r.kv, span)  # [B]
             else:
-                logits = self.llm(input_ids=r.tok, attention_mask=self._step_mask(r.mask), position_ids=r.pos,
-                                  use_cache=True, logits_to_keep=1, **{self.cache_kw: r.cache}).logits[:, -1]
-        nxt = logits.argmax(-1)  # [B]
+                nxt = self.llm(input_ids=r.tok, attention_mask=self._step_mask(r.mask), position_ids=r.pos,
+                               use_cache=True, logits_to_keep=1, **{self.cache_kw: r.cache}).logits[:, -1].argmax(-1)
         nxt = torch.where(r.finished, self.pad, nxt)
         r.out.index_copy_(1, r.step, nxt[:, None])
         r.finished.logical_or_(torch.isin(nxt, self.stop))
@@ -351,6 +359,8 @@ class FastGreedy:
             self.fused.refresh()  # the weights changed since the last call (training between validations)
         self._run_prefill(r, p)
         r.counters = [layer.cumulative_length for layer in r.cache.layers]
+        if self.fused is not None and not r.kv:  # the cache's tensors exist from the first prefill on
+            r.kv = self.fused.kv_views(r.cache.layers)
         done, todo = 0, max_new - 1
         while done < todo and not bool(r.finished.all()):  # the host looks every check_every tokens
             k = min(self.check_every, todo - done)
