@@ -347,14 +347,20 @@ def main() -> int:
                 rows[-1]["eos_token"] = a.eos_token
                 rows[-1]["eos_from"] = eos_from
             print(json.dumps({k: v for k, v in rows[-1].items() if "ids" not in k}), flush=True)
+            write(out, rows, skipped, meta, t_start)  # after every arm: a call stopped by its limit keeps the rest
+    print(write(out, rows, skipped, meta, t_start))
+    return 0
+
+
+def write(out: Path, rows: list[dict], skipped: dict, meta: dict, t_start: float) -> str:
+    """decode_bench.json and decode_bench.md of the rows so far; returns the table."""
     meta["fast_equals_plain"] = agreement(rows)
     meta["seconds"] = time.perf_counter() - t_start
     md = table(rows, skipped, meta)
     md += "\n\nfast ids == plain ids (share of utterances): " + json.dumps(meta["fast_equals_plain"])
     (out / "decode_bench.json").write_text(json.dumps({"meta": meta, "rows": rows, "skipped": skipped}, indent=1))
     (out / "decode_bench.md").write_text(md + "\n")
-    print(md)
-    return 0
+    return md
 
 
 if __name__ == "__main__":

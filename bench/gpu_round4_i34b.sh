@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 34, the decode step (helper i34b): the fused step (one q/k/v and one gate/up GEMM a layer, attention over
+# a bucket of the filled slots, a graph per span; brisk/eval/decode_step.py) on one H200. From the repo root on
+# the GPU machine, the wheels in .whl/ (soundfile, cffi, pycparser, jiwer, rapidfuzz, funasr, kaldiio, omegaconf):
+#   OUT=$OUT bash bench/gpu_round4_i34b.sh        # ~5 minutes, at most 6; results in $OUT
+# Parts (each with its own limit): the decoder's and the device features' GPU tests (150 s), then
+# bench/decode_bench.py (arms fast_compile, fast, fast_eos, plain, fast_llm, funasr at batches 1, 16, 64; what
+# is left of the call's 345 s). The test summary and the bench's table are printed last.
+set -uo pipefail
+T0=$(date +%s)
+OUT=${OUT:-bench/tmp/gpu_out}
+WHL=${WHL:-.whl}
+BUDGET=${BUDGET:-345}  # seconds the whole call may take
+mkdir -p "$OUT"
+left() { local s=$(( $1 - ($(date +%s) - T0) )); echo $(( s > 10 ? s : 10 )); }
+timeout 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$WHL"/soundfile*.whl "$WHL"/cffi*.whl "$WHL"/pycparser*.whl "$WHL"/jiwer*.whl "$WHL"/rapidfuzz*.whl \
+    "$WHL"/funasr*.whl "$WHL"/kaldiio*.whl "$WHL"/omegaconf*.whl 2>&1 | tail -n 3
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/tmp/pycache
+unset PYTHONDONTWRITEBYTECODE
+export TORCHINDUCTOR_CACHE_DIR=/tmp/brisk_inductor
+{ date -u; nvidia-smi -L; git log -1 --format='commit %h %s' 2>/dev/null
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+} > "$OUT/machine.txt" 2>&1
+
+timeout 150 python3 -m pytest -o addopts="" -q -rs -p no:warnings --durations=8 -p no:cacheprovider \
+    tests/gpu/test_fast_decode_gpu.py tests/gpu/test_device_features_gpu.py -s > "$OUT/gpu_tests.log" 2>&1
+echo "gpu tests exit $?" >> "$OUT/gpu_tests.log"
+
+BENCH_LEFT=$(left "$BUDGET")
+timeout "$BENCH_LEFT" python3 bench/decode_bench.py --out "$OUT/decode" --arms fast_compile,fast,fast_eos,plain,fast_llm,funasr \
+    --plain-profile 1 --slow-utts 4 --repeats 2 --budget "$(( BENCH_LEFT - 60 ))" > "$OUT/decode.log" 2>&1
+echo "decode_bench exit $?" >> "$OUT/decode.log"
+
+cat "$OUT/machine.txt"
+echo "== GPU tests (tail of $OUT/gpu_tests.log)"
+grep -v "^$" "$OUT/gpu_tests.log" | grep -v "UserWarning\|warnings.warn" | tail -n 22
+echo "== decode_bench (per-arm lines in $OUT/decode.log)"
+grep -i "error\|Traceback\|refused\|failing" "$OUT/decode.log" | head -n 8
+tail -n 1 "$OUT/decode.log"
+cat "$OUT/decode/decode_bench.md" 2>/dev/null || echo "no table: see $OUT/decode.log"
+echo "call took $(( $(date +%s) - T0 )) s"
