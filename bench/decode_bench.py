@@ -263,7 +263,7 @@ def main() -> int:
     ap.add_argument("--data", default=None, help="a jsonl (default: bench/tmp/wholerun_data/valid.jsonl, else the demo's)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny model folder (CPU check of this script)")
-    ap.add_argument("--arms", default="fast,fast_llm,fast_compile,fast_eos,plain,funasr")
+    ap.add_argument("--arms", default="fast_compile,fast_compile_buckets,fast,fast_eos,plain,fast_llm,funasr")
     ap.add_argument("--eos-token", type=int, default=None, dest="eos_token",
                     help="the fast_eos arm's extra stop token (default: picked from the batch-1 ids of an earlier arm)")
     ap.add_argument("--batches", default="1,16,64")

@@ -4,8 +4,8 @@
 # the GPU machine, the wheels in .whl/ (soundfile, cffi, pycparser, jiwer, rapidfuzz, funasr, kaldiio, omegaconf):
 #   OUT=$OUT bash bench/gpu_round4_i34b.sh        # ~5 minutes, at most 6; results in $OUT
 # Parts (each with its own limit): the decoder's and the device features' GPU tests (150 s), then
-# bench/decode_bench.py (arms fast_compile, fast, fast_eos, plain, fast_llm, funasr at batches 1, 16, 64; what
-# is left of the call's 345 s). The test summary and the bench's table are printed last.
+# bench/decode_bench.py (arms fast_compile, fast_compile_buckets, fast, fast_eos, plain, fast_llm, funasr at
+# batches 1, 16, 64; what is left of the call's 345 s). The test summary and the bench's table are printed last.
 set -uo pipefail
 T0=$(date +%s)
 OUT=${OUT:-bench/tmp/gpu_out}
@@ -28,7 +28,7 @@ timeout 150 python3 -m pytest -o addopts="" -q -rs -p no:warnings --durations=8 
 echo "gpu tests exit $?" >> "$OUT/gpu_tests.log"
 
 BENCH_LEFT=$(left "$BUDGET")
-timeout "$BENCH_LEFT" python3 bench/decode_bench.py --out "$OUT/decode" --arms fast_compile,fast,fast_eos,plain,fast_llm,funasr \
+timeout "$BENCH_LEFT" python3 bench/decode_bench.py --out "$OUT/decode" --arms fast_compile,fast_compile_buckets,fast,fast_eos,plain,fast_llm,funasr \
     --plain-profile 1 --slow-utts 4 --repeats 2 --budget "$(( BENCH_LEFT - 60 ))" > "$OUT/decode.log" 2>&1
 echo "decode_bench exit $?" >> "$OUT/decode.log"
 

@@ -84,6 +84,7 @@ class FusedStep:
         # Inductor compiles one layer, not the unrolled stack.
         self.layer = torch.compile(layer_step, backend=compile) if compile else layer_step
         self.tail = torch.compile(tail_step, backend=compile) if compile else tail_step
+        self.prologue = torch.compile(self._prologue, backend=compile) if compile else self._prologue
 
     @staticmethod
     def _fused_sources(layer) -> list[torch.Tensor]:
@@ -126,15 +127,22 @@ class FusedStep:
         compiled layer for every layer; a view shares the memory without the mark."""
         return [(c.keys.view(c.keys.shape), c.values.view(c.values.shape)) for c in caches]
 
-    def __call__(self, tok: torch.Tensor, pos: torch.Tensor, slot: torch.Tensor, mask: torch.Tensor, kv: list,
-                 span: int) -> torch.Tensor:
-        """tok, pos [B, 1]; slot [1] (where this token's key and value go); mask [B, L] bool (slots each row
-        sees, this token's included); kv: ``kv_views`` of the static cache ([B, kv heads, L, D] each);
-        attention over slots [0, span) -> the greedy token of each row [B]."""
-        x = self.embed(tok)  # [B, 1, H]
-        cos, sin = self.rotary(x, pos)  # [B, 1, D]
+    def _prologue(self, tok, pos, slot, mask, span: int):
+        """The fed token's slot marked in ``mask``; its embedding [B, 1, H], rotary cos and sin [B, 1, D] and the
+        additive mask of the span [B, 1, 1, span], shared by every layer."""
+        mask.scatter_(1, slot.expand(mask.shape[0], 1), True)
+        x = self.embed(tok)
+        cos, sin = self.rotary(x, pos)
         m = mask[:, None, None, :span]
         add = torch.zeros(m.shape, dtype=self.dtype, device=m.device).masked_fill_(~m, torch.finfo(self.dtype).min)
+        return x, cos, sin, add
+
+    def __call__(self, tok: torch.Tensor, pos: torch.Tensor, slot: torch.Tensor, mask: torch.Tensor, kv: list,
+                 span: int) -> torch.Tensor:
+        """tok, pos [B, 1]; slot [1] (where this token's key and value go); mask [B, L] bool (the slots each row
+        sees; this token's is marked here); kv: ``kv_views`` of the static cache ([B, kv heads, L, D] each);
+        attention over slots [0, span) -> the greedy token of each row [B]."""
+        x, cos, sin, add = self.prologue(tok, pos, slot, mask, span)
         for w, (keys, values) in zip(self.weights, kv):
             x = self.layer(x, cos, sin, add, slot, keys, values, span, *w, **self.shape)
         return self.tail(x, self.norm.weight, self.norm.variance_epsilon, self.head.weight, self.head.bias)

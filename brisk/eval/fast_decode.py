@@ -174,6 +174,7 @@ class FastGreedy:
         # compile: a torch.compile backend for the step ("inductor"; "eager" traces it with Dynamo alone).
         # With the fused step, FusedStep compiles one layer and the tail instead (brisk.eval.decode_step).
         self.run_step = torch.compile(self._step, backend=compile) if compile and self.fused is None else self._step
+        self.advance = torch.compile(advance, backend=compile) if compile and self.fused is not None else advance
 
     # ------------------------------------------------------------------------------------------- rooms
     def _room(self, rows: int, length: int) -> _Room:
@@ -219,20 +220,14 @@ class FastGreedy:
 
     def _step(self, r: _Room, span: int) -> None:
         """One token for every row of the room, all in place on its buffers (capturable: no host reads)."""
-        r.mask.scatter_(1, r.slot.expand(r.mask.shape[0], 1), True)  # the fed token's own slot
         with self._autocast():
-            if self.fused is not None:
+            if self.fused is not None:  # it marks the fed token's slot in the mask itself
                 nxt = self.fused(r.tok, r.pos, r.slot, r.mask, r.kv, span)  # [B]
             else:
+                r.mask.scatter_(1, r.slot.expand(r.mask.shape[0], 1), True)  # the fed token's own slot
                 nxt = self.llm(input_ids=r.tok, attention_mask=self._step_mask(r.mask), position_ids=r.pos,
                                use_cache=True, logits_to_keep=1, **{self.cache_kw: r.cache}).logits[:, -1].argmax(-1)
-        nxt = torch.where(r.finished, self.pad, nxt)
-        r.out.index_copy_(1, r.step, nxt[:, None])
-        r.finished.logical_or_(torch.isin(nxt, self.stop))
-        r.tok.copy_(nxt[:, None])
-        r.pos.add_(1)
-        r.slot.add_(1)
-        r.step.add_(1)
+        self.advance(nxt, r.finished, r.out, r.step, self.stop, r.tok, r.pos, r.slot, self.pad)
 
     def _capture(self, r: _Room, span: int, saved: list[torch.Tensor]) -> None:
         """Warm the step up on a side stream, put its state back (``saved``), then capture it (capture runs
@@ -378,6 +373,18 @@ class FastGreedy:
         """Drop every room (caches, buffers, graphs) and the graphs' memory pool."""
         self.rooms.clear()
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
+
+
+def advance(nxt, finished, out, step, stop, tok, pos, slot, pad: int) -> None:
+    """After a step: the picked tokens (``pad`` for finished rows) into ``out`` at ``step``, the finished mask,
+    the next token and the counters, in place."""
+    nxt = torch.where(finished, pad, nxt)
+    out.index_copy_(1, step, nxt[:, None])
+    finished.logical_or_(torch.isin(nxt, stop))
+    tok.copy_(nxt[:, None])
+    pos.add_(1)
+    slot.add_(1)
+    step.add_(1)
 
 
 class GraphedEncode:
