@@ -219,4 +219,8 @@ def test_the_step_is_one_dynamo_graph(fused):
         graphs = counters["stats"]["unique_graphs"]
         assert dec.generate(embeds, mask, 150).tolist() == expected
         assert counters["stats"]["unique_graphs"] == graphs and not counters["graph_break"]  # no more compiles
+        # A second decoder of the same LLM (a new Recognizer) reuses the compiled code.
+        again = FastGreedy(llm, [], PAD, torch.float32, "cpu", compile="eager")
+        assert again.generate(embeds, mask, 150).tolist() == expected
+        assert counters["stats"]["unique_graphs"] == graphs
     torch._dynamo.reset()

@@ -80,11 +80,12 @@ class FusedStep:
                                  wgu, bgu, m.down_proj.weight, m.down_proj.bias))
         self.shape = dict(head_dim=self.head_dim, kv_heads=self.kv_heads, q_width=self.q_width,
                           kv_width=self.kv_width, scaling=self.scaling, eager=attn == "eager")
-        # compile: one graph for a layer (every layer's tensors are its arguments) and one for the tail, so
-        # Inductor compiles one layer, not the unrolled stack.
+        # compile: one graph for a layer (every layer's tensors are its arguments), one for the prologue and one
+        # for the tail, so Inductor compiles one layer, not the unrolled stack. Module-level functions: Dynamo's
+        # compiled code is shared by every FusedStep (a bound method would compile again for each instance).
         self.layer = torch.compile(layer_step, backend=compile) if compile else layer_step
         self.tail = torch.compile(tail_step, backend=compile) if compile else tail_step
-        self.prologue = torch.compile(self._prologue, backend=compile) if compile else self._prologue
+        self.prologue = torch.compile(prologue, backend=compile) if compile else prologue
 
     @staticmethod
     def _fused_sources(layer) -> list[torch.Tensor]:
@@ -127,25 +128,26 @@ class FusedStep:
         compiled layer for every layer; a view shares the memory without the mark."""
         return [(c.keys.view(c.keys.shape), c.values.view(c.values.shape)) for c in caches]
 
-    def _prologue(self, tok, pos, slot, mask, span: int):
-        """The fed token's slot marked in ``mask``; its embedding [B, 1, H], rotary cos and sin [B, 1, D] and the
-        additive mask of the span [B, 1, 1, span], shared by every layer."""
-        mask.scatter_(1, slot.expand(mask.shape[0], 1), True)
-        x = self.embed(tok)
-        cos, sin = self.rotary(x, pos)
-        m = mask[:, None, None, :span]
-        add = torch.zeros(m.shape, dtype=self.dtype, device=m.device).masked_fill_(~m, torch.finfo(self.dtype).min)
-        return x, cos, sin, add
-
     def __call__(self, tok: torch.Tensor, pos: torch.Tensor, slot: torch.Tensor, mask: torch.Tensor, kv: list,
                  span: int) -> torch.Tensor:
         """tok, pos [B, 1]; slot [1] (where this token's key and value go); mask [B, L] bool (the slots each row
         sees; this token's is marked here); kv: ``kv_views`` of the static cache ([B, kv heads, L, D] each);
         attention over slots [0, span) -> the greedy token of each row [B]."""
-        x, cos, sin, add = self.prologue(tok, pos, slot, mask, span)
+        x, cos, sin, add = self.prologue(self.embed, self.rotary, tok, pos, slot, mask, span, self.dtype)
         for w, (keys, values) in zip(self.weights, kv):
             x = self.layer(x, cos, sin, add, slot, keys, values, span, *w, **self.shape)
         return self.tail(x, self.norm.weight, self.norm.variance_epsilon, self.head.weight, self.head.bias)
+
+
+def prologue(embed, rotary, tok, pos, slot, mask, span: int, dtype: torch.dtype):
+    """The fed token's slot marked in ``mask``; its embedding [B, 1, H], rotary cos and sin [B, 1, D] and the
+    additive mask of the span [B, 1, 1, span], shared by every layer."""
+    mask.scatter_(1, slot.expand(mask.shape[0], 1), True)
+    x = embed(tok)
+    cos, sin = rotary(x, pos)
+    m = mask[:, None, None, :span]
+    add = torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, torch.finfo(dtype).min)
+    return x, cos, sin, add
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
