@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 34, the decode step (helper i34b): the fused step (one q/k/v and one gate/up GEMM a layer, attention over
 # a bucket of the filled slots, a graph per span; brisk/eval/decode_step.py) on one H200. From the repo root on
-# the GPU machine, the wheels in .whl/ (soundfile, cffi, pycparser, jiwer, rapidfuzz, funasr, kaldiio, omegaconf):
+# the GPU machine, the wheels in .whl/ (soundfile, cffi, pycparser, jiwer, rapidfuzz, funasr, kaldiio, omegaconf,
+# librosa, lazy_loader):
 #   OUT=$OUT bash bench/gpu_round4_i34b.sh        # ~5 minutes, at most 6; results in $OUT
 # Parts (each with its own limit): the decoder's and the device features' GPU tests (150 s), then
 # bench/decode_bench.py (arms fast_compile, fast_compile_buckets, fast, fast_eos, plain, fast_llm, funasr at
@@ -16,6 +17,12 @@ left() { local s=$(( $1 - ($(date +%s) - T0) )); echo $(( s > 10 ? s : 10 )); }
 timeout 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     "$WHL"/soundfile*.whl "$WHL"/cffi*.whl "$WHL"/pycparser*.whl "$WHL"/jiwer*.whl "$WHL"/rapidfuzz*.whl \
     "$WHL"/funasr*.whl "$WHL"/kaldiio*.whl "$WHL"/omegaconf*.whl 2>&1 | tail -n 3
+# FunASR's arm: funasr.utils.load_utils imports librosa at the top (it calls librosa.resample only for audio that
+# is not 16 kHz); librosa 0.11 loads its submodules lazily, so the wheel and lazy_loader's (~270 KB) are enough,
+# without numba, llvmlite, scikit-learn or soxr (checked on the CPU with those hidden). Absent wheels: the arm
+# says so in the table.
+ls "$WHL"/librosa*.whl "$WHL"/lazy_loader*.whl > /dev/null 2>&1 && timeout 30 python3 -m pip install -q --no-index \
+    --no-deps --no-compile --no-cache-dir --target /tmp/site "$WHL"/librosa*.whl "$WHL"/lazy_loader*.whl 2>&1 | tail -n 3
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/tmp/pycache
 unset PYTHONDONTWRITEBYTECODE
 export TORCHINDUCTOR_CACHE_DIR=/tmp/brisk_inductor
