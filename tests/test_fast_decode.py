@@ -110,8 +110,8 @@ def test_fused_step_attends_over_buckets_of_the_filled_slots(model_type):
 
 
 def test_fused_weights_follow_the_model_and_refusals_fall_back():
-    """Weights changed in place after the step was built (an optimizer step between validations) are copied
-    into the fused ones, in place (graphs keep their pointers); an LLM the fused step cannot run (another
+    """Weights changed in place after the step was built (an optimizer step between validations, even one
+    autograd does not see) are copied into the fused ones, in place (graphs keep their pointers); an LLM the fused step cannot run (another
     activation, LoRA layers) decodes with its own forward."""
     llm = tiny_llm()
     embeds, mask = prompts(llm, [8, 11], seed=8)
@@ -127,6 +127,12 @@ def test_fused_weights_follow_the_model_and_refusals_fall_back():
     assert dec.fused.gate_up[1][0] is fused
     m = llm.model.layers[1].mlp
     assert torch.equal(fused, torch.cat([m.gate_proj.weight, m.up_proj.weight]))
+    # A change autograd does not see (a CUDA-graphed optimizer step: no version counter moves) is copied too.
+    for p in llm.parameters():
+        if p.dim() == 2:
+            p.data.div_(1.5)
+    again = dec.generate(embeds, mask, 12).tolist()
+    assert again == reference_ids(llm, embeds, mask, [], 12) and again != after
 
     gelu = tiny_llm(hidden_act="gelu")
     dec = FastGreedy(gelu, [], PAD, torch.float32, "cpu")

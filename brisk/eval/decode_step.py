@@ -7,9 +7,9 @@ every slot of the static cache however few are filled. ``FusedStep`` computes th
 modules' weights with:
 
 - one q/k/v GEMM and one gate/up GEMM a layer, on weights concatenated (and cast to the decode dtype) when the
-  step is built, and copied again in place whenever a source parameter changed (its ``_version``: an optimizer
-  step between validations), so captured graphs keep their pointers; what is saved and the training model are
-  untouched;
+  step is built, and copied again in place before each batch while the weights are trainable (an optimizer
+  step between validations; one copy of those weights a batch, not a token) or when a frozen one's version
+  moved, so captured graphs keep their pointers; what is saved and the training model are untouched;
 - grouped-query attention without the repeat: the queries of one key head are the "query length" of one SDPA
   call ([B, kv heads, group, D] against [B, kv heads, span, D]);
 - attention over the first ``span`` slots only (the caller picks a bucket of the filled length), the mask
@@ -106,9 +106,11 @@ class FusedStep:
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """Copy the source weights into the fused ones, in place, if any changed since (graphs keep pointers)."""
+        """Copy the source weights into the fused ones, in place (graphs keep their pointers): always while any
+        of them is trainable (a CUDA-graphed optimizer step changes them without moving their version
+        counters), else when a version moved (a checkpoint loaded into them)."""
         now = self._versions()
-        if now == self.versions:
+        if now == self.versions and not any(p.requires_grad for p in self.sources):
             return
         for la, (w, b) in zip(self.layers, self.qkv):
             a = la.self_attn
