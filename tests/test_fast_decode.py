@@ -230,3 +230,16 @@ def test_the_step_is_one_dynamo_graph(fused):
         assert again.generate(embeds, mask, 150).tolist() == expected
         assert counters["stats"]["unique_graphs"] == graphs
     torch._dynamo.reset()
+
+
+def test_fused_step_traced_under_bf16_autocast():
+    """The decode dtype's autocast wraps the compiled pieces (what --fast-compile runs in bf16 on CUDA): traced by
+    AOTAutograd (the backend Inductor builds on) they give the eager fused step's bf16 ids."""
+    llm = tiny_llm().to(torch.bfloat16)
+    embeds, mask = prompts(llm, [9, 5, 12], seed=9)
+    embeds = embeds.to(torch.bfloat16)
+    torch._dynamo.reset()
+    eager = FastGreedy(llm, [], PAD, torch.bfloat16, "cpu").generate(embeds, mask, 70)  # spans 64 and 128
+    traced = FastGreedy(llm, [], PAD, torch.bfloat16, "cpu", compile="aot_eager").generate(embeds, mask, 70)
+    torch._dynamo.reset()
+    assert torch.equal(eager, traced)
