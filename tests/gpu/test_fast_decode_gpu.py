@@ -54,16 +54,16 @@ def test_graphed_bf16_equals_eager_bf16(fused):
 
 @pytest.mark.parametrize("compile", [None, "inductor"])
 def test_fused_step_a_graph_per_span_gives_generates_ids(compile):
-    """The fused step across span boundaries (64, 128, the room's 192): one graph a span, replayed in turn,
+    """The fused step across span boundaries (64, 128, a room's 192): one graph a span, replayed in turn,
     fp32 ids equal to generate's; compiled, one layer graph serves every layer and span."""
     torch._dynamo.reset()
     llm = tiny_llm("sdpa", "cuda")
     dec = FastGreedy(llm, [], PAD, torch.float32, "cuda", compile=compile)
-    for i, lengths in enumerate(([20, 13], [7], [20, 13])):
+    for i, lengths in enumerate(([20, 13], [7])):
         embeds, mask = prompts(llm, lengths, seed=20 + i)
-        assert dec.generate(embeds, mask, 150).tolist() == reference_ids(llm, embeds, mask, [], 150), lengths
+        assert dec.generate(embeds, mask, 120).tolist() == reference_ids(llm, embeds, mask, [], 120), lengths
     assert dec.fused is not None and {n: sorted(r.graphs) for n, r in dec.rooms.items()} == {
-        2: [64, 128, 192], 1: [64, 128, 192]}
+        2: [64, 128, 192], 1: [64, 128]}  # rooms of 192 and 128 slots
     torch._dynamo.reset()
 
 
