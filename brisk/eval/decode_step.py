@@ -43,6 +43,13 @@ def refusal(llm: torch.nn.Module) -> str | None:
         for lin in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj):
             if type(lin) is not torch.nn.Linear:  # LoRA (peft) or quantized layers compute more than the weight
                 return f"a {type(lin).__name__} projection (LoRA or quantized)"
+        norms = [layer.input_layernorm, layer.post_attention_layernorm, getattr(a, "q_norm", None),
+                 getattr(a, "k_norm", None)]
+        if any(n is not None and not (hasattr(n, "variance_epsilon") and hasattr(n, "weight"))
+               or getattr(n, "offset", 0) != 0 for n in norms):  # liger's with an offset: Gemma's (1 + w)
+            return "a norm other than transformers' RMSNorm"
+    if not hasattr(llm.model, "rotary_emb") or not hasattr(llm.model.norm, "variance_epsilon"):
+        return "no model-level rotary embedding or final RMSNorm"
     act = getattr(llm.config, "hidden_act", None)
     if act not in ("silu", "swish"):
         return f"activation {act!r} (only SiLU)"
@@ -52,7 +59,7 @@ def refusal(llm: torch.nn.Module) -> str | None:
 
 
 class FusedStep:
-    """One greedy token for every row: ``__call__(tok, pos, slot, mask, caches, span)`` -> logits [B, V]."""
+    """One greedy token for every row: ``__call__(tok, pos, slot, mask, kv, span)`` -> token ids [B]."""
 
     def __init__(self, llm: torch.nn.Module, dtype: torch.dtype, attn: str, compile: str | None = None):
         self.llm, self.dtype, self.attn = llm, dtype, attn
