@@ -12,12 +12,16 @@ Arms (each warmed once on its first batch: graph capture and compile are reporte
   makes at its default batch 1, on FunASR's own model built from the folder (skipped, and said so, when
   funasr cannot be imported);
 - plain: brisk's Recognizer (``llm.generate``, dynamic cache), batches 1, 16, 64;
-- fast: the same with ``fast=True`` (static KV cache, the decode step a CUDA graph a batch bucket);
+- fast: the same with ``fast=True`` (static KV cache; the decode step brisk's fused step, brisk.eval.decode_step:
+  one q/k/v and one gate/up GEMM a layer, attention over a bucket of the filled slots, a CUDA graph a batch
+  bucket and span);
+- fast_llm: ``fast=True`` with the LLM's own forward as the step (the step before the fused one: three q/k/v
+  and two gate/up GEMMs, attention over the whole cache), graphed;
 - fast_buckets: ``fast_buckets=True`` (also the encoder and the prefill replayed from graphs per length bucket);
-- fast_compile, fast_compile_buckets: those with the step compiled by Inductor before capture;
-- fast_eos: ``fast_buckets`` with one more stop token, picked from its batch-1 ids (a token most rows emit
-  first mid-utterance), so rows stop at different lengths as a trained model's do; its ids are compared with
-  the fast_buckets arm's cut at that token.
+- fast_compile, fast_compile_buckets, fast_compile_llm: those with the step compiled by Inductor before capture;
+- fast_eos: ``fast_compile`` with one more stop token, picked from the batch-1 ids of fast_compile (else fast,
+  else fast_buckets; a token most rows emit first mid-utterance), so rows stop at different lengths as a
+  trained model's do; its ids are compared with that arm's cut at that token.
 
 Per arm and batch: utterances/s and RTF of the whole transcribe (audio reading, features, encoder, decode;
 what `brisk eval` reports), and ms a generated token of the decode alone (prompt embeddings ready; the time
@@ -28,8 +32,9 @@ differ; the fp32 equality is tests/gpu/test_fast_decode_gpu.py's). Writes decode
 decode_bench.md to --out and prints the table last.
 
     python bench/decode_bench.py --out $OUT/decode                          # GPU, ~5 minutes
-    python bench/decode_bench.py --tiny --device cpu --out bench/tmp/decode_tiny --arms plain,fast \
-        --batches 1,4 --utts 6 --slow-utts 2 --max-new 8 --repeats 1             # CPU check of the script
+    python bench/decode_bench.py --tiny --device cpu --out bench/tmp/decode_tiny --arms plain,fast,fast_llm,\
+        fast_compile,fast_eos --batches 1,4 --utts 6 --slow-utts 2 --max-new 8 --repeats 1 --compile eager
+                                                                                 # CPU check of the script
 """
 
 from __future__ import annotations
@@ -105,9 +110,11 @@ def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: 
     from brisk.eval.decode import timed_transcribe
     from brisk.eval.evaluate import recognizer
 
-    kw = {"fast": name != "plain", "fast_compile": "inductor" if name.startswith("fast_compile") else None,
-          "fast_buckets": name in ("fast_buckets", "fast_compile_buckets", "fast_eos")}
+    kw = {"fast": name != "plain",
+          "fast_compile": a.compile if name.startswith("fast_compile") or name == "fast_eos" else None,
+          "fast_buckets": name in ("fast_buckets", "fast_compile_buckets")}
     rec = recognizer(cfg, model, tok, device, max_new_tokens=a.max_new, **kw)
+    rec.fast_fused = not name.endswith("_llm")
     if name == "fast_eos":  # a model that stops: one more stop token, one the random model emits mid-utterance
         rec.stop = sorted({*rec.stop, a.eos_token})
     n = a.slow_utts if (name == "plain" and batch == 1) else len(paths)
@@ -118,8 +125,9 @@ def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: 
     profile, ids = {}, []
     if name != "plain" or str(batch) in a.plain_profile.split(","):  # plain's stage profile costs minutes at 64
         profile, ids = decode_only(rec, (paths * (1 + batch // len(paths)))[:batch], a.max_new, a.repeats, device)
+    fused = rec._fast is not None and rec._fast.fused is not None
     rec.release()
-    return {"arm": name, "batch": batch, "utterances": n, "seconds": seconds, "utts_per_s": n / seconds,
+    return {"arm": name, "fused_step": fused, "batch": batch, "utterances": n, "seconds": seconds, "utts_per_s": n / seconds,
             "rtf": seconds / sum(audio[:n]), **profile, "warmup_s": warm,
             "ids": [r.ids for r in results], "batch_ids": ids,
             "tokens": sum(len(r.ids) for r in results), "tokens_per_utt": sum(len(r.ids) for r in results) / n}
@@ -195,13 +203,13 @@ def agreement(rows: list[dict]) -> dict:
     out = {}
     for r in rows:
         if r["arm"] == "fast_eos":
-            ref = next((p for p in rows if p["arm"] == "fast_buckets" and p["batch"] == r["batch"]), None)
+            ref = next((p for p in rows if p["arm"] == r["eos_from"] and p["batch"] == r["batch"]), None)
             if ref is not None:
                 eos = r["eos_token"]
                 pairs = list(zip([x[:x.index(eos)] if eos in x else x for x in ref["ids"]], r["ids"]))
                 out[f"fast_eos b{r['batch']} (vs {ref['arm']} cut at the EOS token)"] = (
                     sum(x == y for x, y in pairs) / max(len(pairs), 1))
-        if r["arm"] in ("fast", "fast_buckets", "fast_compile", "fast_compile_buckets"):
+        if r["arm"].startswith("fast") and r["arm"] != "fast_eos":
             ref = next((p for p in rows if p["arm"] == "plain" and p["batch"] == r["batch"]), None)
             if ref is not None:
                 pairs = list(zip(ref["ids"], r["ids"]))
@@ -218,15 +226,21 @@ def table(rows: list[dict], skipped: dict, meta: dict) -> str:
              "features ms (CPU, one by one) | warm-up s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     names = {"funasr": "FunASR FunASRNano.inference (AutoModel.generate, batch 1)", "plain": "brisk plain (generate)",
-             "fast": "brisk fast (step graph)", "fast_buckets": "brisk fast, length buckets (graphs: encoder, prefill, step)",
-             "fast_compile": "brisk fast + compiled step",
+             "fast": "brisk fast (fused step, graphs a span)",
+             "fast_llm": "brisk fast, the LLM's forward as the step (graph)",
+             "fast_buckets": "brisk fast, length buckets (graphs: encoder, prefill, step)",
+             "fast_compile": "brisk fast + compiled fused step",
+             "fast_compile_llm": "brisk fast + the LLM's forward compiled as the step",
              "fast_compile_buckets": "brisk fast, length buckets + compiled step",
-             "fast_eos": "brisk fast, length buckets, stopping at an EOS token"}
+             "fast_eos": "brisk fast + compiled fused step, stopping at an EOS token"}
     for r in rows:
         tok = (f"{r['ms_per_token']:.2f}" if "ms_per_token" in r else "-") + (" (whole call)" if r["arm"] == "funasr" else "")
         prof = " | ".join(f"{r[k]:.1f}" if k in r else "-" for k in
                           ("step_ms", "prefill_ms", "encoder_ms", "splice_ms", "features_ms", "features_cpu_ms"))
-        lines.append(f"| {names[r['arm']]} | {r['batch']} | {r['utterances']} | {r['utts_per_s']:.2f} | {r['rtf']:.4f} | "
+        name = names[r["arm"]]
+        if r.get("fused_step") is False and r["arm"] != "plain" and not r["arm"].endswith("_llm"):
+            name += " [fused step refused: the LLM's forward]"
+        lines.append(f"| {name} | {r['batch']} | {r['utterances']} | {r['utts_per_s']:.2f} | {r['rtf']:.4f} | "
                      f"{r.get('tokens_per_utt', 0):.1f} | {tok} | {prof} | {r['warmup_s']:.1f} |")
     for arm, why in skipped.items():
         lines.append(f"| {names.get(arm.split()[0], arm)} | {arm.split()[1][1:] if ' ' in arm else '-'} | - | "
@@ -249,7 +263,7 @@ def main() -> int:
     ap.add_argument("--data", default=None, help="a jsonl (default: bench/tmp/wholerun_data/valid.jsonl, else the demo's)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny model folder (CPU check of this script)")
-    ap.add_argument("--arms", default="fast,fast_buckets,fast_eos,plain,fast_compile_buckets,funasr")
+    ap.add_argument("--arms", default="fast_compile,fast_compile_buckets,fast,fast_eos,plain,fast_llm,funasr")
     ap.add_argument("--eos-token", type=int, default=None, dest="eos_token",
                     help="the fast_eos arm's extra stop token (default: picked from the batch-1 ids of an earlier arm)")
     ap.add_argument("--batches", default="1,16,64")
@@ -257,6 +271,8 @@ def main() -> int:
     ap.add_argument("--utts", type=int, default=40)
     ap.add_argument("--slow-utts", type=int, default=8, help="utterances of the batch-1 rows of funasr and plain")
     ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--compile", default="inductor", help="the compiled arms' torch.compile backend (eager: a CPU "
+                    "check of the script)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--budget", type=float, default=420, help="seconds; arms not started by then are skipped")
     a = ap.parse_args()
@@ -270,7 +286,8 @@ def main() -> int:
     import torch
     import transformers
 
-    from brisk.eval.evaluate import load_run, read_eval_set
+    from brisk.eval.evaluate import load_run
+    from brisk.eval.testset import read_items
 
     meta: dict = {"device": torch.cuda.get_device_name() if a.device.startswith("cuda") else a.device,
                   "torch": torch.__version__, "transformers": transformers.__version__, "max_new": a.max_new,
@@ -285,7 +302,7 @@ def main() -> int:
     data = a.data or next((str(p) for p in (REPO / "bench" / "tmp" / "wholerun_data" / "valid.jsonl",
                                              REPO / "data" / "demo" / "valid.jsonl") if p.exists()))
     meta["data"] = data
-    _, paths, _ = read_eval_set(data, cfg)
+    paths = [it.path for it in read_items([data])]
     paths = (paths * (1 + a.utts // len(paths)))[:a.utts]
     from brisk.data.audio import read_audio
 
@@ -309,25 +326,41 @@ def main() -> int:
             if time.perf_counter() - t_start > a.budget:
                 skipped[f"{arm} b{b}"] = f"over the {a.budget:.0f} s budget"
                 continue
+            eos_from = next((x for x in ("fast_compile", "fast", "fast_buckets")
+                             if any(r["arm"] == x and r["batch"] == 1 for r in rows)), None)
             if arm == "fast_eos" and a.eos_token is None:
-                ref = next((r for r in rows if r["arm"] == "fast_buckets" and r["batch"] == 1), None)
-                if ref is None:
-                    skipped[f"{arm} b{b}"] = "no batch-1 ids to pick an EOS token from (run fast first)"
+                if eos_from is None:
+                    skipped[f"{arm} b{b}"] = "no batch-1 ids to pick an EOS token from (run fast_compile or fast first)"
                     continue
+                ref = next(r for r in rows if r["arm"] == eos_from and r["batch"] == 1)
                 a.eos_token = pick_eos(ref["ids"], a.max_new)
                 meta["eos_token"] = a.eos_token
-            rows.append(brisk_arm(arm, cfg, model, tok, a.device, paths, audio, b, a))
+            try:
+                rows.append(brisk_arm(arm, cfg, model, tok, a.device, paths, audio, b, a))
+            except Exception as e:  # noqa: BLE001 - one arm failing on the device: said in the table, the rest run
+                skipped[f"{arm} b{b}"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                import traceback
+
+                traceback.print_exc()
+                continue
             if arm == "fast_eos":
                 rows[-1]["eos_token"] = a.eos_token
+                rows[-1]["eos_from"] = eos_from
             print(json.dumps({k: v for k, v in rows[-1].items() if "ids" not in k}), flush=True)
+            write(out, rows, skipped, meta, t_start)  # after every arm: a call stopped by its limit keeps the rest
+    print(write(out, rows, skipped, meta, t_start))
+    return 0
+
+
+def write(out: Path, rows: list[dict], skipped: dict, meta: dict, t_start: float) -> str:
+    """decode_bench.json and decode_bench.md of the rows so far; returns the table."""
     meta["fast_equals_plain"] = agreement(rows)
     meta["seconds"] = time.perf_counter() - t_start
     md = table(rows, skipped, meta)
     md += "\n\nfast ids == plain ids (share of utterances): " + json.dumps(meta["fast_equals_plain"])
     (out / "decode_bench.json").write_text(json.dumps({"meta": meta, "rows": rows, "skipped": skipped}, indent=1))
     (out / "decode_bench.md").write_text(md + "\n")
-    print(md)
-    return 0
+    return md
 
 
 if __name__ == "__main__":

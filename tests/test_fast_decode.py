@@ -67,22 +67,83 @@ def stop_tokens(llm, embeds, mask) -> list[int]:
     return [free[0][3]]
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "llm_step"])
 @pytest.mark.parametrize("buckets", [False, True], ids=["exact", "buckets"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_same_ids_as_generate(attn, buckets):
+def test_same_ids_as_generate(attn, buckets, fused):
     llm = tiny_llm(attn)
     embeds, mask = prompts(llm, [9, 5, 12])  # a bucket of 4: one row of bucket padding
     stop = stop_tokens(llm, embeds, mask)
     expected = reference_ids(llm, embeds, mask, stop, 20)
     assert len({len(e) for e in expected}) > 1  # rows stop at different steps, or run to the cap
-    dec = FastGreedy(llm, stop, PAD, torch.float32, "cpu", buckets=buckets)
+    dec = FastGreedy(llm, stop, PAD, torch.float32, "cpu", buckets=buckets, fused=fused)
+    assert (dec.fused is not None) == fused
     got = cut(dec.generate(embeds, mask, 20).tolist(), stop)
     assert got == expected
     # The host's look at the finished mask every k tokens changes nothing.
-    assert cut(FastGreedy(llm, stop, PAD, torch.float32, "cpu", check_every=1, buckets=buckets).generate(
+    assert cut(FastGreedy(llm, stop, PAD, torch.float32, "cpu", check_every=1, buckets=buckets, fused=fused).generate(
         embeds, mask, 20).tolist(), stop) == expected
     # With buckets the prompt of 12 is left padded to 32 (the prefill buffers of that length); without, not.
     assert sorted(t for r in dec.rooms.values() for t in r.prefills) == ([32] if buckets else [12])
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen2", "llama"])
+def test_fused_step_attends_over_buckets_of_the_filled_slots(model_type):
+    """The fused step (one q/k/v and one gate/up GEMM a layer, attention over SPAN_MIN x 2^k slots) across
+    span boundaries (64, 128, the room's length) gives generate's ids, for Qwen3 (q/k norms), Qwen2 (q/k/v
+    biases) and Llama."""
+    extra = {"attention_bias": True} if model_type == "llama" else {}
+    llm = tiny_llm(model_type=model_type, **extra)
+    assert type(llm).__name__.lower().startswith(model_type)
+    embeds, mask = prompts(llm, [20, 13], seed=7)
+    dec = FastGreedy(llm, [], PAD, torch.float32, "cpu")
+    assert dec.fused is not None
+    assert dec.generate(embeds, mask, 150).tolist() == reference_ids(llm, embeds, mask, [], 150)
+    room = dec.rooms[2]
+    assert room.length == 192  # 20 + 150, rounded up to CACHE_ROUND
+    assert [dec.span(room, f) for f in (1, 64, 65, 128, 129, 170, 192)] == [64, 64, 128, 128, 192, 192, 192]
+    layer = llm.model.layers[0]
+    w, b = dec.fused.qkv[0]
+    a = layer.self_attn
+    assert torch.equal(w, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
+    assert (b is None) == (a.q_proj.bias is None) and (b is not None or model_type == "qwen3")
+
+
+def test_fused_weights_follow_the_model_and_refusals_fall_back():
+    """Weights changed in place after the step was built (an optimizer step between validations, even one
+    autograd does not see) are copied into the fused ones, in place (graphs keep their pointers); an LLM the fused step cannot run (another
+    activation, LoRA layers) decodes with its own forward."""
+    llm = tiny_llm()
+    embeds, mask = prompts(llm, [8, 11], seed=8)
+    dec = FastGreedy(llm, [], PAD, torch.float32, "cpu")
+    before = dec.generate(embeds, mask, 12).tolist()
+    fused = dec.fused.gate_up[1][0]
+    with torch.no_grad():
+        for p in llm.parameters():
+            if p.dim() == 2:
+                p.mul_(1.5)
+    after = dec.generate(embeds, mask, 12).tolist()
+    assert after == reference_ids(llm, embeds, mask, [], 12) and after != before
+    assert dec.fused.gate_up[1][0] is fused
+    m = llm.model.layers[1].mlp
+    assert torch.equal(fused, torch.cat([m.gate_proj.weight, m.up_proj.weight]))
+    # A change autograd does not see (a CUDA-graphed optimizer step: no version counter moves) is copied too.
+    for p in llm.parameters():
+        if p.dim() == 2:
+            p.data.div_(1.5)
+    again = dec.generate(embeds, mask, 12).tolist()
+    assert again == reference_ids(llm, embeds, mask, [], 12) and again != after
+
+    gelu = tiny_llm(hidden_act="gelu")
+    dec = FastGreedy(gelu, [], PAD, torch.float32, "cpu")
+    assert dec.fused is None
+    assert dec.generate(embeds, mask, 12).tolist() == reference_ids(gelu, embeds, mask, [], 12)
+    from peft import LoraConfig, get_peft_model
+
+    lora = get_peft_model(tiny_llm(), LoraConfig(r=2, target_modules=["q_proj", "v_proj"])).base_model.model
+    dec = FastGreedy(lora, [], PAD, torch.float32, "cpu")
+    assert dec.fused is None
+    assert dec.generate(embeds, mask, 12).tolist() == reference_ids(lora, embeds, mask, [], 12)
 
 
 def test_rooms_are_reused_grown_and_released():
@@ -143,16 +204,42 @@ def test_val_decode_fast_needs_val_decode():
         TrainConfig(val_decode_fast=True)
 
 
-def test_the_step_is_one_dynamo_graph():
-    """What ``compile="inductor"`` compiles on CUDA: traced here with Dynamo alone, the step has no graph break
-    (so it compiles whole) and gives the same ids."""
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "llm_step"])
+def test_the_step_is_one_dynamo_graph(fused):
+    """What ``compile="inductor"`` compiles on CUDA: traced here with Dynamo alone, without graph breaks, and
+    the same ids. The LLM's step is one graph; the fused step four: the prologue, one layer (one graph for every
+    layer: no recompile a layer), the tail and the bookkeeping; a longer room with three spans recompiles them
+    for dynamic shapes once, and its second batch compiles nothing."""
     from torch._dynamo.utils import counters
 
     llm = tiny_llm()
     embeds, mask = prompts(llm, [9, 5, 12], seed=6)
     torch._dynamo.reset()
     counters.clear()
-    dec = FastGreedy(llm, [], PAD, torch.float32, "cpu", compile="eager")
+    dec = FastGreedy(llm, [], PAD, torch.float32, "cpu", compile="eager", fused=fused)
     assert dec.generate(embeds, mask, 8).tolist() == reference_ids(llm, embeds, mask, [], 8)
-    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    assert counters["stats"]["unique_graphs"] == (4 if fused else 1) and not counters["graph_break"]
+    if fused:
+        expected = reference_ids(llm, embeds, mask, [], 150)
+        assert dec.generate(embeds, mask, 150).tolist() == expected  # spans 64, 128, 192 in a longer room
+        graphs = counters["stats"]["unique_graphs"]
+        assert dec.generate(embeds, mask, 150).tolist() == expected
+        assert counters["stats"]["unique_graphs"] == graphs and not counters["graph_break"]  # no more compiles
+        # A second decoder of the same LLM (a new Recognizer) reuses the compiled code.
+        again = FastGreedy(llm, [], PAD, torch.float32, "cpu", compile="eager")
+        assert again.generate(embeds, mask, 150).tolist() == expected
+        assert counters["stats"]["unique_graphs"] == graphs
     torch._dynamo.reset()
+
+
+def test_fused_step_traced_under_bf16_autocast():
+    """The decode dtype's autocast wraps the compiled pieces (what --fast-compile runs in bf16 on CUDA): traced by
+    AOTAutograd (the backend Inductor builds on) they give the eager fused step's bf16 ids."""
+    llm = tiny_llm().to(torch.bfloat16)
+    embeds, mask = prompts(llm, [9, 5, 12], seed=9)
+    embeds = embeds.to(torch.bfloat16)
+    torch._dynamo.reset()
+    eager = FastGreedy(llm, [], PAD, torch.bfloat16, "cpu").generate(embeds, mask, 70)  # spans 64 and 128
+    traced = FastGreedy(llm, [], PAD, torch.bfloat16, "cpu", compile="aot_eager").generate(embeds, mask, 70)
+    torch._dynamo.reset()
+    assert torch.equal(eager, traced)

@@ -88,6 +88,9 @@ class Recognizer:
         # The encoder and the prefill replayed from graphs per length bucket (brisk.eval.fast_decode, buckets).
         self.fast_buckets = fast_buckets
         self.fast_compile = fast_compile  # a torch.compile backend for the fast decoder's step ("inductor")
+        # The fast decoder's own step (fused projections, attention over the filled slots) where the LLM allows
+        # it; False: the LLM's forward a token (the reference arm of bench/decode_bench.py).
+        self.fast_fused = True
         self._fast = None  # the FastGreedy decoder, built on first use
         self._encode = None  # fast on CUDA: the encoder's graphs (brisk.eval.fast_decode.GraphedEncode)
         self._prompts: dict[int, tuple[list[int], int]] = {}  # prompt ids and first audio slot, by audio slot count
@@ -168,7 +171,7 @@ class Recognizer:
                 from .fast_decode import FastGreedy
 
                 self._fast = FastGreedy(self.model.llm, self.stop, self.pad, dtype, self.device,
-                                        compile=self.fast_compile, buckets=self.fast_buckets)
+                                        compile=self.fast_compile, buckets=self.fast_buckets, fused=self.fast_fused)
             return self._fast.generate(embeds.to(dtype), mask, max_new)
         autocast = torch.autocast(self.device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
         with autocast:

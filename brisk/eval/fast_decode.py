@@ -16,9 +16,16 @@ batch 1 the host, not the GPU, sets the pace. Here:
   buffer updated in place, so on CUDA the step is captured once a bucket and replayed; on the CPU (or with
   ``graphs=False``) the same function runs eagerly;
 - the host reads the finished mask only every ``check_every`` steps;
+- for Qwen3, Qwen2 and Llama LLMs (without LoRA layers) the step is brisk's own (``fused``,
+  brisk.eval.decode_step.FusedStep): one q/k/v GEMM and one gate/up GEMM a layer on weights concatenated when
+  the decoder is built, grouped-query attention without repeating the cache, and attention over the filled
+  slots rounded up to SPAN_MIN x a power of two: one graph a span, the span picked by the host, which knows the
+  step count without reading the device. Other LLMs (or ``fused=False``) run their own forward for the token,
+  attending over the whole cache;
 - optionally (``compile="inductor"``) the step is compiled first, which fuses the decoder's many small
-  elementwise kernels (norms, rotary) before capture; the first room compiles static shapes, the second a
-  dynamic-shape version that later rooms reuse.
+  elementwise kernels (norms, rotary) before capture: with the fused step one layer's function (every layer's
+  tensors are its arguments, so one graph serves the stack) and the tail; else the LLM's whole step. The first
+  room compiles static shapes, the second a dynamic-shape version that later rooms reuse.
 
 The decode-step mask is passed to the LLM as a prepared mapping {layer type: mask} (transformers' models accept
 it and skip their own mask building, which would read values back to the host): a boolean [B, 1, 1, L] for
@@ -50,10 +57,12 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import ConfigError
+from .decode_step import FusedStep, refusal
 
 log = logging.getLogger("brisk")
 
 MAX_SMALL_BUCKET = 64
+SPAN_MIN = 64  # the fused step attends over the filled slots rounded up to SPAN_MIN x a power of two
 CACHE_ROUND = 64  # cache lengths are rounded up to this, so nearby prompt lengths share one room
 PROMPT_ROUND = 32  # prompts are left padded to a multiple of this: one prefill graph serves nearby lengths
 FRAME_ROUND = 64  # LFR frames the encoder's input is padded to a multiple of (GraphedEncode)
@@ -100,8 +109,9 @@ class _Room:
     mask: torch.Tensor  # [B, L] bool, the slots each row attends to
     finished: torch.Tensor  # [B] bool
     out: torch.Tensor  # [B, L] generated ids
-    graph: torch.cuda.CUDAGraph | None = None
+    graphs: dict = field(default_factory=dict)  # attention span -> the step's graph
     counters: list = field(default_factory=list)  # the cache layers' write positions
+    kv: list = field(default_factory=list)  # the fused step's views of the cache tensors (FusedStep.kv_views)
     prefills: dict = field(default_factory=dict)  # padded prompt length -> _Prefill
 
     def buffers(self) -> list[torch.Tensor]:
@@ -127,7 +137,8 @@ class FastGreedy:
     a row stops (the stop token itself is kept)."""
 
     def __init__(self, llm: torch.nn.Module, stop: list[int], pad: int, dtype: torch.dtype, device: torch.device | str,
-                 *, graphs: bool | None = None, check_every: int = 8, compile: str | None = None, buckets: bool = False):
+                 *, graphs: bool | None = None, check_every: int = 8, compile: str | None = None, buckets: bool = False,
+                 fused: bool = True):
         self.llm, self.pad, self.dtype = llm, pad, dtype
         self.device = torch.device(device)
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
@@ -149,10 +160,21 @@ class FastGreedy:
         if self.attn not in ("sdpa", "eager"):
             raise ConfigError(f"fast decode needs sdpa or eager attention, this LLM uses {self.attn!r}; {DROP}")
         self.cache_kw = cache_argument(llm)
+        # fused: brisk's own step (brisk.eval.decode_step: fused q/k/v and gate/up GEMMs, attention over a bucket
+        # of the filled slots, a graph per bucket) where the LLM's layers allow it; else the LLM's own forward.
+        self.fused = None
+        if fused:
+            why = refusal(llm)
+            if why is None:
+                self.fused = FusedStep(llm, dtype, self.attn, compile=compile)
+            else:
+                log.info("fast decode: the LLM's own forward for each token (%s)", why)
         self.rooms: dict[int, _Room] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
         # compile: a torch.compile backend for the step ("inductor"; "eager" traces it with Dynamo alone).
-        self.run_step = torch.compile(self._step, backend=compile) if compile else self._step
+        # With the fused step, FusedStep compiles one layer and the tail instead (brisk.eval.decode_step).
+        self.run_step = torch.compile(self._step, backend=compile) if compile and self.fused is None else self._step
+        self.advance = torch.compile(advance, backend=compile) if compile and self.fused is not None else advance
 
     # ------------------------------------------------------------------------------------------- rooms
     def _room(self, rows: int, length: int) -> _Room:
@@ -189,22 +211,25 @@ class FastGreedy:
     def _step_mask(self, mask: torch.Tensor):
         return {"full_attention": self._as_attn_mask(mask[:, None, None, :])}  # [B, 1, 1, L]
 
-    def _step(self, r: _Room) -> None:
-        """One token for every row of the room, all in place on its buffers (capturable: no host reads)."""
-        r.mask.scatter_(1, r.slot.expand(r.mask.shape[0], 1), True)  # the fed token's own slot
-        with self._autocast():
-            out = self.llm(input_ids=r.tok, attention_mask=self._step_mask(r.mask), position_ids=r.pos, use_cache=True,
-                           logits_to_keep=1, **{self.cache_kw: r.cache})
-        nxt = out.logits[:, -1].argmax(-1)  # [B]
-        nxt = torch.where(r.finished, self.pad, nxt)
-        r.out.index_copy_(1, r.step, nxt[:, None])
-        r.finished.logical_or_(torch.isin(nxt, self.stop))
-        r.tok.copy_(nxt[:, None])
-        r.pos.add_(1)
-        r.slot.add_(1)
-        r.step.add_(1)
+    def span(self, r: _Room, filled: int) -> int:
+        """The slots a step attends over when ``filled`` are written (its own included): with the fused step
+        SPAN_MIN x the next power of two (at most the room's length), one graph each; else the whole cache."""
+        if self.fused is None:
+            return r.length
+        return min(SPAN_MIN << max(-(-filled // SPAN_MIN) - 1, 0).bit_length(), r.length)
 
-    def _capture(self, r: _Room, saved: list[torch.Tensor]) -> None:
+    def _step(self, r: _Room, span: int) -> None:
+        """One token for every row of the room, all in place on its buffers (capturable: no host reads)."""
+        with self._autocast():
+            if self.fused is not None:  # it marks the fed token's slot in the mask itself
+                nxt = self.fused(r.tok, r.pos, r.slot, r.mask, r.kv, span)  # [B]
+            else:
+                r.mask.scatter_(1, r.slot.expand(r.mask.shape[0], 1), True)  # the fed token's own slot
+                nxt = self.llm(input_ids=r.tok, attention_mask=self._step_mask(r.mask), position_ids=r.pos,
+                               use_cache=True, logits_to_keep=1, **{self.cache_kw: r.cache}).logits[:, -1].argmax(-1)
+        self.advance(nxt, r.finished, r.out, r.step, self.stop, r.tok, r.pos, r.slot, self.pad)
+
+    def _capture(self, r: _Room, span: int, saved: list[torch.Tensor]) -> None:
         """Warm the step up on a side stream, put its state back (``saved``), then capture it (capture runs
         nothing)."""
         side = _capture_stream(self.device)
@@ -212,14 +237,31 @@ class FastGreedy:
         with torch.cuda.stream(side):
             # Compiles here, if at all. The cache slot it writes is written again, with the same values, by the
             # first replay.
-            self.run_step(r)
+            self.run_step(r, span)
         torch.cuda.current_stream(self.device).wait_stream(side)
         for buf, old in zip(r.state(), saved):
             buf.copy_(old)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
-            self.run_step(r)
-        r.graph = graph
+            self.run_step(r, span)
+        r.graphs[span] = graph
+
+    def _graph(self, r: _Room, span: int) -> torch.cuda.CUDAGraph | None:
+        """The room's step graph for ``span``, captured on first use; None where the step runs eagerly."""
+        if not self.graphs:
+            return None
+        if span not in r.graphs:
+            saved = [buf.clone() for buf in r.state()]
+            try:
+                self._capture(r, span, saved)
+            except RuntimeError as e:  # a capture CUDA refuses: the same step, eagerly, is still correct
+                log.warning("fast decode: capturing the decode step failed (%s); it runs eagerly from here",
+                            str(e).splitlines()[0] if str(e) else type(e).__name__)
+                self.graphs = False
+                for buf, old in zip(r.state(), saved):
+                    buf.copy_(old)
+                return None
+        return r.graphs[span]
 
     def _prefill_mask(self, r: _Room, t: int):
         """[B, 1, T, L]: each prompt position sees the real slots up to its own (causal + padding); a padded
@@ -308,26 +350,22 @@ class FastGreedy:
             p.valid[n:] = p.valid[:1]
         p.live.zero_()
         p.live[:n] = True
+        if self.fused is not None:
+            self.fused.refresh()  # the weights changed since the last call (training between validations)
         self._run_prefill(r, p)
         r.counters = [layer.cumulative_length for layer in r.cache.layers]
-        if self.graphs and r.graph is None:
-            saved = [buf.clone() for buf in r.state()]
-            try:
-                self._capture(r, saved)
-            except RuntimeError as e:  # a capture CUDA refuses: the same step, eagerly, is still correct
-                log.warning("fast decode: capturing the decode step failed (%s); it runs eagerly from here",
-                            str(e).splitlines()[0] if str(e) else type(e).__name__)
-                self.graphs = False
-                for buf, old in zip(r.state(), saved):
-                    buf.copy_(old)
+        if self.fused is not None and not r.kv:  # the cache's tensors exist from the first prefill on
+            r.kv = self.fused.kv_views(r.cache.layers)
         done, todo = 0, max_new - 1
         while done < todo and not bool(r.finished.all()):  # the host looks every check_every tokens
             k = min(self.check_every, todo - done)
-            for _ in range(k):
-                if r.graph is not None:
-                    r.graph.replay()
+            for j in range(done, done + k):  # step j writes slot tp + j: the host knows the span without a read
+                span = self.span(r, tp + j + 1)
+                graph = self._graph(r, span)
+                if graph is not None:
+                    graph.replay()
                 else:
-                    self.run_step(r)
+                    self.run_step(r, span)
             done += k
         return r.out[:n, :max_new].clone()
 
@@ -335,6 +373,18 @@ class FastGreedy:
         """Drop every room (caches, buffers, graphs) and the graphs' memory pool."""
         self.rooms.clear()
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
+
+
+def advance(nxt, finished, out, step, stop, tok, pos, slot, pad: int) -> None:
+    """After a step: the picked tokens (``pad`` for finished rows) into ``out`` at ``step``, the finished mask,
+    the next token and the counters, in place."""
+    nxt = torch.where(finished, pad, nxt)
+    out.index_copy_(1, step, nxt[:, None])
+    finished.logical_or_(torch.isin(nxt, stop))
+    tok.copy_(nxt[:, None])
+    pos.add_(1)
+    slot.add_(1)
+    step.add_(1)
 
 
 class GraphedEncode:

@@ -18,18 +18,20 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 BATCHES = ([9, 5, 12], [7], [4, 11, 6, 8, 9, 3, 10, 5, 12, 7, 6, 9, 8, 5, 4, 11, 10])  # buckets 4, 1, 32
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "llm_step"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_graphed_fp32_gives_generates_ids(attn):
+def test_graphed_fp32_gives_generates_ids(attn, fused):
     llm = tiny_llm(attn, "cuda")
     for i, lengths in enumerate(BATCHES):
         embeds, mask = prompts(llm, lengths, seed=i)
         stop = stop_tokens(llm, embeds, mask)  # rows stop at different steps (the graph's stop tensor is fixed)
-        graphed = FastGreedy(llm, stop, PAD, torch.float32, "cuda", buckets=True)
-        eager = FastGreedy(llm, stop, PAD, torch.float32, "cuda", graphs=False, buckets=True)
+        graphed = FastGreedy(llm, stop, PAD, torch.float32, "cuda", buckets=True, fused=fused)
+        eager = FastGreedy(llm, stop, PAD, torch.float32, "cuda", graphs=False, buckets=True, fused=fused)
+        assert (graphed.fused is not None) == fused
         expected = reference_ids(llm, embeds, mask, stop, 24)
         a = graphed.generate(embeds, mask, 24)
         b = eager.generate(embeds, mask, 24)
-        assert graphed.graphs and not eager.graphs and all(r.graph is not None for r in graphed.rooms.values())
+        assert graphed.graphs and not eager.graphs and all(r.graphs for r in graphed.rooms.values())
         # The prefill is a graph too (one a room and padded prompt length), the eager decoder's is not.
         assert all(p.graph is not None for r in graphed.rooms.values() for p in r.prefills.values())
         assert all(p.graph is None for r in eager.rooms.values() for p in r.prefills.values())
@@ -40,19 +42,36 @@ def test_graphed_fp32_gives_generates_ids(attn):
         assert cut(graphed.generate(embeds2, mask2, 24).tolist(), stop) == reference_ids(llm, embeds2, mask2, stop, 24)
 
 
-def test_graphed_bf16_equals_eager_bf16():
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "llm_step"])
+def test_graphed_bf16_equals_eager_bf16(fused):
     llm = tiny_llm("sdpa", "cuda").to(torch.bfloat16)
     embeds, mask = prompts(llm, BATCHES[2], seed=7)
     embeds = embeds.to(torch.bfloat16)
-    a = FastGreedy(llm, [], PAD, torch.bfloat16, "cuda").generate(embeds, mask, 32)
-    b = FastGreedy(llm, [], PAD, torch.bfloat16, "cuda", graphs=False).generate(embeds, mask, 32)
+    a = FastGreedy(llm, [], PAD, torch.bfloat16, "cuda", fused=fused).generate(embeds, mask, 32)
+    b = FastGreedy(llm, [], PAD, torch.bfloat16, "cuda", graphs=False, fused=fused).generate(embeds, mask, 32)
     assert torch.equal(a, b)
 
 
-def test_compiled_step_gives_the_same_ids():
+@pytest.mark.parametrize("compile", [None, "inductor"])
+def test_fused_step_a_graph_per_span_gives_generates_ids(compile):
+    """The fused step across span boundaries (64, 128, a room's 192): one graph a span, replayed in turn,
+    fp32 ids equal to generate's; compiled, one layer graph serves every layer and span."""
     torch._dynamo.reset()
     llm = tiny_llm("sdpa", "cuda")
-    dec = FastGreedy(llm, [], PAD, torch.float32, "cuda", compile="inductor")
+    dec = FastGreedy(llm, [], PAD, torch.float32, "cuda", compile=compile)
+    for i, lengths in enumerate(([20, 13], [7])):
+        embeds, mask = prompts(llm, lengths, seed=20 + i)
+        assert dec.generate(embeds, mask, 120).tolist() == reference_ids(llm, embeds, mask, [], 120), lengths
+    assert dec.fused is not None and {n: sorted(r.graphs) for n, r in dec.rooms.items()} == {
+        2: [64, 128, 192], 1: [64, 128]}  # rooms of 192 and 128 slots
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "llm_step"])
+def test_compiled_step_gives_the_same_ids(fused):
+    torch._dynamo.reset()
+    llm = tiny_llm("sdpa", "cuda")
+    dec = FastGreedy(llm, [], PAD, torch.float32, "cuda", compile="inductor", fused=fused)
     for i, lengths in enumerate(BATCHES):  # three rooms: static compile, then one dynamic-shape compile
         embeds, mask = prompts(llm, lengths, seed=10 + i)
         assert dec.generate(embeds, mask, 16).tolist() == reference_ids(llm, embeds, mask, [], 16), lengths
