@@ -11,7 +11,7 @@ import torch
 from ..config import ConfigError, load_config
 from ..data.loader import load_tokenizer
 from ..formats.run_folder import folder_kind, run_weights
-from ..formats.run_state import check_run_files
+from ..formats.run_config import check_run_files
 from ..models.build import build_model, read_state_dict
 
 log = logging.getLogger("brisk")
