@@ -160,6 +160,19 @@ def write_qwen3_asr_hf(model, cfg, state: dict[str, torch.Tensor], out: Path, dt
     AutoProcessor.from_pretrained(cfg.data.tokenizer or cfg.model.llm.path, local_files_only=True).save_pretrained(out)
 
 
+def folder_overrides(path: Path) -> list[str]:
+    """A transformers Qwen3-ASR folder (its export, or the released model) to load: weights, config and processor
+    from the folder, and the LLM dtype its brisk.json recorded."""
+    import json
+
+    from ..formats.brisk_keys import read_keys_file
+
+    found = read_keys_file(path) or {"keys": {}}
+    keys = {k: v for k, v in found["keys"].items() if k.startswith("model.llm.")}
+    return ["model.family=qwen3_asr", "train.export=hf", f"model.llm.path={path}", f"data.tokenizer={path}",
+            *(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in keys.items())]
+
+
 def write_readme(out: Path, fmt: str, dtype: str, cfg) -> None:
     (out / "README.md").write_text(f"""# Qwen3-ASR fine-tuned by brisk (model.family: qwen3_asr)
 
