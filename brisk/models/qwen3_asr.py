@@ -9,7 +9,7 @@ state-dict keys map one to one onto transformers' (``to_hf``/``from_hf``): the e
 ``save_pretrained`` folder.
 
 The audio tower's rows for a batch are flat ``[A, D]``, utterance after utterance, exactly the order of the
-batch's audio slots; they are spliced at ``Batch.audio_pos`` (transformers writes them where ``input_ids`` holds
+batch's audio slots; they are spliced at ``AudioBatch.audio_pos`` (transformers writes them where ``input_ids`` holds
 the audio token: the same positions).
 """
 
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError, ModelConfig
-from ..formats.batch import Batch
+from ..formats.batch import AudioBatch
 from .speech_llm import DTYPES, SpeechLLM
 
 log = logging.getLogger("brisk")
@@ -93,7 +93,7 @@ class Qwen3ASR(nn.Module):
         hidden = self.audio_tower(input_features=feats.to(dtype), input_features_mask=mask).last_hidden_state
         return self.multi_modal_projector(hidden)
 
-    def audio_rows(self, batch: Batch) -> torch.Tensor:
+    def audio_rows(self, batch: AudioBatch) -> torch.Tensor:
         """The rows that fill the batch's audio slots, [A, D]."""
         return self.encode_audio(batch.speech, batch.speech_lengths)
 
