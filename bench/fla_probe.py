@@ -28,7 +28,7 @@ def run(arm: str, out: Path, steps: int, config: str, layers: int, device: str =
     from transformers import AutoTokenizer
 
     from brisk.config import load_config
-    from brisk.data.chat import build_chat_dataset
+    from brisk.data.chat_store import build_chat_store
     from brisk.data.collate import Collator
     from brisk.models.build import build_model
     from brisk.models.speech_llm import lm_loss
@@ -43,8 +43,8 @@ def run(arm: str, out: Path, steps: int, config: str, layers: int, device: str =
     model = build_model(cfg.model, device, task="chat")
     note = K.apply_fla_linear_attention(model) if arm == "fla" else K.apply_linear_attention_batched(model)
     tok = AutoTokenizer.from_pretrained(str(REPO / "data/chat_demo/tokenizer"), local_files_only=True)
-    ds, _ = build_chat_dataset(str(REPO / "data/chat_demo/train.jsonl"), tok, max_len=1024, overlong="truncate",
-                               skip_bad=False)
+    ds = build_chat_store(str(REPO / "data/chat_demo/train.jsonl"), tok, max_len=1024, overlong="truncate",
+                          skip_bad=False, cache_dir=out / ".brisk-cache")
     collate = Collator(packed=True, token_buckets=(4096,))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-5)
     records = []

@@ -188,12 +188,11 @@ def trl_arm(args, cfg, sample_groups, checkpointing: bool = True):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
-    from brisk.data.chat import read_chat_jsonl
+    from brisk.data.chat_store import read_rows
 
-    convs, _ = read_chat_jsonl(Path(args.data) / "train.jsonl", skip_bad=False)
     # The other arms' batches, conversation for conversation: TRL tokenises the same messages and its loader
     # is given the same groups (TRL's own loader would take a fixed number of conversations in file order).
-    messages = {conv.key: conv.messages for conv in convs}
+    messages = {key: msgs for key, msgs, _ in read_rows(str(Path(args.data) / "train.jsonl"), what="data.train")}
     sizes = [len(g) for g in sample_groups]
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     batches = [list(range(a, a + k)) for a, k in zip(starts, sizes)]

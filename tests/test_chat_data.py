@@ -12,8 +12,10 @@ import torch
 from transformers import AutoTokenizer
 
 from brisk.config import ConfigError, load_config
-from brisk.data.chat import build_chat_dataset, training_template
+from brisk.data.chat import training_template
+from brisk.data.chat_store import build_chat_store
 from brisk.data.collate import Collator
+from brisk.formats.batch import Batch
 from brisk.data.jsonl import DataError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +34,12 @@ def conversations() -> list[list[dict]]:
                  {"role": "assistant", "content": "two"}, {"role": "user", "content": "first: sun moon"},
                  {"role": "assistant", "content": "sun\nand moon"}])
     return rows
+
+
+def store(path, tok, tmp: Path, **kw):
+    """The chat data as training reads it, in a cache of its own under ``tmp`` (a cache keeps one entry a file:
+    another max_len would replace this one's)."""
+    return build_chat_store(str(path), tok, cache_dir=tempfile.mkdtemp(dir=tmp), **kw)
 
 
 def write(tmp: Path, rows: list) -> Path:
@@ -59,15 +67,15 @@ def trl_labels(tok, rows: list[list[dict]], max_length: int) -> dict[str, list[i
 @pytest.mark.parametrize("max_len", [4096, 40])
 def test_labels_equal_trl(tok, tmp_path, max_len):
     rows = conversations()
-    ds, _ = build_chat_dataset(str(write(tmp_path, rows)), tok, max_len=max_len, overlong="truncate", skip_bad=False)
+    ds = store(write(tmp_path, rows), tok, tmp_path, max_len=max_len, overlong="truncate", skip_bad=False)
     theirs = trl_labels(tok, rows, max_len)
     ours = {}
-    for key, t in zip(ds.keys, ds.tokens):
-        ours[json.dumps(rows[int(key.rsplit(":", 1)[1]) - 1])] = t.labels
+    for i, key in enumerate(ds.keys):
+        ours[json.dumps(rows[int(key.rsplit(":", 1)[1]) - 1])] = ds.tokens(i).labels
     assert len(ours) == len(theirs) == len(rows) - ds.counts["unlabelled"]
     assert ours == theirs
     assert (ds.counts["truncated"] > 0) == (max_len == 40)
-    labelled = sum(x != -100 for t in ds.tokens for x in t.labels)
+    labelled = sum(x != -100 for i in range(len(ds)) for x in ds.tokens(i).labels)
     assert 0 < labelled < sum(ds.lengths())
 
 
@@ -78,8 +86,8 @@ def test_known_template_swapped_for_training_twin(tok):
 def test_overlong_skip_counts(tok, tmp_path):
     rows = conversations()
     path = str(write(tmp_path, rows))
-    ds, _ = build_chat_dataset(path, tok, max_len=40, overlong="skip", skip_bad=False)
-    full, _ = build_chat_dataset(path, tok, max_len=4096, overlong="skip", skip_bad=False)
+    ds = store(path, tok, tmp_path, max_len=40, overlong="skip", skip_bad=False)
+    full = store(path, tok, tmp_path, max_len=4096, overlong="skip", skip_bad=False)
     assert ds.counts["skipped"] == sum(n > 40 for n in full.lengths()) > 0
     assert len(ds) == len(rows) - ds.counts["skipped"] and max(ds.lengths()) <= 40
 
@@ -88,18 +96,17 @@ def test_bad_line_names_file_and_line(tok, tmp_path):
     rows = conversations()[:3] + ['{"messages": [{"role": "user", "content": "hi"}]}', "not json"]
     path = write(tmp_path, rows)
     with pytest.raises(DataError, match=rf"{path}:4: no assistant message.*skip_bad"):
-        build_chat_dataset(str(path), tok, max_len=512, overlong="truncate", skip_bad=False)
-    ds, skipped = build_chat_dataset(str(path), tok, max_len=512, overlong="truncate", skip_bad=True)
-    assert len(ds) == 3 and len(skipped) == 2 and skipped[1].startswith(f"{path}:5: not valid JSON")
+        store(path, tok, tmp_path, max_len=512, overlong="truncate", skip_bad=False)
+    ds = store(path, tok, tmp_path, max_len=512, overlong="truncate", skip_bad=True)
+    assert len(ds) == 3 and ds.counts["bad_rows"] == 2 and ds.bad_first[1].startswith(f"{path}:5: not valid JSON")
 
 
 def test_collated_layouts(tok, tmp_path):
-    ds, _ = build_chat_dataset(str(write(tmp_path, conversations()[:5])), tok, max_len=512, overlong="truncate",
-                               skip_bad=False)
+    ds = store(write(tmp_path, conversations()[:5]), tok, tmp_path, max_len=512, overlong="truncate", skip_bad=False)
     samples = [ds[i] for i in range(5)]
     padded = Collator()(samples)
     packed = Collator(packed=True, token_buckets=(256, 512))(samples)
-    assert padded.speech is None and packed.speech is None and padded.audio_pos.numel() == 0
+    assert type(padded) is Batch and type(packed) is Batch  # a text family's batch is the shared core alone
     assert padded.n_tokens == packed.n_tokens == sum(ds.lengths()[:5])
     assert packed.input_ids.shape == (1, 512) and packed.cu_seqlens.tolist()[:6] == [0, *torch.tensor(ds.lengths()[:5]).cumsum(0).tolist()]
     flat = padded.labels[padded.attention_mask.bool()]
@@ -126,11 +133,10 @@ def test_sft_configs_load(name):
 def test_static_packed_text_batches_pad_to_a_common_shape(tok, tmp_path):
     from brisk.data.collate import pad_static, static_needs
 
-    ds, _ = build_chat_dataset(str(write(tmp_path, conversations()[:4])), tok, max_len=512, overlong="truncate",
-                               skip_bad=False)
+    ds = store(write(tmp_path, conversations()[:4]), tok, tmp_path, max_len=512, overlong="truncate", skip_bad=False)
     batch = Collator(packed=True, token_buckets=(256, 512), pad_utts=6, static=True)([ds[i] for i in range(3)])
     need = static_needs(batch)
     assert need[1:3] == [0, 0] and need[3] == 8
     grown = pad_static(batch, 1024, 0, 0, 10)
-    assert grown.input_ids.shape == (1, 1024) and grown.speech is None and grown.cu_seqlens.numel() == 10
+    assert grown.input_ids.shape == (1, 1024) and type(grown) is Batch and grown.cu_seqlens.numel() == 10
     assert torch.equal(grown.labels[0, : batch.input_ids.shape[1]], batch.labels[0])

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from brisk.config import load_config
-from brisk.data.chat import build_chat_dataset
+from brisk.data.chat_store import build_chat_store
 from brisk.data.collate import Collator
 from brisk.models.build import build_model
 from brisk.models.speech_llm import lm_loss
@@ -32,9 +32,10 @@ def chat_cfg(overrides):
 
 
 @pytest.fixture(scope="module")
-def samples():
+def samples(tmp_path_factory):
     tok = AutoTokenizer.from_pretrained(str(DEMO / "tokenizer"), local_files_only=True)
-    ds, _ = build_chat_dataset(str(DEMO / "valid.jsonl"), tok, max_len=512, overlong="truncate", skip_bad=False)
+    ds = build_chat_store(str(DEMO / "valid.jsonl"), tok, max_len=512, overlong="truncate", skip_bad=False,
+                          cache_dir=tmp_path_factory.mktemp("cache"))
     return [ds[i] for i in range(6)]
 
 

@@ -18,6 +18,7 @@ from brisk.data.features import Frontend, lfr
 from brisk.data.jsonl import DataError, read_jsonl
 from brisk.data.prompt import PromptBuilder
 from brisk.data.sampler import TokenBatchSampler
+from brisk.formats.batch import AudioBatch
 
 from .conftest import DEMO
 
@@ -161,3 +162,4 @@ def test_padded_collation(tokenizer):
     assert b.input_ids.shape == (3, max(lens)) and b.attention_mask.sum(1).tolist() == lens
     assert b.speech.shape[0] == 3 and b.speech_lengths.tolist() == [ds[i].feats[0].shape[0] for i in range(3)]
     assert b.audio_pos.numel() == sum(b.slot_counts)
+    assert isinstance(b, AudioBatch) and b.shape_key() == ("padded", 3, max(lens), *b.speech.shape[:2], sum(b.slot_counts))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from brisk.data.chat import build_chat_dataset
+from brisk.data.chat import ChatEncoder, parse_chat_obj, training_template
 from brisk.data.chat_store import build_chat_store
 from brisk.data.jsonl import read_jsonl
 from brisk.data.sampler import TokenBatchSampler
@@ -47,11 +47,13 @@ def test_cache_hit_equals_in_memory_tokenisation(data):
     first = chat(path, tok, cache, workers=2)
     again = chat(path, tok, cache)
     assert first.cache_note == "built: first use of this data" and again.cache_note == "read"
-    ref, _ = build_chat_dataset(str(path), AutoTokenizer.from_pretrained(str(tok)), max_len=4096, overlong="truncate",
-                                skip_bad=False)
-    assert again.keys == ref.keys and again.lengths().tolist() == ref.lengths()
+    tokenizer = AutoTokenizer.from_pretrained(str(tok))
+    encoder = ChatEncoder(tokenizer, training_template(tokenizer), 4096, "truncate")  # in memory, one at a time
+    convs = [parse_chat_obj(json.loads(x), f"{path}:{n}") for n, x in enumerate(path.read_text().splitlines(), 1)]
+    ref = [encoder.encode(c)[0] for c in convs]
+    assert again.keys == [c.key for c in convs] and again.lengths().tolist() == [len(t.input_ids) for t in ref]
     for i in (0, 7, len(ref) - 1):
-        assert again.tokens(i).input_ids == ref.tokens[i].input_ids and again.tokens(i).labels == ref.tokens[i].labels
+        assert again.tokens(i).input_ids == ref[i].input_ids and again.tokens(i).labels == ref[i].labels
     assert [p.name for p in cache.iterdir() if p.is_dir()] == [first.folder.name]
 
 

@@ -48,3 +48,26 @@ def test_every_family_says_where_its_layers_are():
         assert fam.switches and "fast" in fam.presets and set(fam.presets["fast"]) - {"label_rows_frac",
                                                                                        "pack_buckets"} <= fam.switches
         assert set(fam.frozen_audio) <= fam.switches and bool(fam.audio_path) == bool(fam.frozen_audio)
+
+
+def test_a_transformers_folder_belongs_to_the_family_its_model_type_names(tmp_path):
+    import json
+
+    from brisk.formats.run_folder import folder_kind
+
+    def folder(name: str, model_type: str | None) -> str:
+        f = tmp_path / name
+        f.mkdir()
+        (f / "config.json").write_text(json.dumps({"model_type": model_type} if model_type else {}), encoding="utf-8")
+        return f
+
+    for model_type, family in (("qwen3_asr", "qwen3_asr"), ("fun_asr_nano", "fun_asr_nano"), ("qwen3", "causal_lm"),
+                               (None, "causal_lm")):  # a causal LM's folder: whatever model_type it has
+        f = folder(f"m-{model_type}", model_type)
+        assert folder_kind(f) == "transformers" and families.folder_family(f).name == family, model_type
+    assert families.folder_family(tmp_path) is None  # no config.json
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("[1, 2]", encoding="utf-8")
+    with pytest.raises(ConfigError, match="config.json: not a JSON object"):
+        families.folder_family(bad)

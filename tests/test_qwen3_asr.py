@@ -14,7 +14,7 @@ import torch
 
 from brisk.config import ConfigError, load_config
 from brisk.data.collate import Collator
-from brisk.families import family_of
+from brisk.families import family_of, folder_family
 from brisk.models.qwen3_asr import from_hf, to_hf
 from brisk.models.speech_llm import lm_loss
 
@@ -344,6 +344,17 @@ def test_export_loads_in_transformers_with_equal_logits_and_decodes_the_same_ids
         ours = model(batch)
         theirs = hf(**{k: v for k, v in hf_inputs(batch).items() if k != "labels"}).logits
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+
+    # `brisk eval FOLDER` / `brisk transcribe FOLDER`: the folder is the family's (config.json's model_type), loaded
+    # back as a Qwen3-ASR with the same logits, not as a causal LM
+    from brisk.eval.load import load_for_inference
+    from brisk.formats.run_folder import folder_kind
+
+    assert folder_kind(out) == "transformers" and folder_family(out).name == "qwen3_asr"
+    back, _, back_cfg = load_for_inference(out)
+    assert back_cfg.model.family == "qwen3_asr" and type(back) is type(model)
+    with torch.no_grad():
+        torch.testing.assert_close(back(batch), ours, rtol=0, atol=1e-5)
 
     # Greedy ids: brisk's recognizer against transformers' generate on the processor's own inputs.
     processor = AutoProcessor.from_pretrained(out)

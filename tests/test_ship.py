@@ -222,7 +222,7 @@ def test_a_dropped_conversation_is_one_warning_and_transformers_stays_quiet(tmp_
 
     from transformers import AutoTokenizer
 
-    from brisk.data.chat import build_chat_dataset
+    from brisk.data.chat_store import build_chat_store
 
     tok = AutoTokenizer.from_pretrained(str(ROOT / "data" / "chat_demo" / "tokenizer"), local_files_only=True)
     tok.model_max_length = 16  # what makes transformers warn about "indexing errors"
@@ -240,11 +240,11 @@ def test_a_dropped_conversation_is_one_warning_and_transformers_stays_quiet(tmp_
         lg.handlers = [handler]
         lg.setLevel(logging.INFO)
     try:
-        build_chat_dataset(str(data), tok, max_len=40, overlong="truncate", skip_bad=False)
+        build_chat_store(str(data), tok, max_len=40, overlong="truncate", skip_bad=False, cache_dir=tmp_path / "cache")
     finally:
         for lg, hs, level in saved:
             lg.handlers, lg.level = hs, level
-    dropped = [r for r in records if "dropped" in r.getMessage()]
+    dropped = [r for r in records if "conversations dropped" in r.getMessage()]
     assert len(dropped) == 1 and dropped[0].levelname == "WARNING" and "2 conversations dropped" in dropped[0].getMessage()
     assert not any("indexing errors" in r.getMessage() for r in records)
 

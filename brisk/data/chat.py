@@ -1,6 +1,7 @@
-"""Chat SFT data: a jsonl of conversations -> samples with assistant-only labels, for ``task: chat``.
+"""Chat SFT rows -> tokens with assistant-only labels, for ``task: chat`` (read, cached and counted by
+chat_store.py, from any layout of chat_sources.py; training and `brisk eval` both read through it).
 
-One conversation a line, in the format ultrachat / OpenAI-style sets already have::
+One conversation a row, in the format ultrachat / OpenAI-style sets already have::
 
     {"messages": [{"role": "system", "content": "..."},      # optional
                   {"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}, ...]}
@@ -16,19 +17,12 @@ A conversation longer than ``data.max_len`` is truncated at the end (TRL's keep_
 
 from __future__ import annotations
 
-import json
-import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from ..config import ConfigError
-from .dataset import Sample
 from .jsonl import DataError
 from .prompt import Tokens
-
-log = logging.getLogger("brisk")
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
 # Model templates (as their folders ship them) whose training twin brisk knows: TRL's list for the Qwen3 family.
@@ -73,15 +67,6 @@ class Conversation:
     messages: list[dict]
 
 
-def parse_chat_line(text: str, where: str) -> Conversation:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        msg = e.msg[:-3] if e.msg.endswith(" at") else e.msg
-        raise DataError(f"{where}: not valid JSON ({msg}, column {e.colno})") from None
-    return parse_chat_obj(obj, where)
-
-
 def checked_message(msg, where: str, name: str) -> dict:
     """One chat message with a known role and string content (``name``: where it sits, e.g. messages[2]), as a
     clean {role, content} dict; one DataError line naming ``where`` and ``name`` otherwise."""
@@ -107,26 +92,6 @@ def parse_chat_obj(obj, where: str) -> Conversation:
         raise DataError(f"{where}: no assistant message, so nothing to learn from")
     key = obj.get("key", obj.get("prompt_id", where))
     return Conversation(str(key), where, messages)
-
-
-def read_chat_jsonl(path: str | Path, skip_bad: bool) -> tuple[list[Conversation], list[str]]:
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"data file {path} does not exist")
-    convs, skipped = [], []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                convs.append(parse_chat_line(line, f"{path}:{n}"))
-            except DataError as e:
-                if not skip_bad:
-                    raise DataError(f"{e} (set data.skip_bad=true to skip and count such lines)") from None
-                skipped.append(str(e))
-    if skipped:
-        log.warning("%s: skipped %d bad lines (data.skip_bad=true), first: %s", path, len(skipped), skipped[0])
-    return convs, skipped
 
 
 class ChatEncoder:
@@ -165,45 +130,3 @@ def quiet_length_warning(tokenizer) -> None:
     warned = getattr(tokenizer, "deprecation_warnings", None)
     if isinstance(warned, dict):
         warned["sequence-length-is-longer-than-the-specified-maximum"] = True
-
-
-@dataclass
-class ChatDataset(torch.utils.data.Dataset):
-    """Tokenised up front: the sampler batches by real token counts, and every count is known before step 1."""
-
-    tokens: list[Tokens]
-    keys: list[str]
-    counts: dict[str, int] = field(default_factory=dict)  # truncated / skipped / unlabelled conversations
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def lengths(self) -> list[int]:
-        return [len(t.input_ids) for t in self.tokens]
-
-    def __getitem__(self, item: tuple[int, int] | int) -> Sample:
-        index, _ = item if isinstance(item, tuple) else (item, 0)
-        return Sample(self.keys[index], [], self.tokens[index])
-
-
-def build_chat_dataset(path: str, tokenizer, *, max_len: int, overlong: str, skip_bad: bool,
-                       template_path: str | None = None) -> tuple[ChatDataset, list[str]]:
-    convs, skipped = read_chat_jsonl(path, skip_bad)
-    encoder = ChatEncoder(tokenizer, training_template(tokenizer, template_path), max_len, overlong)
-    tokens, keys, counts = [], [], {"truncated": 0, "skipped": 0, "unlabelled": 0}
-    for conv in convs:
-        t, what = encoder.encode(conv)
-        if what:
-            counts[what] += 1
-        if t is not None:
-            tokens.append(t)
-            keys.append(conv.key)
-    if counts["truncated"] or counts["skipped"]:
-        log.info("%s: %d conversations over data.max_len=%d %s", path, counts["truncated"] + counts["skipped"],
-                 max_len, "truncated" if overlong == "truncate" else "skipped (data.overlong=skip)")
-    if counts["unlabelled"]:
-        log.warning("%s: %d conversations dropped: no assistant token left within data.max_len=%d", path,
-                    counts["unlabelled"], max_len)
-    if not tokens:
-        raise DataError(f"{path}: no usable conversations")
-    return ChatDataset(tokens, keys, counts), skipped

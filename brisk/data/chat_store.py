@@ -274,7 +274,24 @@ def report(store: ChatStore, path: str, max_len: int, overlong: str) -> None:
         log.info("%s: %d conversations over data.max_len=%d %s", path, c["truncated"] + c["skipped"], max_len,
                  "truncated" if overlong == "truncate" else "skipped (data.overlong=skip)")
     if c["unlabelled"]:
-        log.info("%s: %d conversations dropped: no assistant token left within data.max_len", path, c["unlabelled"])
+        log.warning("%s: %d conversations dropped: no assistant token left within data.max_len=%d", path,
+                    c["unlabelled"], max_len)
     if c["bad_rows"]:
         log.warning("%s: skipped %d bad rows (data.skip_bad=true), first: %s", path, c["bad_rows"],
                     store.bad_first[0] if store.bad_first else "?")
+
+
+def read_rows(path: str, split: str | None = None, what: str = "data.valid",
+              n: int | None = None) -> list[tuple[str, list[dict], list[dict] | None]]:
+    """The first ``n`` good rows of chat data in any layout (chat_sources.py), parsed as training parses them:
+    (key, messages, completion) as parse_row returns them; bad rows are left out (the store counts them)."""
+    out = []
+    for unit in units_of(resolve_files(path, split, what)):
+        for where, row in read_unit(unit):
+            if n is not None and len(out) >= n:
+                return out
+            try:
+                out.append(parse_row(row, where))
+            except DataError:
+                continue
+    return out

@@ -1,4 +1,7 @@
-"""Samples -> Batch, padded (FunASR's layout) or packed (one row, varlen attention, bucketed length)."""
+"""Samples -> a batch, padded (FunASR's layout) or packed (one row, varlen attention, bucketed length).
+
+The tokens make the shared core (formats.batch.Batch); samples that carry audio (features, audio slots) make an
+AudioBatch, the core plus the features and the slots they fill. A text family's batch is the core alone."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from ..formats.batch import Batch
+from ..formats.batch import AudioBatch, Batch
 from .dataset import Sample
 
 
@@ -47,16 +50,35 @@ class Collator:
         bad = [s.error for s in samples if s.error]
         good = [s for s in samples if not s.error]
         if not good:
-            return Batch(*(torch.zeros(0, dtype=torch.long) for _ in range(5)), bad=bad, n_utts=0)
+            return Batch(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), bad=bad, n_utts=0)
         batch = self._packed(good) if self.packed else self._padded(good)
+        if any(s.feats or s.tokens.audio_slots for s in good):
+            batch = self._with_audio(batch, good)
         batch.bad = bad
         batch.notes = [n for s in good for n in s.notes]
         return batch
 
-    # ----------------------------------------------------------------------------------- speech side
+    # ----------------------------------------------------------------------------------- audio side
+    def _with_audio(self, core: Batch, good: list[Sample]) -> AudioBatch:
+        """The core and the samples' audio: features, and the slots their adaptor frames fill."""
+        t = core.input_ids.shape[1]
+        if core.layout == "packed":
+            offsets = [0, *torch.tensor([len(s.tokens.input_ids) for s in good]).cumsum(0).tolist()[:-1]]
+        else:
+            offsets = [i * t for i in range(len(good))]
+        speech, lengths, frames = self._speech(good)
+        utt, frame, pos = self._slots(good, offsets)
+        if self.packed and self.static:  # a fixed number of audio slots; the extra ones write to the scratch row (t)
+            extra = t - len(pos)
+            utt, frame, pos = utt + [0] * extra, frame + [0] * extra, pos + [t] * extra
+        return AudioBatch(**{f.name: getattr(core, f.name) for f in dataclasses.fields(core)},
+                          audio_utt=torch.tensor(utt, dtype=torch.long), audio_frame=torch.tensor(frame, dtype=torch.long),
+                          audio_pos=torch.tensor(pos, dtype=torch.long), speech=speech, speech_lengths=lengths,
+                          slot_counts=_counts(good), speech_frames=frames)
+
     def _speech(self, good: list[Sample]):
         feats = [f for s in good for f in s.feats]
-        if not feats:  # text only (task: chat)
+        if not feats:
             return None, None, 0
         lengths = torch.tensor([f.shape[0] for f in feats], dtype=torch.long)
         speech = pad_sequence(feats, batch_first=True)  # [N, F, D]
@@ -94,12 +116,8 @@ class Collator:
             ids[i, :n] = torch.tensor(s.tokens.input_ids)
             labels[i, :n] = torch.tensor(s.tokens.labels)
             mask[i, :n] = 1
-        speech, lengths, frames = self._speech(good)
-        utt, frame, pos = self._slots(good, [i * t for i in range(b)])
-        return Batch(ids, labels, torch.tensor(utt, dtype=torch.long), torch.tensor(frame, dtype=torch.long),
-                     torch.tensor(pos, dtype=torch.long), speech, lengths, attention_mask=mask,
-                     layout="padded", keys=[s.key for s in good], slot_counts=_counts(good), n_utts=b, n_tokens=int(mask.sum()),
-                     n_label_tokens=int((labels[:, 1:] != -100).sum()), speech_frames=frames)
+        return Batch(ids, labels, attention_mask=mask, layout="padded", keys=[s.key for s in good], n_utts=b,
+                     n_tokens=int(mask.sum()), n_label_tokens=int((labels[:, 1:] != -100).sum()))
 
     # ---------------------------------------------------------------------------------------- packed
     def _packed(self, good: list[Sample]) -> Batch:
@@ -122,16 +140,9 @@ class Collator:
         cu = [0] + [sum(lens[: i + 1]) for i in range(len(lens))] + [t]
         if self.static:
             cu += [t] * (self.pad_utts + 2 - len(cu))  # empty sequences keep cu_seqlens' length fixed
-        speech, lengths, frames = self._speech(good)
-        utt, frame, pos = self._slots(good, offsets)
-        if self.static:  # a fixed number of audio slots; the extra ones write to the scratch row (t)
-            extra = t - len(pos)
-            utt, frame, pos = utt + [0] * extra, frame + [0] * extra, pos + [t] * extra
-        return Batch(ids, labels, torch.tensor(utt, dtype=torch.long), torch.tensor(frame, dtype=torch.long),
-                     torch.tensor(pos, dtype=torch.long), speech, lengths, position_ids=pos_ids,
-                     cu_seqlens=torch.tensor(cu, dtype=torch.int32),
-                     layout="packed", keys=[s.key for s in good], slot_counts=_counts(good), n_utts=len(good), n_tokens=total,
-                     n_label_tokens=int((labels[:, 1:] != -100).sum()), speech_frames=frames)
+        return Batch(ids, labels, position_ids=pos_ids, cu_seqlens=torch.tensor(cu, dtype=torch.int32),
+                     layout="packed", keys=[s.key for s in good], n_utts=len(good), n_tokens=total,
+                     n_label_tokens=int((labels[:, 1:] != -100).sum()))
 
 
 # ------------------------------------------------------------------------------ shapes shared by ranks
@@ -141,7 +152,7 @@ def static_needs(batch: Batch) -> list[int]:
     so the maximum is one too)."""
     if batch.n_utts == 0 or batch.layout != "packed":
         return [0, 0, 0, 0]
-    if batch.speech is None:  # text only (task: chat)
+    if not isinstance(batch, AudioBatch) or batch.speech is None:  # text only
         return [batch.input_ids.shape[1], 0, 0, batch.cu_seqlens.numel()]
     return [batch.input_ids.shape[1], batch.speech.shape[1], batch.speech.shape[0], batch.cu_seqlens.numel()]
 
@@ -154,7 +165,8 @@ def pad_static(batch: Batch, tokens: int, frames: int, segments: int, cu_len: in
     scratch position (= the new row length); new speech segments are one zero frame, as in collation.
     """
     t = batch.input_ids.shape[1]
-    n, f, d = batch.speech.shape if batch.speech is not None else (0, 0, 0)
+    audio = isinstance(batch, AudioBatch)
+    n, f, d = batch.speech.shape if audio and batch.speech is not None else (0, 0, 0)
     if (tokens, frames, segments, cu_len) == (t, f, n, batch.cu_seqlens.numel()):
         return batch
     if tokens < t or frames < f or segments < n or cu_len < batch.cu_seqlens.numel():
@@ -170,6 +182,15 @@ def pad_static(batch: Batch, tokens: int, frames: int, segments: int, cu_len: in
     k = batch.n_utts + 1  # cu_seqlens[:k] are the utterances' boundaries; the rest close the padding tail
     cu = batch.cu_seqlens.new_full((cu_len,), tokens)
     cu[:k] = batch.cu_seqlens[:k]
+    out = dataclasses.replace(batch, input_ids=ids, labels=labels, position_ids=pos_ids, cu_seqlens=cu)
+    if audio:
+        out = _pad_audio(out, batch, tokens, frames, segments)
+    return out.pin_memory() if batch.input_ids.is_pinned() else out
+
+
+def _pad_audio(out: AudioBatch, batch: AudioBatch, tokens: int, frames: int, segments: int) -> AudioBatch:
+    """pad_static's audio side: the extra slots write to the scratch position (= the new row length)."""
+    t = batch.input_ids.shape[1]
     audio_pos = torch.where(batch.audio_pos == t, tokens, batch.audio_pos)  # the scratch position moves
     extra = tokens - batch.audio_pos.numel()
     audio_pos = torch.cat([audio_pos, audio_pos.new_full((extra,), tokens)])
@@ -177,13 +198,12 @@ def pad_static(batch: Batch, tokens: int, frames: int, segments: int, cu_len: in
     audio_frame = torch.cat([batch.audio_frame, batch.audio_frame.new_zeros(extra)])
     speech, lengths = batch.speech, batch.speech_lengths
     if speech is not None:
+        n, f, d = batch.speech.shape
         speech = batch.speech.new_zeros(segments, frames, d)
         speech[:n, :f] = batch.speech
         lengths = torch.cat([batch.speech_lengths, batch.speech_lengths.new_ones(segments - n)])
-    out = dataclasses.replace(batch, input_ids=ids, labels=labels, position_ids=pos_ids, cu_seqlens=cu,
-                              audio_pos=audio_pos, audio_utt=audio_utt, audio_frame=audio_frame, speech=speech,
-                              speech_lengths=lengths)
-    return out.pin_memory() if batch.input_ids.is_pinned() else out
+    return dataclasses.replace(out, audio_pos=audio_pos, audio_utt=audio_utt, audio_frame=audio_frame, speech=speech,
+                               speech_lengths=lengths)
 
 
 def collator_for(cfg) -> Collator:

@@ -1,6 +1,10 @@
-"""`brisk eval` for ``task: chat``: validation loss, perplexity and next-token accuracy over the assistant tokens
-(the training labels: the same template, the same max_len rule), and a few greedy answers beside the
-references with the rate of those equal to their reference (exact match). Perplexity is exp of the token-weighted mean cross-entropy."""
+"""`brisk eval` for ``task: chat``: validation loss, perplexity and next-token accuracy over the labelled tokens,
+and a few greedy answers beside the references with the rate of those equal to their reference (exact match).
+Perplexity is exp of the token-weighted mean cross-entropy.
+
+The data is read as training reads it (the family's ``prepare``, brisk.data.chat_store): any layout (jsonl,
+parquet, a datasets folder and its data.valid_split), the messages or prompt/completion format, the same
+template, labels and max_len rule, and the same token cache."""
 
 from __future__ import annotations
 
@@ -11,7 +15,9 @@ from pathlib import Path
 import torch
 
 from ..config import Config
-from ..data.chat import build_chat_dataset, read_chat_jsonl, training_template
+from ..data.chat import training_template
+from ..data.chat_store import completion_template, read_rows
+from ..data.loader import chat_prepare
 from ..data.collate import Collator
 from ..models.speech_llm import lm_loss
 
@@ -31,26 +37,32 @@ def chat_loss(model, dataset, device, batch_size: int = 8) -> dict:
 
 
 @torch.no_grad()
-def greedy_answers(model, tokenizer, path: str, n: int, device, max_new_tokens: int, template: str | None = None) -> list[dict]:
-    """The first ``n`` conversations: everything before their last assistant turn, answered greedily.
+def greedy_answers(model, tokenizer, rows: list[tuple], device, max_new_tokens: int, template: str | None = None,
+                   plain: str | None = None) -> list[dict]:
+    """``rows`` (chat_store.read_rows: key, messages, completion) answered greedily: a conversation's turns before
+    its last assistant turn, or a prompt/completion row's prompt.
 
-    ``template``: the chat template training rendered the conversations with (its training twin). The model's
-    own Qwen3 template renders earlier assistant turns without the empty thinking block the twin put in every
-    turn, a history the model never saw in training; the twin renders it as trained."""
-    convs, _ = read_chat_jsonl(path, skip_bad=True)
-    rows = []
-    for conv in convs[:n]:
-        last = max(i for i, m in enumerate(conv.messages) if m["role"] == "assistant")
-        prompt = tokenizer.apply_chat_template(conv.messages[:last], add_generation_prompt=True, tokenize=True,
-                                               return_dict=True, return_tensors="pt", chat_template=template)
+    Each is rendered with the template training labelled it with: ``template``, the training twin, for a
+    conversation (the model's own Qwen3 template renders earlier assistant turns without the empty thinking block
+    the twin put in every turn, a history the model never saw in training); ``plain``, the tokenizer's own (or
+    data.chat_template), for a prompt, as TRL's prompt/completion labelling renders it."""
+    out = []
+    for key, messages, completion in rows:
+        if completion is None:
+            last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+            prompt_turns, reference, chat_template = messages[:last], messages[last]["content"], template
+        else:
+            prompt_turns, chat_template = messages, plain
+            reference = "\n".join(m["content"] for m in completion if m["role"] == "assistant")
+        prompt = tokenizer.apply_chat_template(prompt_turns, add_generation_prompt=True, tokenize=True,
+                                               return_dict=True, return_tensors="pt", chat_template=chat_template)
         ids = prompt["input_ids"].to(device)
-        out = model.llm.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+        gen = model.llm.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                                  do_sample=False, eos_token_id=tokenizer.eos_token_id,
                                  pad_token_id=tokenizer.pad_token_id)
-        answer = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-        rows.append({"key": conv.key, "user": conv.messages[last - 1]["content"],
-                     "reference": conv.messages[last]["content"], "answer": answer.strip()})
-    return rows
+        answer = tokenizer.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)
+        out.append({"key": key, "user": prompt_turns[-1]["content"], "reference": reference, "answer": answer.strip()})
+    return out
 
 
 def exact_match_rate(rows: list[dict]) -> dict:
@@ -64,11 +76,12 @@ def exact_match_rate(rows: list[dict]) -> dict:
 
 def chat_eval_main(args, cfg: Config, model, tokenizer, weights, device) -> int:
     d = cfg.data
-    dataset, _ = build_chat_dataset(args.data, tokenizer, max_len=d.max_len, overlong=d.overlong, skip_bad=d.skip_bad,
-                                    template_path=d.chat_template)
+    dataset = chat_prepare(cfg, "valid", args.data, tokenizer)  # as training reads data.valid
     s = chat_loss(model, dataset, device, args.batch_size)
-    template = training_template(tokenizer, d.chat_template)
-    answers = greedy_answers(model, tokenizer, args.data, args.answers, device, min(args.max_new_tokens, 256), template)
+    rows = read_rows(args.data, d.valid_split, "the eval data", args.answers) if args.answers else []
+    plain = completion_template(tokenizer, d.chat_template) if any(c is not None for *_, c in rows) else None
+    answers = greedy_answers(model, tokenizer, rows, device, min(args.max_new_tokens, 256),
+                             training_template(tokenizer, d.chat_template), plain)
     s.update(exact_match_rate(answers))
     out = Path(args.out) if args.out else (Path(args.model) / "eval" / f"{Path(args.data).stem}.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,7 @@
-"""A model to decode with, from a run folder, a FunASR model folder or a native HF folder."""
+"""A model to decode with, from a run folder, a FunASR model folder or a model family's transformers folder."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -10,22 +9,12 @@ import torch
 
 from ..config import ConfigError, load_config
 from ..data.loader import load_tokenizer
+from ..families import folder_family, names
 from ..formats.run_folder import folder_kind, run_weights
-from ..formats.run_state import check_run_files
+from ..formats.run_config import check_run_files
 from ..models.build import build_model, read_state_dict
 
 log = logging.getLogger("brisk")
-
-
-def chat_folder_overrides(path: Path) -> list[str]:
-    """A causal LM folder as a chat model: its weights and tokenizer, and the keys its brisk.json recorded
-    (the chat template, max_len, dtype the run trained with)."""
-    from ..formats.brisk_keys import read_keys_file
-
-    found = read_keys_file(path) or {"keys": {}}
-    keys = {k: v for k, v in found["keys"].items() if k.startswith(("data.", "model.llm."))}
-    return ["model.family=causal_lm", "train.export=hf", f"model.llm.path={path}", f"data.tokenizer={path}",
-            *(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in keys.items())]
 
 
 def load_for_inference(path: str | Path, device: str | torch.device = "cpu", overrides: list[str] | None = None,
@@ -56,11 +45,19 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", ove
                 raise ConfigError(f"{weights}: {len(unknown)} keys the run's model lacks (e.g. {unknown[:3]})")
             model.load_state_dict(state, strict=False)
             log.info("loaded %d tensors from %s", len(state), weights)
-    elif kind == "lm":
-        cfg = load_config(None, [*chat_folder_overrides(path), *(overrides or [])])
-        model = build_model(cfg.model)
-    else:
-        cfg = load_config(None, [f"model.path={path}", *(overrides or [])])
+    else:  # a FunASR folder, or a family's transformers folder (the family says how it loads)
+        cfg = load_config(None, [*folder_overrides(path, kind), *(overrides or [])])
         model = build_model(cfg.model)
     return model.to(device).eval(), load_tokenizer(cfg), cfg
+
+
+def folder_overrides(path: Path, kind: str) -> list[str]:
+    """The config overrides that load a model folder: a FunASR folder as model.path; a transformers folder as
+    the family its config.json's model_type names (brisk.families.folder_family) loads it."""
+    if kind == "funasr":
+        return [f"model.path={path}"]
+    family = folder_family(path)
+    if family is None:
+        raise ConfigError(f"{path / 'config.json'}: no model family loads this folder (families: {', '.join(names())})")
+    return family.folder_overrides(path)
 

@@ -11,7 +11,9 @@ Fun-ASR-Nano, a plain causal LM and Qwen3-ASR is read from it:
   ``eval_main`` (a `brisk eval` of its own);
 - structure hooks, plain functions of a built model that speed/, memory/ and distributed/ call instead of
   reaching into it: ``decoder_layers(model)``, ``encoder_blocks(model, compile=False)``, ``audio_path``
-  (the names of the audio modules the frozen path copies).
+  (the names of the audio modules the frozen path copies);
+- the transformers folders it loads (``folder_types``, config.json's model_type) and how (``folder_overrides``):
+  ``folder_family(folder)`` says whose a folder is, for `brisk eval FOLDER` and `brisk transcribe FOLDER`.
 
 Each family is one module here that registers its object; ``get(name)`` returns it, and an unknown name is one
 ConfigError line listing the families. The old top-level ``task:`` word (speech, chat) is an alias.
@@ -19,6 +21,6 @@ ConfigError line listing the families. The old top-level ``task:`` word (speech,
 
 from __future__ import annotations
 
-from .registry import (DEFAULT, Family, FamilyRule, Ref, all_families, family_of, get, names,  # noqa: F401
-                       register)
+from .registry import (DEFAULT, Family, FamilyRule, Ref, all_families, family_of, folder_family, get,  # noqa: F401
+                       names, register)
 from . import causal_lm, fun_asr_nano, qwen3_asr  # noqa: E402,F401 - each registers its family

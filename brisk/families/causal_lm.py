@@ -32,4 +32,6 @@ FAMILY = register(Family(
     exporters={"hf": Ref("brisk.models.chat_export:write_chat_hf")},
     readme=Ref("brisk.models.chat_export:write_chat_readme"),
     eval_main=Ref("brisk.eval.chat_eval:chat_eval_main"),
+    folder_types=("*",),  # any transformers causal LM folder (a chat run's export is one)
+    folder_overrides=Ref("brisk.models.chat_export:folder_overrides"),
 ))

@@ -43,6 +43,8 @@ FAMILY = register(Family(
     readme=Ref("brisk.models.export:_write_readme"),
     recognizer=Ref("brisk.eval.decode:funasr_recognizer"),
     val_recognizer=Ref("brisk.eval.decode:funasr_val_recognizer"),
+    folder_types=("fun_asr_nano",),  # its transformers-native folder (train.export=hf)
+    folder_overrides=Ref("brisk.models.hf_native:folder_overrides"),
     encoder_blocks=encoder_blocks,
     audio_path=("audio_encoder", "audio_adaptor"),
 ))

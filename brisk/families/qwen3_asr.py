@@ -42,6 +42,8 @@ FAMILY = register(Family(
     recognizer=Ref("brisk.eval.qwen3_asr_decode:qwen3_asr_recognizer"),
     val_recognizer=Ref("brisk.eval.qwen3_asr_decode:qwen3_asr_val_recognizer"),
     eval_set=Ref("brisk.data.qwen3_asr:eval_set"),
+    folder_types=("qwen3_asr",),  # transformers' Qwen3ASRForConditionalGeneration folder (its export)
+    folder_overrides=Ref("brisk.models.qwen3_asr:folder_overrides"),
     encoder_blocks=encoder_blocks,
     audio_path=("audio_tower", "multi_modal_projector"),
 ))

@@ -69,6 +69,9 @@ class Family:
     encoder_blocks: Callable = _no_blocks  # (model or its audio copy, compile) -> list of nn.ModuleList
     audio_path: tuple[str, ...] = ()  # attribute names of the audio modules (encoder first), () without audio
     notes: dict[str, str] = field(default_factory=dict)  # extra words for messages (e.g. why a switch is not taken)
+    # The transformers folders (config.json) it loads: their model_type values ("*": any other config.json)
+    folder_types: tuple[str, ...] = ()
+    folder_overrides: Ref | None = None  # (folder) -> config overrides that load the folder as this family's model
 
     def refuse(self, bad: list[str]) -> str:
         return self.refused.format(family=self.name, bad=", ".join(f"speed.{k}" for k in bad),
@@ -102,6 +105,26 @@ def get(name: str, key: str = "model.family") -> Family:
 
 def all_families() -> list[Family]:
     return [_REGISTRY[n] for n in names()]
+
+
+def folder_family(folder) -> Family | None:
+    """The family whose transformers folder ``folder`` is (its config.json's model_type; a family taking any
+    config.json answers the rest); None without a config.json."""
+    import json
+    from pathlib import Path
+
+    f = Path(folder) / "config.json"
+    if not f.is_file():
+        return None
+    try:
+        model_type = json.loads(f.read_text(encoding="utf-8")).get("model_type")
+    except (ValueError, AttributeError):
+        raise ConfigError(f"{f}: not a JSON object (a transformers folder's config.json)") from None
+    for wanted in (model_type, "*"):
+        for fam in _REGISTRY.values():
+            if wanted in fam.folder_types and fam.folder_overrides is not None:
+                return fam
+    return None
 
 
 def family_of(cfg) -> Family:

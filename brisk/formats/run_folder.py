@@ -8,7 +8,6 @@ from pathlib import Path
 import yaml
 
 from ..errors import ConfigError
-from .hf import is_hf_folder
 
 
 def ranked(index: dict[str, dict], metric: str) -> list[str]:
@@ -19,19 +18,19 @@ def ranked(index: dict[str, dict], metric: str) -> list[str]:
 
 # ------------------------------------------------------------------------------------------ loading
 def folder_kind(path: str | Path) -> str:
-    """'run' (a brisk run folder), 'funasr' (FunASR model folder), 'hf' (transformers-native Fun-ASR-Nano folder)
-    or 'lm' (a causal LM's transformers folder, as a causal_lm run exports it)."""
+    """'run' (a brisk run folder), 'funasr' (FunASR model folder, config.yaml) or 'transformers' (a transformers
+    folder, config.json: which family's, brisk.families.folder_family says from its model_type)."""
     path = Path(path)
-    if is_hf_folder(path):
-        return "hf"
     cfg_file = path / "config.yaml"
-    if cfg_file.is_file():
-        raw = yaml.safe_load(cfg_file.read_text(encoding="utf-8")) or {}
-        return "run" if isinstance(raw.get("model"), dict) else "funasr"
-    if (path / "config.json").is_file():  # a causal LM's save_pretrained folder (a chat run's export)
-        return "lm"
-    raise ConfigError(f"{path}: not a brisk run folder, a FunASR model folder (config.yaml), a native "
-                      "Fun-ASR-Nano folder (config.json with model_type fun_asr_nano) or a causal LM folder (config.json)")
+    raw = (yaml.safe_load(cfg_file.read_text(encoding="utf-8")) or {}) if cfg_file.is_file() else None
+    if isinstance(raw, dict) and isinstance(raw.get("model"), dict):
+        return "run"
+    if (path / "config.json").is_file():
+        return "transformers"
+    if raw is not None:
+        return "funasr"
+    raise ConfigError(f"{path}: not a brisk run folder, a FunASR model folder (config.yaml) or a transformers model "
+                      "folder (config.json)")
 
 
 def run_weights(run_dir: Path, which: str | None = None, metric: str = "loss") -> Path | None:

@@ -1,7 +1,7 @@
 """A plain causal LM for chat fine-tuning (``task: chat``), with the speech-LLM's interface minus the audio.
 
 The training step, label_head, checkpoints and probe see what they see in a SpeechLLM: ``.llm`` (the
-transformers causal LM), ``.cfg``, ``freeze_plan()`` and ``forward(batch, audio_rows=None, hidden=False)``
+transformers causal LM), ``.cfg``, ``freeze_plan()`` and ``forward(batch, hidden=False)``
 giving logits, or the last hidden states for speed.label_head. Its state dict is ``llm.*``; the HF export
 is the LLM's own ``save_pretrained`` folder.
 """
@@ -28,11 +28,9 @@ class ChatLM(nn.Module):
     def freeze_plan(self) -> dict[nn.Module, bool]:
         return {self.llm: self.cfg.llm.freeze}
 
-    def forward(self, batch: Batch, audio_rows: torch.Tensor | None = None, hidden: bool = False) -> torch.Tensor:
-        """Logits [B, T, vocab], or with ``hidden`` the decoder stack's last hidden states [B, T, D].
-        ``audio_rows`` is accepted (and must be empty) so that the speech step body drives this model too."""
-        if audio_rows is not None and audio_rows.numel():
-            raise ValueError("ChatLM takes no audio rows")
+    def forward(self, batch: Batch, hidden: bool = False) -> torch.Tensor:
+        """Logits [B, T, vocab], or with ``hidden`` the decoder stack's last hidden states [B, T, D]. The step
+        passes audio rows only to a model that has audio (they exist only there)."""
         embeds = self.llm.get_input_embeddings()(batch.input_ids)
         if hidden:
             return run_causal_lm(self.llm.base_model, embeds, batch, self.llm_dtype).last_hidden_state

@@ -48,3 +48,14 @@ assistant turns as that template's training twin renders them (see brisk/data/ch
 def write_chat_readme(out: Path, fmt: str, dtype: str, cfg) -> None:
     """The causal LM family's README beside its export."""
     (out / "README.md").write_text(chat_readme(dtype), encoding="utf-8")
+
+
+def folder_overrides(path: Path) -> list[str]:
+    """A causal LM folder as a chat model: its weights and tokenizer, and the keys its brisk.json recorded
+    (the chat template, max_len, dtype the run trained with)."""
+    from ..formats.brisk_keys import read_keys_file
+
+    found = read_keys_file(path) or {"keys": {}}
+    keys = {k: v for k, v in found["keys"].items() if k.startswith(("data.", "model.llm."))}
+    return ["model.family=causal_lm", "train.export=hf", f"model.llm.path={path}", f"data.tokenizer={path}",
+            *(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in keys.items())]

@@ -28,6 +28,11 @@ _ADAPTOR = {"self_attn.linear_q.": "self_attn.q_proj.", "self_attn.linear_k.": "
             "self_attn.linear_v.": "self_attn.v_proj.", **_SANM}
 
 
+def folder_overrides(path) -> list[str]:
+    """A transformers-native Fun-ASR-Nano folder to load: model.path reads its config.json and weights."""
+    return [f"model.path={path}"]
+
+
 def check_exportable(cfg: ModelConfig) -> None:
     """What the native class cannot express, named with the key that sets it."""
     if cfg.adaptor.downsample_rate != 1:

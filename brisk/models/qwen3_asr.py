@@ -9,7 +9,7 @@ state-dict keys map one to one onto transformers' (``to_hf``/``from_hf``): the e
 ``save_pretrained`` folder.
 
 The audio tower's rows for a batch are flat ``[A, D]``, utterance after utterance, exactly the order of the
-batch's audio slots; they are spliced at ``Batch.audio_pos`` (transformers writes them where ``input_ids`` holds
+batch's audio slots; they are spliced at ``AudioBatch.audio_pos`` (transformers writes them where ``input_ids`` holds
 the audio token: the same positions).
 """
 
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError, ModelConfig
-from ..formats.batch import Batch
+from ..formats.batch import AudioBatch
 from .speech_llm import DTYPES, SpeechLLM
 
 log = logging.getLogger("brisk")
@@ -93,7 +93,7 @@ class Qwen3ASR(nn.Module):
         hidden = self.audio_tower(input_features=feats.to(dtype), input_features_mask=mask).last_hidden_state
         return self.multi_modal_projector(hidden)
 
-    def audio_rows(self, batch: Batch) -> torch.Tensor:
+    def audio_rows(self, batch: AudioBatch) -> torch.Tensor:
         """The rows that fill the batch's audio slots, [A, D]."""
         return self.encode_audio(batch.speech, batch.speech_lengths)
 
@@ -158,6 +158,19 @@ def write_qwen3_asr_hf(model, cfg, state: dict[str, torch.Tensor], out: Path, dt
         raise ConfigError(f"Qwen3-ASR export: no weights for {missing[:3]}")
     hf.save_pretrained(out)
     AutoProcessor.from_pretrained(cfg.data.tokenizer or cfg.model.llm.path, local_files_only=True).save_pretrained(out)
+
+
+def folder_overrides(path: Path) -> list[str]:
+    """A transformers Qwen3-ASR folder (its export, or the released model) to load: weights, config and processor
+    from the folder, and the LLM dtype its brisk.json recorded."""
+    import json
+
+    from ..formats.brisk_keys import read_keys_file
+
+    found = read_keys_file(path) or {"keys": {}}
+    keys = {k: v for k, v in found["keys"].items() if k.startswith("model.llm.")}
+    return ["model.family=qwen3_asr", "train.export=hf", f"model.llm.path={path}", f"data.tokenizer={path}",
+            *(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in keys.items())]
 
 
 def write_readme(out: Path, fmt: str, dtype: str, cfg) -> None:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from ..formats.batch import Batch
+from ..formats.batch import AudioBatch, Batch
 from .adaptor import CTCHead, TransformerAdaptor
 from .sanm import SANMEncoder
 
@@ -59,7 +59,7 @@ class SpeechLLM(nn.Module):
         out, _ = self.audio_adaptor(enc, lens)
         return out
 
-    def audio_rows(self, batch: Batch) -> torch.Tensor:
+    def audio_rows(self, batch: AudioBatch) -> torch.Tensor:
         """The adaptor frames that fill the batch's audio slots, [A, llm_dim]."""
         adapted = self.encode_audio(batch.speech, batch.speech_lengths)
         return adapted[batch.audio_utt, batch.audio_frame]
@@ -89,7 +89,7 @@ class SpeechLLM(nn.Module):
 
     def _run_llm(self, module: nn.Module, batch: Batch, audio_rows: torch.Tensor | None):
         """``module`` (the causal LM, or its decoder stack) on the batch's spliced embeddings."""
-        if audio_rows is None and batch.speech is not None:
+        if audio_rows is None and isinstance(batch, AudioBatch) and batch.speech is not None:
             audio_rows = self.audio_rows(batch)
         return run_causal_lm(module, self.embed(batch, audio_rows), batch, self.llm_dtype)
 

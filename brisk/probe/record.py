@@ -66,7 +66,7 @@ class ProbeRecorder:
     def on_batch(self, step: int, batch) -> None:
         s = batch.shape
         for k in ("rows", "len", "utts", "tokens", "speech_frames"):
-            self._put(step, f"batch.{k}", s[k])
+            self._put(step, f"batch.{k}", s.get(k, 0))  # a text family's batch has no speech frames
 
     @torch.no_grad()
     def after_step(self, step: int, module_norms: torch.Tensor | None = None) -> None:

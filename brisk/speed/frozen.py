@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..formats.batch import Batch
+from ..formats.batch import AudioBatch
 
 
 def training_mode(model: nn.Module, frozen_eval: bool) -> Callable[[], None]:
@@ -70,7 +70,7 @@ class AudioPath(nn.Module):
     def encode_audio(self, speech: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         return self.kind.encode_audio(self, speech, lengths)
 
-    def audio_rows(self, batch: Batch) -> torch.Tensor:
+    def audio_rows(self, batch: AudioBatch) -> torch.Tensor:
         return self.kind.audio_rows(self, batch)
 
     @torch.no_grad()
@@ -92,9 +92,9 @@ class FrozenAudio:
         self.path = model if dtype == torch.float32 else AudioPath(model, dtype, names)
         self.cache: dict[str, torch.Tensor] | None = {} if cache else None
         self.hits = self.misses = 0
-        self.encoder: Callable[[Batch], torch.Tensor] = self.path.audio_rows  # batch -> audio rows
+        self.encoder: Callable[[AudioBatch], torch.Tensor] = self.path.audio_rows  # batch -> audio rows
 
-    def with_encoder(self, encoder: Callable[[Batch], torch.Tensor]) -> "FrozenAudio":
+    def with_encoder(self, encoder: Callable[[AudioBatch], torch.Tensor]) -> "FrozenAudio":
         """The same provider (same copies, same cache) computing its rows with ``encoder`` (the graphed step's
         encoder graphs); this one is left as it is."""
         other = copy.copy(self)
@@ -109,7 +109,7 @@ class FrozenAudio:
             self.cache.clear()
 
     @torch.no_grad()
-    def __call__(self, batch: Batch) -> torch.Tensor:
+    def __call__(self, batch: AudioBatch) -> torch.Tensor:
         if self.cache is not None and batch.keys and all(k in self.cache for k in batch.keys):
             self.hits += len(batch.keys)
             rows = torch.cat([self.cache[k] for k in batch.keys])
@@ -123,7 +123,7 @@ class FrozenAudio:
                 self.cache[key] = part.clone()
         return rows
 
-    def _compute(self, batch: Batch) -> torch.Tensor:
+    def _compute(self, batch: AudioBatch) -> torch.Tensor:
         if self.dtype != torch.float32:
             batch = dataclasses.replace(batch, speech=batch.speech.to(self.dtype))
         return self.encoder(batch)

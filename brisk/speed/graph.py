@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..formats.batch import Batch
+from ..formats.batch import AudioBatch
 from ..models.swap import swapped
 
 log = logging.getLogger("brisk")
@@ -68,11 +68,11 @@ def apply_chunked_embedding(llm: torch.nn.Module) -> str:
     return f"cuda_graph: token ids looked up in chunks of {EMBED_CHUNK} (capturable backward for long rows)"
 
 
-def _clone(batch: Batch) -> Batch:
+def _clone(batch: AudioBatch) -> AudioBatch:
     return batch._map(lambda t: t.clone())
 
 
-def _copy_into(dst: Batch, src: Batch) -> None:
+def _copy_into(dst: AudioBatch, src: AudioBatch) -> None:
     for name in ("input_ids", "labels", "audio_utt", "audio_frame", "audio_pos", "position_ids", "cu_seqlens"):
         getattr(dst, name).copy_(getattr(src, name), non_blocking=True)
 
@@ -80,7 +80,7 @@ def _copy_into(dst: Batch, src: Batch) -> None:
 @dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph
-    batch: Batch  # static inputs
+    batch: AudioBatch  # static inputs
     rows: torch.Tensor  # static audio rows
     out: torch.Tensor  # static metrics vector
 
@@ -106,7 +106,7 @@ class GraphedEncoder:
         self.graphs[tuple(speech.shape)] = (graph, speech, lengths, out)
 
     @torch.no_grad()
-    def __call__(self, batch: Batch) -> torch.Tensor:
+    def __call__(self, batch: AudioBatch) -> torch.Tensor:
         key = tuple(batch.speech.shape)
         if key not in self.graphs:
             log.info("cuda_graph: capturing the encoder for speech shape %s", key)
@@ -148,10 +148,10 @@ class GraphedStep:
         self.capture_seconds = 0.0
         self.eager_fallbacks = 0
 
-    def _body(self, batch: Batch, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _body(self, batch: AudioBatch, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         return self.step.body([batch], [rows])  # no marks: host callbacks would not replay
 
-    def _capture(self, batch: Batch, rows: torch.Tensor) -> _Captured:
+    def _capture(self, batch: AudioBatch, rows: torch.Tensor) -> _Captured:
         static, static_rows = _clone(batch), rows.clone()
         t0 = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
@@ -170,7 +170,7 @@ class GraphedStep:
             for p in self.params:
                 p.grad = None
 
-    def _warm(self, batch: Batch, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _warm(self, batch: AudioBatch, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -178,7 +178,7 @@ class GraphedStep:
         torch.cuda.current_stream().wait_stream(side)
         return out
 
-    def _key(self, batch: Batch):
+    def _key(self, batch: AudioBatch):
         """A graph per bucket length; under speed.label_head per (length, gathered rows), since the rows are
         fixed in the graph (a batch with more labelled positions than its bucket's rows gathers all of them)."""
         t = batch.input_ids.shape[1]
@@ -186,7 +186,7 @@ class GraphedStep:
         return (t, loss.rows(batch)) if loss is not None else t
 
     # ------------------------------------------------------------------------------------- up front
-    def prepare(self, batches: list[Batch]) -> float:
+    def prepare(self, batches: list[AudioBatch]) -> float:
         """Capture a graph per bucket before training, from example batches of each bucket's shapes.
 
         Warm-ups run with lr = 0 (parameters unchanged); afterwards the optimizer state is put back as it
@@ -222,7 +222,7 @@ class GraphedStep:
         return time.perf_counter() - t0
 
     # ---------------------------------------------------------------------------------------- call
-    def __call__(self, batches: list[Batch]) -> dict[str, torch.Tensor]:
+    def __call__(self, batches: list[AudioBatch]) -> dict[str, torch.Tensor]:
         if len(batches) != 1:
             raise ValueError("speed.cuda_graph does not support gradient accumulation (train.accum_grad must be 1)")
         batch = batches[0]

@@ -126,7 +126,8 @@ class LabelHead:
         return dataclasses.replace(batch, labels=labels, n_label_tokens=k)
 
     def __call__(self, model, batch: Batch, rows: torch.Tensor | None, stats: bool = False):
-        hidden = model(batch, audio_rows=rows, hidden=True)  # [B, T, D]
+        # [B, T, D]; a text family's model takes no audio rows
+        hidden = model(batch, hidden=True) if rows is None else model(batch, audio_rows=rows, hidden=True)
         idx, target = gather_labelled(batch.labels, self.rows(batch))
         h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, idx)  # [K, D]
         m = _unwrap(model)

@@ -259,7 +259,7 @@ def liger_loss(cfg=None):
     fused = LigerFusedLinearCrossEntropyLoss(ignore_index=-100, reduction="mean")
 
     def loss(model, batch, rows, stats: bool):
-        hidden = model(batch, audio_rows=rows, hidden=True)[:, :-1]  # [B, T-1, D]
+        hidden = (model(batch, hidden=True) if rows is None else model(batch, audio_rows=rows, hidden=True))[:, :-1]  # [B, T-1, D]
         target = batch.labels[:, 1:].reshape(-1)
         head = model.llm.get_output_embeddings()
         value = fused(head.weight, hidden.reshape(-1, hidden.shape[-1]), target)

@@ -25,7 +25,9 @@ from .assemble import Parts, assemble, start_process, step_function, step_hooks,
 from .async_save import AsyncCheckpointer
 from .average import use_average
 from .checkpoint import Checkpoints, disk_footprint
-from .trainer import Position, Trainer, planned_steps, resume, steps_per_epoch
+from . import run_state
+from .run_state import Position
+from .trainer import Trainer, planned_steps, steps_per_epoch
 from .stop import StopOnSignal
 from .threads import pick_threads
 
@@ -51,17 +53,6 @@ def setup_logging(run_dir: Path | None, rank: int = 0) -> None:
     logger.propagate = False
 
 
-
-
-def resume_path(cfg: Config, ckpts: Checkpoints | None) -> Path | None:
-    """The checkpoint to resume from: chosen by rank 0 (it holds the checkpoint list), the same on every rank."""
-    path = None
-    if cfg.train.resume_from:
-        path = Path(cfg.train.resume_from)
-    elif cfg.train.resume and ckpts is not None:
-        path = ckpts.latest_intact()
-    path = broadcast_from_rank0(str(path) if path else None)
-    return Path(path) if path else None
 
 
 def build_trainer(cfg: Config) -> Trainer:
@@ -103,9 +94,7 @@ def build_trainer(cfg: Config) -> Trainer:
     ckpts = Checkpoints(run_dir, t.keep_n, t.keep_metric) if rank == 0 else None
     saver = AsyncCheckpointer(ckpts, parts.model, ranks.device, t.async_checkpoint, t.frozen_ref,
                               run_dir / "checkpoints.jsonl") if ckpts else None
-    path = resume_path(cfg, ckpts)
-    pos = resume(parts, path) if path is not None else Position()  # every rank loads the same checkpoint
-    run_dirs.after_resume(cfg, run_dir, path, pos.step, rank)
+    pos = run_state.resume(cfg, parts, ckpts, run_dir)  # every rank loads the same checkpoint
     if rank == 0:
         check_disk(cfg, parts, ckpts, train, pos, run_dir)
     if saver is not None and not parts.sharded:
@@ -166,12 +155,7 @@ def train(cfg: Config) -> dict:
     """Train while holding the run folder's lock (brisk.train.run_dir.run_lock)."""
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(None, rank)  # what is said before the run folder is ready (a cleared failed start) is shown too
-    if cfg.train.resume or cfg.train.resume_from:  # before the folder is locked, logged to or rewritten
-        from ..formats.run_state import check_resume
-
-        allowed = check_resume(cfg.train.output_dir, cfg.to_dict(), cfg.train.resume_from)
-        if allowed and rank == 0:
-            log.info("resume: %d allowed change%s: %s", len(allowed), "" if len(allowed) == 1 else "s", "; ".join(allowed))
+    run_state.check(cfg, rank)  # a resume's config against the run's: before the folder is locked, logged to or rewritten
     with run_dirs.run_lock(cfg.train.output_dir, rank):
         try:
             return _train(cfg)

@@ -6,24 +6,21 @@ Training into such a folder is refused unless train.resume=true (continue it) or
 mistake, a Ctrl-C while loading) is not a run: its files are removed, with one line saying so, so the
 same command works once the mistake is fixed. While a process trains, it holds an exclusive lock on
 ``.brisk.lock`` in the folder: a second process into the same folder is refused, even with
-train.overwrite=true. After a resume from step N, the lines of steps.jsonl, slow_steps.jsonl, history.jsonl and
-metrics.jsonl past step N (written by the interrupted run after its last checkpoint) are dropped, so every
-step appears once.
+train.overwrite=true. A resume keeps every file; what it reads, checks, restores and trims is
+brisk.train.run_state's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import shutil
 import time
 from pathlib import Path
 
-from ..config import Config, ConfigError, config_changes
-from ..formats.run_state import RESUME_HARMLESS  # the keys a resume may change: with the resume checks
+from ..config import Config, ConfigError
 
 log = logging.getLogger("brisk")
 
@@ -31,7 +28,6 @@ RUN_FILES = ("config.yaml", "accel.json", "steps.jsonl", "slow_steps.jsonl", "hi
              "train.log", "report.md", "report.png", "model.pt", "model.safetensors")
 RUN_DIRS = ("checkpoints", "tb")
 LOCK = ".brisk.lock"  # held (flock) by the process training in the folder; never deleted (a rename would race)
-STEP_LOGS = ("steps.jsonl", "slow_steps.jsonl", "history.jsonl", "metrics.jsonl")
 
 
 def demo_dir(root: Path | None = None) -> Path:
@@ -67,7 +63,7 @@ def prepare(cfg: Config, rank: int = 0) -> Path:
     t = cfg.train
     run_dir = Path(t.output_dir)
     found = holds_run(run_dir) if run_dir.is_dir() else []
-    fresh = not (t.resume or t.resume_from)  # a resume keeps every file (after_resume trims the step logs)
+    fresh = not (t.resume or t.resume_from)  # a resume keeps every file (run_state.report trims the step logs)
     if not (found and fresh):
         found = []
     elif not reached_checkpoint(run_dir):
@@ -134,62 +130,3 @@ def run_lock(output_dir: str | Path, rank: int = 0):
         f.truncate(0)
         fcntl.flock(f, fcntl.LOCK_UN)
         f.close()
-
-
-
-
-
-
-def warn_config_changes(saved: dict | None, now: dict, path: Path) -> list[str]:
-    changes = config_changes(saved or {}, now, RESUME_HARMLESS) if saved is not None else []
-    if changes:
-        log.warning("resuming %s with a config that differs from the checkpoint's in %d key%s: %s", path.name,
-                    len(changes), "" if len(changes) == 1 else "s", "; ".join(changes))
-    return changes
-
-
-def trim_step_logs(run_dir: Path, step: int) -> int:
-    """Drop the log lines past ``step`` (the checkpoint resumed from); returns how many were dropped."""
-    dropped = 0
-    for name in STEP_LOGS:
-        f = run_dir / name
-        if not f.exists():
-            continue
-        keep = []
-        for line in f.read_text(encoding="utf-8").splitlines():
-            try:
-                ok = int(json.loads(line).get("step", 0)) <= step
-            except (ValueError, AttributeError):
-                ok = False  # a line cut short by the kill
-            if ok:
-                keep.append(line)
-            else:
-                dropped += 1
-        f.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
-    if dropped:
-        log.info("resume: dropped %d log lines past step %d (written after the last checkpoint)", dropped, step)
-    return dropped
-
-
-def checkpoint_config(path: Path) -> dict | None:
-    """The config saved in a checkpoint, read through mmap (the weights are not read)."""
-    from ..safe_load import load_torch_file
-
-    try:
-        ckpt = load_torch_file(path)
-    except (RuntimeError, OSError, ValueError):
-        return None
-    return ckpt.get("config") if isinstance(ckpt, dict) else None
-
-
-def after_resume(cfg: Config, run_dir: Path, path: Path | None, step: int, rank: int = 0) -> None:
-    """Say what a resume did: nothing to resume, config changes, log lines past the checkpoint dropped."""
-    if rank != 0:
-        return
-    if path is None:
-        if cfg.train.resume:
-            log.info("train.resume=true: nothing to resume in %s (no checkpoint), starting fresh", run_dir)
-            trim_step_logs(run_dir, 0)  # steps of a run killed before its first checkpoint
-        return
-    warn_config_changes(checkpoint_config(path), cfg.to_dict(), path)
-    trim_step_logs(run_dir, step)

@@ -57,7 +57,7 @@ def model_loss(model, batch: Batch, hooks: StepHooks, rows: torch.Tensor | None 
         rows = hooks.audio(batch)
     if hooks.loss is not None:  # speed.label_head: no full logits; the hook returns their statistics instead
         return hooks.loss(model, batch, rows, hooks.logit_stats)
-    logits = model(batch, audio_rows=rows)
+    logits = model(batch) if rows is None else model(batch, audio_rows=rows)  # a text family takes no audio rows
     loss, correct, count = lm_loss(logits, batch.labels)
     return logits, loss, correct, count
 

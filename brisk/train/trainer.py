@@ -11,34 +11,23 @@ from pathlib import Path
 
 import torch
 
-from ..config import Config, ConfigError
+from ..config import Config
 from ..data.loader import Split
 from ..diagnose.slow import GCWatch, SlowStepDetector
 from ..diagnose.timer import StepTimer
 from ..distributed.ranks import gather_to_rank0
 from ..families import family_of
-from ..models.build import read_checkpoint
 from ..speed.compile import compile_counters, compile_seconds
 from ..speed.flags import run_scope
 from .assemble import Parts
 from .async_save import AsyncCheckpointer
-from .checkpoint import Checkpoints, rng_state, set_rng_state
+from .checkpoint import Checkpoints, rng_state
 from .monitor import Monitor
-from .optim import load_optimizer_state
+from .run_state import Position
 from .step import StepHooks, model_loss
 from .val_decode import ValDecoder
 
 log = logging.getLogger("brisk")
-
-
-@dataclass
-class Position:
-    step: int = 0  # optimizer steps done
-    epoch: int = 0
-    batches_in_epoch: int = 0  # batches of this epoch already trained on (resume skips them)
-    bad_samples: int = 0
-    empty_batches: int = 0
-    history: list[dict] = field(default_factory=list)  # validation results
 
 
 def steps_per_epoch(cfg: Config, train: Split) -> int:
@@ -355,30 +344,3 @@ class Trainer:
                 "last": self.monitor.last, "transcripts": self.decoder.last_rows if self.decoder else [],
                 "stopped_by": self.stop.signum if self.signalled() else None,
                 "checkpoint": self.ckpts.latest() if self.ckpts else None}
-
-
-def resume(parts: Parts, path: Path) -> Position:
-    """Load a brisk checkpoint into the run's model, optimizer, schedule and RNGs; every rank calls this with
-    the same file. Returns the position in the run to continue from."""
-    ckpt = read_checkpoint(path)  # merges frozen weights stored once (train.frozen_ref)
-    if "trainer" not in ckpt:
-        raise ConfigError(f"{path}: not a brisk checkpoint (no trainer state); use model.init to start from its weights")
-    if parts.sharded:
-        from ..distributed.fsdp import load_full_state
-
-        load_full_state(parts.model, parts.optimizer, ckpt["state_dict"], ckpt["optimizer"])
-    else:
-        parts.model.load_state_dict(ckpt["state_dict"])
-        load_optimizer_state(parts.optimizer, ckpt["optimizer"])
-    if parts.accel.audio is not None:
-        parts.accel.audio.refresh()  # compute copies of the frozen encoder follow the loaded weights
-    parts.schedule.load_state_dict(ckpt["schedule"])
-    t = ckpt["trainer"]
-    rank = parts.ranks.rank
-    rngs = ckpt.get("rng_ranks", [ckpt["rng"]])
-    if rank < len(rngs):
-        set_rng_state(rngs[rank])
-    else:
-        log.warning("%s holds RNG states of %d ranks; rank %d keeps its fresh seed", path, len(rngs), rank)
-    log.info("resumed from %s at step %d (epoch %d, batch %d of the epoch)", path, t["step"], t["epoch"], t["batches_in_epoch"])
-    return Position(t["step"], t["epoch"], t["batches_in_epoch"], t.get("bad_samples", 0), 0, t.get("history", []))

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoTokenizer
 
 from brisk.config import load_config
-from brisk.data.chat import build_chat_dataset
+from brisk.data.chat_store import build_chat_store
 from brisk.data.collate import Collator
 from brisk.models.build import build_model
 from brisk.models.speech_llm import lm_loss
@@ -37,10 +37,10 @@ def model(overrides, dtype="fp32"):
 
 
 @pytest.fixture(scope="module")
-def batches():
+def batches(tmp_path_factory):
     tok = AutoTokenizer.from_pretrained(str(ROOT / "data/chat_demo/tokenizer"), local_files_only=True)
-    ds, _ = build_chat_dataset(str(ROOT / "data/chat_demo/valid.jsonl"), tok, max_len=512, overlong="truncate",
-                               skip_bad=False)
+    ds = build_chat_store(str(ROOT / "data/chat_demo/valid.jsonl"), tok, max_len=512, overlong="truncate",
+                          skip_bad=False, cache_dir=tmp_path_factory.mktemp("cache"))
     samples = [ds[i] for i in range(12)]
     return Collator()(samples).to("cuda"), Collator(packed=True, token_buckets=(1024,))(samples).to("cuda")
 

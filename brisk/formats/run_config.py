@@ -1,15 +1,14 @@
-"""A run folder's state against a new config, checked before anything in the folder is written.
+"""A run's saved config against another: which keys differ, and which of those change the model or the data.
 
-    check_resume(run_dir, now, resume_from=None) -> allowed changes    (brisk train ... train.resume=true)
-    check_run_files(run_dir, weights)                                 (brisk eval / export / transcribe RUN)
+    changes(saved, now) -> {key: (old, new)}       refused(key) -> bool
+    saved_config(run_dir, resume_from)             checkpoint_config(path)      (read only)
+    check_run_files(run_dir, weights)              (brisk eval / export / transcribe RUN)
 
-A resume may change where and how long a run goes (RESUME_HARMLESS: max_steps, max_epochs, logging, validation
-cadence, checkpoint keeping, ...): those changes are returned for the log. It may not change the model's shapes
-or the data it learns from (``refused``): those are one ConfigError line naming the keys, raised before the run
-folder is locked, logged to or rewritten, so a refused resume leaves the folder byte-identical. Other changes
-(optimizer, speed switches) are allowed and warned about by brisk.train.run_dir.warn_config_changes.
-Configs are plain dicts here (Config.to_dict(), or the YAML a run saved), so this module sits on the ground
-floor and both training and evaluation use it.
+A change of the model's shapes or of the data it learns from is ``refused``: a resume with it is one ConfigError
+line (brisk.train.run_state.check, before the run folder is locked or written), and a run folder whose
+config.yaml and checkpoint disagree on it is one line for evaluation and export. Configs are plain dicts here
+(Config.to_dict(), or the YAML a run saved), so this module sits on the ground floor and both training and
+evaluation use it.
 """
 
 from __future__ import annotations
@@ -20,13 +19,6 @@ import yaml
 
 from ..errors import ConfigError
 
-# Keys whose change between a checkpoint and its resume is expected (where and how long, not what is computed).
-RESUME_HARMLESS = {"train.resume", "train.resume_from", "train.overwrite", "train.output_dir", "train.max_steps",
-                   "train.max_epochs", "train.progress", "train.tensorboard", "train.log_every", "train.save_every",
-                   "train.val_every", "train.val_decode", "train.val_decode_fast", "train.keep_n", "train.keep_metric",
-                   "train.save_final", "train.export", "train.export_dtype", "train.gc_every", "train.cpu_threads",
-                   "train.async_checkpoint", "data.num_workers", "data.pin_memory", "diagnose.report",
-                   "diagnose.slow_factor", "diagnose.warmup_steps", "diagnose.window", "probe.enabled"}
 # Model keys that change no shape and no computed number of a resumed run (its weights come from the checkpoint).
 MODEL_FREE = {"model.init", "model.seed", "model.llm.load_weights", "model.encoder.activation_checkpoint",
               "model.llm.activation_checkpoint"}
@@ -63,7 +55,7 @@ def changes(saved: dict, now: dict) -> dict[str, tuple]:
     return {k: (a.get(k, "(absent)"), b.get(k, "(absent)")) for k in sorted(keys) if a.get(k) != b.get(k)}
 
 
-def _describe(diff: dict[str, tuple]) -> str:
+def describe(diff: dict[str, tuple]) -> str:
     return "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in diff.items())
 
 
@@ -94,26 +86,6 @@ def checkpoint_config(path: Path) -> dict | None:
     return ckpt.get("config") if isinstance(ckpt, dict) else None
 
 
-def check_resume(run_dir: str | Path, now: dict, resume_from: str | None = None) -> list[str]:
-    """Refuse (one ConfigError line) a resume whose config changes the model's shapes or the data; return the
-    allowed changes ('key: old -> new') among RESUME_HARMLESS for the log. Reads only."""
-    run_dir = Path(run_dir)
-    if not resume_from and not any((run_dir / "checkpoints").glob("ckpt-*.pt")):
-        return []  # nothing to resume: the run starts fresh (a failed start's files are cleared)
-    saved, source = saved_config(run_dir, resume_from)
-    if saved is None:
-        return []
-    diff = changes(saved, now)
-    bad = {k: v for k, v in diff.items() if refused(k)}
-    if bad:
-        raise ConfigError(
-            f"train.resume: {run_dir} was trained with another model or data ({source.name}); refused, nothing in the "
-            f"folder changed: {_describe(bad)}. Give the run's own values, or start a new run (another "
-            "train.output_dir, or train.overwrite=true to replace this one)")
-    quiet = {"train.resume", "train.resume_from", "train.overwrite"}  # the resume itself
-    return [f"{k}: {old!r} -> {new!r}" for k, (old, new) in diff.items() if k in RESUME_HARMLESS - quiet]
-
-
 def check_run_files(run_dir: str | Path, weights: Path | None) -> None:
     """A run's checkpoint and its config.yaml must describe the same model and data: else one ConfigError line
     naming the keys (a resume refused on main once rewrote config.yaml; evaluation then built the wrong model)."""
@@ -127,5 +99,5 @@ def check_run_files(run_dir: str | Path, weights: Path | None) -> None:
     bad = {k: v for k, v in changes(ck, saved).items() if refused(k)}
     if bad:
         raise ConfigError(f"{run_dir}: its config.yaml and {Path(weights).name} disagree on the model or data: "
-                          f"{_describe(bad)} (checkpoint -> config.yaml); restore config.yaml from the checkpoint's "
+                          f"{describe(bad)} (checkpoint -> config.yaml); restore config.yaml from the checkpoint's "
                           "values, or pass --weights with a checkpoint of this config")
