@@ -27,6 +27,11 @@ def _varlen_kernel():
     return varlen_attn, "enable_gqa" in inspect.signature(varlen_attn).parameters
 
 
+# Looked up once at import: window_attention runs inside compiled encoder blocks, where a lookup (inspect) each
+# call would be traced.
+_KERNEL, _ = _varlen_kernel()
+
+
 def block_causal_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
     """[T, T] bool: token i may see token j iff same sequence and j <= i."""
     pos = torch.arange(length, device=cu_seqlens.device)
@@ -69,9 +74,8 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     windows, no host sync: varlen_attn on CUDA in bf16/fp16; elsewhere (the CPU, fp32) the windows gathered
     into one zero-padded batch [W, H, max_len, D] for one SDPA call with a key mask (a window's attention
     never sees another window's rows or the padding), and each row read back from its window."""
-    kernel, _ = _varlen_kernel()
-    if q.is_cuda and kernel is not None and q.dtype in (torch.float16, torch.bfloat16):
-        return kernel(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, scale=scale, window_size=(-1, -1))
+    if q.is_cuda and _KERNEL is not None and q.dtype in (torch.float16, torch.bfloat16):
+        return _KERNEL(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, scale=scale, window_size=(-1, -1))
     t, cu = q.shape[0], cu_seqlens.to(torch.long)
     offset = torch.arange(max_len, device=q.device)
     starts, sizes = cu[:-1], cu[1:] - cu[:-1]
