@@ -25,7 +25,7 @@ class _OneCallWindows:
 
     def forward(self, hidden_states, cu_seqlens, max_seqlen=None, **kwargs):
         t = hidden_states.shape[0]
-        q, k, v = (p(hidden_states).view(t, self.num_heads, -1) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = [p(hidden_states).view(t, self.num_heads, -1) for p in (self.q_proj, self.k_proj, self.v_proj)]
         out = window_attention(q, k, v, cu_seqlens, t if max_seqlen is None else max_seqlen, self.scaling)
         return self.out_proj(out.reshape(t, -1))
 

@@ -81,7 +81,7 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     starts, sizes = cu[:-1], cu[1:] - cu[:-1]
     valid = offset[None, :] < sizes[:, None]  # [W, L]
     rows = torch.where(valid, starts[:, None] + offset[None, :], 0)  # [W, L]; padding reads row 0, masked out
-    q, k, v = (x[rows].transpose(1, 2) for x in (q, k, v))  # [W, H, L, D]
+    q, k, v = [x[rows].transpose(1, 2) for x in (q, k, v)]  # [W, H, L, D]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :], scale=scale)
     pos = torch.arange(t, device=q.device)
     window = torch.searchsorted(cu[1:], pos, right=True)  # the window of each row
