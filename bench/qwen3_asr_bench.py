@@ -17,6 +17,8 @@ timed steps; utterances and LLM tokens a step are the same in every arm):
   brisk_fast      speed.preset=fast as shipped: also the frozen bf16 audio path (frozen_eval, encoder_dtype),
                   which needs model.encoder.freeze and model.adaptor.freeze (the usual fine-tune keeps the
                   audio tower frozen; the recipe trains it): less work, named as such
+  brisk_fast_nav  brisk_fast with speed.audio_varlen=false (transformers' per-window audio attention): what the
+                  one-call audio attention is worth (only when --arms names it)
 Tokens: the bundled demo processor's tokenizer (392 words and characters, ids inside the 151,936 vocabulary),
 so a step's LLM tokens follow the bundled set, not Qwen3's BPE.
 Wheels: the GPU image's transformers may predate qwen3_asr (5.24 has it): --wheels installs transformers (and
@@ -35,7 +37,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-ARMS = ("recipe", "brisk_default", "brisk_fast_all", "brisk_fast")
+ARMS = ("recipe", "brisk_default", "brisk_fast_all", "brisk_fast")  # the default --arms; brisk_fast_nav on request
 SIZES = {"0p6b": "configs/bench_qwen3_asr_0p6b.yaml", "tiny": "configs/qwen3_asr_demo.yaml"}
 
 
@@ -75,7 +77,9 @@ def brisk_arm(args, idx: list[list[int]]) -> tuple[list[float], str]:
 
     extra = {"brisk_default": [],
              "brisk_fast_all": ["speed.preset=fast"],
-             "brisk_fast": ["speed.preset=fast", "model.encoder.freeze=true", "model.adaptor.freeze=true"]}[args.arm]
+             "brisk_fast": ["speed.preset=fast", "model.encoder.freeze=true", "model.adaptor.freeze=true"],
+             "brisk_fast_nav": ["speed.preset=fast", "model.encoder.freeze=true", "model.adaptor.freeze=true",
+                                "speed.audio_varlen=false"]}[args.arm]
     if args.size == "0p6b":
         extra += ["speed.pack_buckets=[1024,1536,2048,3072,4096,6144,8192]"]
     cfg = load_cfg(args, extra)
@@ -91,8 +95,11 @@ def brisk_arm(args, idx: list[list[int]]) -> tuple[list[float], str]:
         sync(args.device)
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
+    from brisk.speed.compile import compile_counters
+
     note = "; ".join(runner.parts.plan.notes + tuple(runner.parts.accel.notes)) or "no switch"
-    return times, note
+    counts = compile_counters()  # a recompile inside the timed steps shows as one slow step; these say how many
+    return times, note + f"; dynamo: {counts.get('graphs', 0)} graphs, {counts.get('recompiles', 0)} recompiles"
 
 
 def recipe_arm(args, idx: list[list[int]]) -> tuple[list[float], str]:

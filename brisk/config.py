@@ -353,6 +353,7 @@ class SpeedConfig:
     label_rows_frac: float = 0.5  # with cuda_graph: rows gathered per bucket, as a fraction of its length
     fresh_grads: bool = False  # with cuda_graph: backward writes new gradients, no zeroing + adding into buffers
     fuse_projections: bool = False  # one GEMM for q/k/v and one for gate/up in each decoder layer (same parameters)
+    audio_varlen: bool = False  # model.family=qwen3_asr: the audio tower's windowed attention as one call a layer for all windows (varlen_attn on CUDA in bf16), no host sync per layer
     linear_attention_batched: bool = False  # task chat, packing: a packed row's sequences go through each Gated DeltaNet layer as one right-padded batch (torch path; exact for real tokens)
     fla_kernels: bool = False  # task chat: flash-linear-attention's Triton kernels for Gated DeltaNet layers (Qwen3.5), packed rows too (CUDA, fla-core)
     liger: bool = False  # liger-kernel's fused RMSNorm and SwiGLU in the decoder on the same parameters (CUDA, liger-kernel; speech and chat)

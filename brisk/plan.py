@@ -42,6 +42,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("encoder_dtype", "model", True, "the frozen encoder and adaptor as bf16 copies"),
     Switch("encoder_cache", "model", False, "each utterance's audio rows reused in later epochs"),
     Switch("fuse_projections", "model", True, "one GEMM for q/k/v and one for gate/up in each decoder layer"),
+    Switch("audio_varlen", "model", True, "the audio tower's windowed attention as one varlen call a layer"),
     Switch("compile", "model", True, "torch.compile of each decoder layer (or the stack) and the frozen encoder"),
     Switch("packing", "data", False, "one packed row a batch, per-utterance positions, varlen attention"),
     Switch("label_head", "step", False, "LM head and loss on the labelled positions only"),

@@ -247,7 +247,7 @@ def test_the_plan_says_which_switches_the_family_takes(tmp_path):
     cfg, plan = make_plan(config(tmp_path, "speed.preset=fast", "model.encoder.freeze=true",
                                  "model.adaptor.freeze=true"), "cuda", 1)
     assert set(plan.on) == {"packing", "frozen_eval", "encoder_dtype", "compile", "fused_adamw", "label_head",
-                            "fuse_projections"}
+                            "fuse_projections", "audio_varlen"}
 
 
 def test_unknown_family_is_one_line_listing_them(tmp_path):

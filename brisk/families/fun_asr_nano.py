@@ -35,7 +35,8 @@ FAMILY = register(Family(
                                        3072, 4096]}},
     frozen_audio=FROZEN_AUDIO,
     refused=("{bad} are for task: chat (model.family=causal_lm; the speech-LLM's Qwen3 decoder has no linear "
-             "attention, and speed.label_head is its loss without full logits); set them false"),
+             "attention, and speed.label_head is its loss without full logits) or for model.family=qwen3_asr "
+             "(speed.audio_varlen: its audio tower's attention); set them false"),
     build=Ref("brisk.models.build:build_speech_model"),
     dataset=Ref("brisk.data.loader:speech_dataset"),
     prepare=Ref("brisk.data.loader:speech_prepare"),

@@ -16,12 +16,13 @@ def encoder_blocks(model, compile: bool = False) -> list:
 FAMILY = register(Family(
     name="qwen3_asr",
     summary="Qwen3-ASR (transformers' qwen3_asr) on its fine-tuning jsonl or FunASR jsonl",
-    # Not cuda_graph (nor fresh_grads, which needs it): the audio tower reads its chunk lengths on the host
-    # (nonzero, .item()), so its step cannot be captured as the Fun-ASR-Nano step is.
+    # Not cuda_graph (nor fresh_grads, which needs it): transformers' audio attention reads its window lengths
+    # on the host, so its step cannot be captured as the Fun-ASR-Nano step is (audio_varlen removes that read,
+    # but the graphed step is not built for this family).
     switches=frozenset({"frozen_eval", "encoder_dtype", "encoder_cache", "fuse_projections", "compile", "packing",
-                        "label_head", "sdpa_backends", "fused_adamw", "tf32"}),
+                        "label_head", "sdpa_backends", "fused_adamw", "tf32", "audio_varlen"}),
     presets={"fast": {"packing": True, "frozen_eval": True, "encoder_dtype": "bf16", "compile": True,
-                      "fused_adamw": True, "label_head": True, "fuse_projections": True}},
+                      "fused_adamw": True, "label_head": True, "fuse_projections": True, "audio_varlen": True}},
     frozen_audio=("frozen_eval", "encoder_dtype", "encoder_cache"),
     refused=("model.family={family} does not take {bad} (speed.cuda_graph and fresh_grads: its audio tower reads "
              "chunk lengths on the host, so the step cannot be captured); set them false (it takes {takes})"),

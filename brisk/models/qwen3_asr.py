@@ -82,20 +82,81 @@ class Qwen3ASR(nn.Module):
                 self.llm: self.cfg.llm.freeze}
 
     # ------------------------------------------------------------------------------------ audio path
-    def encode_audio(self, speech: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def encode_audio(self, speech: torch.Tensor, lengths: torch.Tensor, counts: list[int] | None = None) -> torch.Tensor:
         """Log-mel frames [N, F, 128] (zero-padded) and their lengths -> the projected rows of every utterance,
-        flat [A, D] in utterance order (A: the sum of each utterance's audio token count)."""
-        chunk = 2 * self.audio_tower.n_window
+        flat [A, D] in utterance order (A: the sum of each utterance's audio token count). ``counts``: each
+        utterance's audio token count, when the caller knows it on the host (else read from ``lengths``)."""
+        tower = self.audio_tower
+        chunk = 2 * tower.n_window
         pad = -speech.shape[1] % chunk  # the tower runs in whole chunks of 2 * n_window frames
         feats = F.pad(speech, (0, 0, 0, pad)).transpose(1, 2)  # [N, 128, F']
-        mask = (torch.arange(feats.shape[-1], device=feats.device) < lengths[:, None]).long()
-        dtype = next(self.audio_tower.parameters()).dtype
-        hidden = self.audio_tower(input_features=feats.to(dtype), input_features_mask=mask).last_hidden_state
-        return self.multi_modal_projector(hidden)
+        if counts is None:
+            counts = [audio_token_count(n, tower.n_window) for n in lengths.tolist()]
+        windows = audio_windows(counts, feats.shape[-1] // chunk, tower.config, feats.device)
+        dtype = next(tower.parameters()).dtype
+        return self.multi_modal_projector(run_audio_tower(tower, feats.to(dtype), *windows))
 
     def audio_rows(self, batch: AudioBatch) -> torch.Tensor:
         """The rows that fill the batch's audio slots, [A, D]."""
-        return self.encode_audio(batch.speech, batch.speech_lengths)
+        counts = batch.slot_counts if len(batch.slot_counts) == batch.speech.shape[0] else None
+        return self.encode_audio(batch.speech, batch.speech_lengths, counts)
+
+
+def _after_convs(n: int) -> int:
+    """Rows of a chunk of ``n`` frames after the tower's three (k=3, s=2, p=1) convolutions."""
+    for _ in range(3):
+        n = (n - 1) // 2 + 1 if n > 0 else 0
+    return n
+
+
+def audio_token_count(frames: int, n_window: int) -> int:
+    """The tower's output rows for ``frames`` mel frames (transformers' _get_feat_extract_output_lengths)."""
+    full, rest = divmod(frames, 2 * n_window)
+    return full * _after_convs(2 * n_window) + _after_convs(rest)
+
+
+def audio_windows(counts: list[int], chunks: int, config, device) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """What transformers' audio encoder reads back from the device each batch, computed on the host from each
+    utterance's output row count: the attention windows' boundaries (cu_seqlens, int32, as its
+    get_audio_cu_seqlens), the longest window, and the flat indices of the real rows among the convolutions'
+    [N * chunks * rows-per-chunk] output (its valid_indices), for a batch padded to ``chunks`` chunks."""
+    per_chunk = _after_convs(2 * config.n_window)
+    # transformers' window: the longest chunk's rows (a full chunk's unless every utterance is shorter) times
+    # the chunks in an inference window
+    window = min(per_chunk, max(counts, default=0)) * (config.n_window_infer // (2 * config.n_window))
+    bounds, valid = [0], []
+    for i, count in enumerate(counts):
+        full, rest = divmod(count, window) if window else (0, 0)
+        bounds += [window] * full + ([rest] if rest else [])
+        base = i * chunks * per_chunk
+        for start in range(0, count, per_chunk):  # chunk j holds rows j*per_chunk.. of the utterance
+            valid.extend(range(base + start, base + min(start + per_chunk, count)))
+    cu = torch.tensor(bounds, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    index = torch.tensor(valid, dtype=torch.long)
+    if torch.device(device).type == "cuda":  # pinned and asynchronous: no wait for the device
+        cu, index = (x.pin_memory().to(device, non_blocking=True) for x in (cu, index))
+    else:
+        cu, index = cu.to(device), index.to(device)
+    return cu, max(bounds[1:], default=0), index
+
+
+def run_audio_tower(tower: nn.Module, feats: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                    valid: torch.Tensor) -> torch.Tensor:
+    """transformers' Qwen3ASREncoder.forward on features [N, 128, F'] (F' whole chunks), with the windows and
+    real-row indices given (``audio_windows``) instead of read back from the device: the convolutions on every
+    chunk, the real rows gathered flat, the layers with their windows, the final norm -> [A, d_model]."""
+    n, mel, frames = feats.shape
+    chunk = 2 * tower.n_window
+    x = feats.view(n, mel, frames // chunk, chunk).permute(0, 2, 1, 3).reshape(-1, 1, mel, chunk)
+    for conv in (tower.conv2d1, tower.conv2d2, tower.conv2d3):
+        x = F.gelu(conv(x))
+    c, channels, freq, steps = x.shape
+    x = tower.conv_out(x.permute(0, 3, 1, 2).contiguous().view(c, steps, channels * freq))
+    x = x + tower.positional_embedding.positional_embedding[:steps].to(x.dtype)
+    hidden = x.reshape(-1, x.shape[-1]).index_select(0, valid)
+    for layer in tower.layers:
+        hidden = layer(hidden, cu_seqlens, max_seqlen=max_seqlen)[0]
+    return tower.ln_post(hidden)
 
 
 def hf_config(cfg: ModelConfig):

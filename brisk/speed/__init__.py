@@ -40,7 +40,7 @@ class Accelerated:
 def accelerate(model, plan: SpeedPlan) -> Accelerated:
     """Apply the model-side switches of ``plan`` to ``model`` (the plain model of ``plan.family``, whose hooks say
     where its audio modules and encoder blocks are), in this order: the frozen audio
-    path (its copies are what compile compiles), varlen attention, fused projections (before compile: the
+    path (its copies are what compile compiles), varlen attention, the audio tower's one-call attention, fused projections (before compile: the
     compiled layers trace the fused forwards), the chunked embedding (graphs), compile, the label head."""
     s = plan.speed
     family = get_family(plan.family)
@@ -62,6 +62,11 @@ def accelerate(model, plan: SpeedPlan) -> Accelerated:
             out.decode_context = lambda: padded_attention(model.llm)
         else:
             out.notes.append("packing: one row per batch; CPU attention gets transformers' block-diagonal mask")
+    if s.audio_varlen:  # before compile: the compiled encoder blocks trace the one-call attention
+        from .audio_varlen import apply_audio_varlen, audio_blocks
+
+        path = out.audio.path if out.audio is not None else None
+        out.notes.append(apply_audio_varlen(audio_blocks(family, model, path)))
     if s.fuse_projections:
         from .fuse import apply_fuse_projections
 

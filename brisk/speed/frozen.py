@@ -67,8 +67,8 @@ class AudioPath(nn.Module):
         for n, m in zip(names, self.originals):
             setattr(self, n, copy.deepcopy(m).to(dtype).eval())
 
-    def encode_audio(self, speech: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        return self.kind.encode_audio(self, speech, lengths)
+    def encode_audio(self, speech: torch.Tensor, lengths: torch.Tensor, *args) -> torch.Tensor:
+        return self.kind.encode_audio(self, speech, lengths, *args)
 
     def audio_rows(self, batch: AudioBatch) -> torch.Tensor:
         return self.kind.audio_rows(self, batch)

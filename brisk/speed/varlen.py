@@ -27,6 +27,11 @@ def _varlen_kernel():
     return varlen_attn, "enable_gqa" in inspect.signature(varlen_attn).parameters
 
 
+# Looked up once at import: window_attention runs inside compiled encoder blocks, where a lookup (inspect) each
+# call would be traced.
+_KERNEL, _ = _varlen_kernel()
+
+
 def block_causal_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
     """[T, T] bool: token i may see token j iff same sequence and j <= i."""
     pos = torch.arange(length, device=cu_seqlens.device)
@@ -60,6 +65,27 @@ def varlen_attention(module, query, key, value, attention_mask, dropout: float =
                                              enable_gqa=key.shape[1] != query.shape[1])
         return out.transpose(1, 2).contiguous(), None
     return out.unsqueeze(0), None
+
+
+def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int,
+                     scale: float | None = None) -> torch.Tensor:
+    """Full (not causal) attention inside each window of a packed sequence: q, k, v [T, H, D], windows at
+    ``cu_seqlens`` (int32, [W+1], on q's device), none longer than ``max_len`` -> [T, H, D]. One call for all
+    windows, no host sync: varlen_attn on CUDA in bf16/fp16; elsewhere (the CPU, fp32) the windows gathered
+    into one zero-padded batch [W, H, max_len, D] for one SDPA call with a key mask (a window's attention
+    never sees another window's rows or the padding), and each row read back from its window."""
+    if q.is_cuda and _KERNEL is not None and q.dtype in (torch.float16, torch.bfloat16):
+        return _KERNEL(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, scale=scale, window_size=(-1, -1))
+    t, cu = q.shape[0], cu_seqlens.to(torch.long)
+    offset = torch.arange(max_len, device=q.device)
+    starts, sizes = cu[:-1], cu[1:] - cu[:-1]
+    valid = offset[None, :] < sizes[:, None]  # [W, L]
+    rows = torch.where(valid, starts[:, None] + offset[None, :], 0)  # [W, L]; padding reads row 0, masked out
+    q, k, v = [x[rows].transpose(1, 2) for x in (q, k, v)]  # [W, H, L, D]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :], scale=scale)
+    pos = torch.arange(t, device=q.device)
+    window = torch.searchsorted(cu[1:], pos, right=True)  # the window of each row
+    return out.transpose(1, 2)[window, pos - cu[window]]  # [T, H, D]
 
 
 def register() -> None:
