@@ -4,8 +4,8 @@
 # whole-run set in bench/tmp/wholerun_data (decode_bench's 40 utterances):
 #   OUT=$OUT bash bench/gpu_round4b_final.sh
 # 1. correctness, side by side (nothing timed): the decoder's and device features' GPU tests; the Qwen3-ASR GPU
-#    tests (transformers 5.24 first on the path);
-# 2. bench/qwen3_asr_bench.py: the recipe against the preset as shipped, 2 interleaved runs;
+#    tests (transformers 5.24 first on the path); the graphed training step's (tests/gpu/test_gpu_state.py);
+# 2. bench/qwen3_asr_bench.py: the recipe, the preset as shipped, and the preset without speed.audio_varlen;
 # 3. bench/decode_bench.py: the compiled fused step with graphed encoder/prefill, without, and the plain decoder.
 # Everything lands in $OUT/all.tgz (a call returns 8 files at most); the tables are printed last.
 set -uo pipefail
@@ -25,13 +25,15 @@ print('torch', torch.__version__, 'transformers', transformers.__version__)"; } 
 PT="python3 -m pytest -o addopts= -q -rs -p no:warnings -p no:cacheprovider --timeout 90"
 PYTHONPATH=/tmp/site:$PWD timeout 100 $PT tests/gpu/test_device_features_gpu.py tests/gpu/test_fast_decode_gpu.py \
     > /tmp/r/gpu_tests_decode.log 2>&1 &
-PYTHONPATH=/tmp/site:$PWD:/tmp/t524 timeout 100 $PT tests/gpu/test_qwen3_asr_cuda.py > /tmp/r/gpu_tests_qwen3_asr.log 2>&1 &
+PYTHONPATH=/tmp/site:$PWD:/tmp/t524 timeout 100 $PT tests/gpu/test_qwen3_asr_cuda.py \
+    tests/gpu/test_qwen3_asr_audio_varlen_cuda.py > /tmp/r/gpu_tests_qwen3_asr.log 2>&1 &
+PYTHONPATH=/tmp/site:$PWD timeout 100 $PT tests/gpu/test_gpu_state.py > /tmp/r/gpu_tests_state.log 2>&1 &  # the graphed step
 wait
 echo "== part 1 done at $(( $(date +%s) - T0 )) s"
 
 # 2. Qwen3-ASR: the recipe against the preset as shipped
 PYTHONPATH=/tmp/site:$PWD timeout "$(left 230)" python3 bench/qwen3_asr_bench.py --wheels $WHL --out /tmp/r/q31 \
-    --arms recipe,brisk_fast --steps 15 --warmup 4 --runs ${QRUNS:-1} --budget-s "$(( $(left 230) - 10 ))" > /tmp/r/q31.log 2>&1
+    --arms recipe,brisk_fast,brisk_fast_nav --steps 15 --warmup 4 --runs ${QRUNS:-1} --budget-s "$(( $(left 230) - 10 ))" > /tmp/r/q31.log 2>&1
 echo "qwen3_asr_bench exit $?"
 
 # 3. the decoder
@@ -42,7 +44,7 @@ echo "decode_bench exit $?"
 
 tar czf "$OUT/all.tgz" -C /tmp r
 cat /tmp/r/machine.txt
-echo "== GPU tests"; tail -n 3 /tmp/r/gpu_tests_decode.log; tail -n 3 /tmp/r/gpu_tests_qwen3_asr.log
+echo "== GPU tests"; for f in decode qwen3_asr state; do tail -n 4 /tmp/r/gpu_tests_$f.log; done
 echo "== Qwen3-ASR"; grep "^|" /tmp/r/q31.log | tail -n 4
 echo "== decode"; grep -i "error\|Traceback" /tmp/r/decode.log | head -n 4; cat /tmp/r/decode/decode_bench.md 2>/dev/null
 echo "call took $(( $(date +%s) - T0 )) s"
