@@ -32,8 +32,8 @@ wait
 echo "== part 1 done at $(( $(date +%s) - T0 )) s"
 
 # 2. Qwen3-ASR: the recipe against the preset as shipped
-PYTHONPATH=/tmp/site:$PWD timeout "$(left 230)" python3 bench/qwen3_asr_bench.py --wheels $WHL --out /tmp/r/q31 \
-    --arms recipe,brisk_fast,brisk_fast_nav --steps 15 --warmup 4 --runs ${QRUNS:-1} --budget-s "$(( $(left 230) - 10 ))" > /tmp/r/q31.log 2>&1
+PYTHONPATH=/tmp/site:$PWD timeout "$(left ${QEND:-230})" python3 bench/qwen3_asr_bench.py --wheels $WHL --out /tmp/r/q31 \
+    --arms recipe,brisk_fast,brisk_fast_nav --steps 15 --warmup 4 --runs ${QRUNS:-1} --budget-s "$(( $(left ${QEND:-230}) - 10 ))" > /tmp/r/q31.log 2>&1
 echo "qwen3_asr_bench exit $?"
 
 # 3. the decoder
