@@ -42,7 +42,7 @@ PYTHONPATH=/tmp/site:$PWD timeout "$(left $END)" python3 bench/decode_bench.py -
     --budget "$(( $(left $END) - 40 ))" > /tmp/r/decode.log 2>&1
 echo "decode_bench exit $?"
 
-tar czf "$OUT/all.tgz" -C /tmp r
+tar czf "$OUT/all.tgz" -C /tmp --exclude="checkpoint-*" --exclude="*.safetensors" --exclude="*.pt" r
 cat /tmp/r/machine.txt
 echo "== GPU tests"; for f in decode qwen3_asr state; do tail -n 4 /tmp/r/gpu_tests_$f.log; done
 echo "== Qwen3-ASR"; grep "^|" /tmp/r/q31.log | tail -n 4
