@@ -73,18 +73,7 @@ class FusedStep:
         self.q_width = text.num_attention_heads * self.head_dim
         self.kv_width = self.kv_heads * self.head_dim
         self.sources = [p for layer in self.layers for p in self._fused_sources(layer)]
-        self.qkv = [self._cat([la.self_attn.q_proj, la.self_attn.k_proj, la.self_attn.v_proj]) for la in self.layers]
-        self.gate_up = [self._cat([la.mlp.gate_proj, la.mlp.up_proj]) for la in self.layers]
-        self.versions = self._versions()
-        self.weights = []  # a layer's arguments to layer_step after its inputs (the layer's tensors, in order)
-        for la, (wqkv, bqkv), (wgu, bgu) in zip(self.layers, self.qkv, self.gate_up):
-            a, m = la.self_attn, la.mlp
-            qn, kn = (a.q_norm, a.k_norm) if hasattr(a, "q_norm") else (None, None)
-            self.weights.append((la.input_layernorm.weight, la.input_layernorm.variance_epsilon, wqkv, bqkv,
-                                 None if qn is None else qn.weight, None if kn is None else kn.weight,
-                                 None if qn is None else qn.variance_epsilon, a.o_proj.weight, a.o_proj.bias,
-                                 la.post_attention_layernorm.weight, la.post_attention_layernorm.variance_epsilon,
-                                 wgu, bgu, m.down_proj.weight, m.down_proj.bias))
+        self._build()
         self.shape = dict(head_dim=self.head_dim, kv_heads=self.kv_heads, q_width=self.q_width,
                           kv_width=self.kv_width, scaling=self.scaling, eager=attn == "eager")
         # compile: one graph for a layer (every layer's tensors are its arguments), one for the prologue and one
@@ -93,6 +82,26 @@ class FusedStep:
         self.layer = torch.compile(layer_step, backend=compile) if compile else layer_step
         self.tail = torch.compile(tail_step, backend=compile) if compile else tail_step
         self.prologue = torch.compile(prologue, backend=compile) if compile else prologue
+
+    def _build(self) -> None:
+        """The fused weight copies and each layer's arguments to layer_step after its inputs."""
+        self.qkv = [self._cat([la.self_attn.q_proj, la.self_attn.k_proj, la.self_attn.v_proj]) for la in self.layers]
+        self.gate_up = [self._cat([la.mlp.gate_proj, la.mlp.up_proj]) for la in self.layers]
+        self.versions = self._versions()
+        self.weights = []
+        for la, (wqkv, bqkv), (wgu, bgu) in zip(self.layers, self.qkv, self.gate_up):
+            a, m = la.self_attn, la.mlp
+            qn, kn = (a.q_norm, a.k_norm) if hasattr(a, "q_norm") else (None, None)
+            self.weights.append((la.input_layernorm.weight, la.input_layernorm.variance_epsilon, wqkv, bqkv,
+                                 None if qn is None else qn.weight, None if kn is None else kn.weight,
+                                 None if qn is None else qn.variance_epsilon, a.o_proj.weight, a.o_proj.bias,
+                                 la.post_attention_layernorm.weight, la.post_attention_layernorm.variance_epsilon,
+                                 wgu, bgu, m.down_proj.weight, m.down_proj.bias))
+
+    def release(self) -> None:
+        """Drop the fused copies (the decoder's release drops the graphs that point at them); the next
+        ``refresh`` makes them again."""
+        self.qkv = self.gate_up = self.weights = None
 
     @staticmethod
     def _fused_sources(layer) -> list[torch.Tensor]:
@@ -116,6 +125,9 @@ class FusedStep:
         """Copy the source weights into the fused ones, in place (graphs keep their pointers): always while any
         of them is trainable (a CUDA-graphed optimizer step changes them without moving their version
         counters), else when a version moved (a checkpoint loaded into them)."""
+        if self.weights is None:  # released
+            self._build()
+            return
         now = self._versions()
         if now == self.versions and not any(p.requires_grad for p in self.sources):
             return

@@ -370,8 +370,10 @@ class FastGreedy:
         return r.out[:n, :max_new].clone()
 
     def release(self) -> None:
-        """Drop every room (caches, buffers, graphs) and the graphs' memory pool."""
+        """Drop every room (caches, buffers, graphs), the fused step's weight copies and the graphs' memory pool."""
         self.rooms.clear()
+        if self.fused is not None:  # its weight copies go too: nothing of this decoder waits for the garbage collector
+            self.fused.release()
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
 
 
