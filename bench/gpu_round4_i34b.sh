@@ -20,10 +20,12 @@ timeout 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cach
     "$WHL"/funasr*.whl "$WHL"/kaldiio*.whl "$WHL"/omegaconf*.whl 2>&1 | tail -n 3
 # FunASR's arm: funasr.utils.load_utils imports librosa at the top (it calls librosa.resample only for audio that
 # is not 16 kHz); librosa 0.11 loads its submodules lazily, so the wheel and lazy_loader's (~270 KB) are enough,
-# without numba, llvmlite, scikit-learn or soxr (checked on the CPU with those hidden). Absent wheels: the arm
+# without numba, llvmlite or scikit-learn; but soxr's wheel too: transformers' audio_utils imports soxr whenever
+# librosa is importable, so librosa without soxr breaks every transformers model import (round 4b's last call:
+# 12 GPU tests failed on `Could not import module 'Qwen3ForCausalLM'`). Absent wheels: the arm
 # says so in the table.
 ls "$WHL"/librosa*.whl "$WHL"/lazy_loader*.whl > /dev/null 2>&1 && timeout 30 python3 -m pip install -q --no-index \
-    --no-deps --no-compile --no-cache-dir --target /tmp/site "$WHL"/librosa*.whl "$WHL"/lazy_loader*.whl 2>&1 | tail -n 3
+    --no-deps --no-compile --no-cache-dir --target /tmp/site "$WHL"/librosa*.whl "$WHL"/lazy_loader*.whl "$WHL"/soxr*.whl 2>&1 | tail -n 3
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/tmp/pycache
 unset PYTHONDONTWRITEBYTECODE
 export TORCHINDUCTOR_CACHE_DIR=/tmp/brisk_inductor
