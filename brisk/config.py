@@ -803,14 +803,11 @@ def _with_funasr_folder(tree: dict, folder: str) -> dict:
 
 
 def _merge(a: dict, b: dict) -> dict:
+    """``b`` over ``a``, dict by dict: also inside model.llm.config's free-form keys, so that
+    ``model.llm.config.audio_config.n_window_infer=100`` changes that one key of a nested sub-config."""
     out = dict(a)
     for k, v in b.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "config":
-            out[k] = _merge(out[k], v)
-        elif isinstance(v, dict) and isinstance(out.get(k), dict):  # llm.config: merge free-form keys too
-            out[k] = {**out[k], **v}
-        else:
-            out[k] = v
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 

@@ -89,3 +89,14 @@ def test_a_shipped_config_path_from_another_folder_names_the_shipped_one(tmp_pat
         load_config("configs/sft_demo.yaml")
     with pytest.raises(ConfigError, match=r"nope/other.yaml does not exist$"):
         load_config("nope/other.yaml")
+
+
+def test_override_inside_a_nested_llm_sub_config_keeps_its_siblings():
+    """model.llm.config's sub-configs (Qwen3-ASR's audio_config, text_config) take one key from the command line;
+    the other keys of that sub-config stay (they were all dropped: the audio tower fell back to transformers'
+    default sizes)."""
+    cfg = load_config(REPO / "configs" / "qwen3_asr_demo.yaml", ["model.llm.config.audio_config.n_window_infer=100",
+                                                        "model.llm.config.text_config.num_hidden_layers=3"])
+    audio, text = cfg.model.llm.config["audio_config"], cfg.model.llm.config["text_config"]
+    assert audio["n_window_infer"] == 100 and audio["d_model"] == 96 and audio["output_dim"] == 128
+    assert text["num_hidden_layers"] == 3 and text["hidden_size"] == 128
