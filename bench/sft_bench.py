@@ -165,7 +165,7 @@ def worker(args) -> dict:
     sample_groups = groups(cfg, n)
     torch.manual_seed(0)
     arm, out = args.arm, Path(args.out)
-    prof = out / f"ops_{args.model}_{arm}.txt" if arm in PROFILED else None
+    prof = out / f"ops_{args.model}_{arm}.txt" if arm in PROFILED and not args.no_profile else None
     try:
         times, tokens, note = run_arm(args, cfg, sample_groups, prof)
     except torch.OutOfMemoryError:
@@ -175,6 +175,12 @@ def worker(args) -> dict:
     return {"model": args.model, "arm": arm, "steps": len(times), "tokens_per_s": sum(tokens) / sum(times),
             "tps_steps": per_s, "ms_per_step": 1000 * statistics.mean(times), "tokens_per_step": statistics.mean(tokens),
             "peak_gib": peak_gib(), "note": note}
+
+
+def trains(model) -> str:
+    """How much of the model trains: the row's evidence that LoRA (or the full model) is what ran."""
+    params = list({id(p): p for p in model.parameters()}.values())
+    return f"{sum(p.numel() for p in params if p.requires_grad):,} of {sum(p.numel() for p in params):,} parameters train"
 
 
 def oom_text(batch_tokens: int | None) -> str:
@@ -215,7 +221,8 @@ def run_arm(args, cfg, sample_groups, prof):
             opt.zero_grad(set_to_none=True)
 
         times, tokens = timed(step, batches, args.warmup, prof)
-        note = f"gated delta rule from {linear_attention_impl()}" + ("; peft LoRA" if cfg.model.llm.lora.enabled else "")
+        note = (f"gated delta rule from {linear_attention_impl()}" + ("; peft LoRA" if cfg.model.llm.lora.enabled else "")
+                + f"; {trains(model)}")
     elif arm in ("c_brisk_default", "d_brisk_fast", "d2_brisk_fast_batched", "d1_brisk_fast_per_sequence"):
         from brisk.bench.harness import build_runner
 
@@ -229,7 +236,7 @@ def run_arm(args, cfg, sample_groups, prof):
         runner = build_runner(cfg)  # the run's parts as `brisk train` assembles them
         batches = [(runner.collate(g).to(DEVICE), sum(len(s.tokens.input_ids) for s in g)) for g in sample_groups]
         times, tokens = timed(runner.run, batches, args.warmup, prof)
-        note = "; ".join(runner.parts.plan.notes + tuple(runner.parts.accel.notes)) or "no switch"
+        note = "; ".join(runner.parts.plan.notes + tuple(runner.parts.accel.notes) + (trains(runner.model),))
     else:  # TRL_ARMS
         times, tokens, note = trl_arm(args, cfg, sample_groups, checkpointing=arm == "b_trl_liger")
     return times, tokens, note
@@ -289,11 +296,13 @@ def trl_arm(args, cfg, sample_groups, checkpointing: bool = True):
                       gradient_checkpointing=checkpointing,  # True is TRL's own default
                       dataloader_num_workers=0, use_cpu=DEVICE == "cpu")
     peft = {"peft_config": peft_lora(cfg)} if cfg.model.llm.lora.enabled else {}  # TRL's LoRA: peft, as its docs show
-    Counting(model=model, args=targs, train_dataset=ds, processing_class=tok, callbacks=[Clock()], **peft).train()
+    trainer = Counting(model=model, args=targs, train_dataset=ds, processing_class=tok, callbacks=[Clock()], **peft)
+    trainer.train()
     times = [marks[2 * i + 1] - marks[2 * i] for i in range(len(marks) // 2)][args.warmup:]
     return times, counts[args.warmup:len(times) + args.warmup], ("the other arms' batches (padding_free row), gradient "
                                                                   f"checkpointing {'on' if checkpointing else 'off'}"
-                                                                  + ("; peft LoRA" if peft else ""))
+                                                                  + ("; peft LoRA" if peft else "")
+                                                                  + f"; {trains(trainer.model)}")
 
 
 def estimate_table(model: str) -> str:
@@ -370,7 +379,7 @@ def driver(args) -> None:
             cmd = [sys.executable, __file__, "--worker", "--arm", arm, "--model", model, "--data", str(data),
                    "--out", str(out), "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device,
                    *(["--batch-tokens", str(args.batch_tokens)] if args.batch_tokens else []),
-                   *(["--set", *args.set] if args.set else [])]
+                   *(["--set", *args.set] if args.set else []), *(["--no-profile"] if args.no_profile else [])]
             t0 = time.time()
             try:
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
@@ -417,6 +426,7 @@ def main() -> None:
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="config overrides for every arm, e.g. "
                     "model.llm.lora.enabled=true model.llm.activation_checkpoint=1 (the HF arms follow LoRA and "
                     "checkpointing too)")
+    ap.add_argument("--no-profile", action="store_true", help="no op table (one step fewer: a 27B step takes seconds)")
     ap.add_argument("--estimate", action="store_true", help="print each model's memory floor as brisk fast would run "
                     "it (built on the meta device: no weights, no GPU) and stop")
     args = ap.parse_args()
