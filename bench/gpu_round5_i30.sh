@@ -17,11 +17,12 @@ set -uo pipefail
 T0=$(date +%s)
 OUT=${OUT:-bench/tmp/gpu_out}; WHL=${WHL:-.whl}
 R=/tmp/r5; W=/tmp/sftw  # results; bench data and the wheels' private folders
-mkdir -p "$OUT" $R /tmp/site /tmp/k
+mkdir -p "$OUT" $R /tmp/site
 left() { local s=$(( $1 - ($(date +%s) - T0) )); echo $(( s > 10 ? s : 10 )); }
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $WHL/soundfile*.whl $WHL/cffi*.whl \
     $WHL/pycparser*.whl $WHL/jiwer*.whl $WHL/rapidfuzz*.whl 2>&1 | tail -n 2  # brisk's own needs the image lacks
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/k $WHL/fla_core*.whl $WHL/liger_kernel*.whl 2>&1 | tail -n 2
+python3 -m pip install -q --no-index --no-deps --no-compile --target $W/site_fla $WHL/fla_core*.whl $WHL/liger_kernel*.whl \
+    2>&1 | tail -n 2  # the bench's own fla folder: the warm-up below compiles the very files its arms import
 export PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/tmp/pycache TORCHINDUCTOR_CACHE_DIR=/tmp/brisk_inductor \
     TRITON_CACHE_DIR=/tmp/triton_cache TOKENIZERS_PARALLELISM=false PYTHONPATH=$PWD:/tmp/site
 { date -u; nvidia-smi -L; git log -1 --format='commit %h %s' 2>/dev/null; python3 -c "import torch, triton, transformers, peft;
@@ -30,15 +31,14 @@ print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', 
 B="python3 bench/sft_bench.py --wheels $WHL --work $W --no-profile --models"
 
 # 0. estimates (CPU), fla warm-up and the build test (GPU, background), the bench data
-for n in 8192 4096; do python3 bench/sft_bench.py --estimate --models qwen3_5_9b,qwen3_5_27b_lora --batch-tokens $n; done \
-    > $R/estimate.md 2>&1
-PYTHONPATH=$PWD:/tmp/k:/tmp/site timeout 170 python3 bench/gdn_check.py --shapes qwen3_5_9b,qwen3_5_27b --widths 128 \
-    --no-speed --jobs 2 --out $R/gdn_warm > $R/fla_warm.log 2>&1 &
+( for n in 8192 4096; do python3 bench/sft_bench.py --estimate --models qwen3_5_9b,qwen3_5_27b_lora --batch-tokens $n; done \
+    > $R/estimate.md 2>&1 ) &
+PYTHONPATH=$PWD:$W/site_fla:/tmp/site timeout 170 python3 bench/fla_warm.py 32 48 > $R/fla_warm.log 2>&1 &
 WARM=$!
 timeout 120 python3 -m pytest -o addopts= -q -rs -p no:warnings -p no:cacheprovider --timeout 100 \
     tests/gpu/test_chat_build_cuda.py > $R/gpu_test_build.log 2>&1 &
 python3 tools/make_chat_data.py ultrachat --out $W/data --n 600 --n-valid 8 --seed 7 > $R/data.log 2>&1
-wait $WARM; echo "fla warm-up exit $? at $(( $(date +%s) - T0 )) s"; wait
+wait $WARM; echo "fla warm-up exit $? at $(( $(date +%s) - T0 )) s"; wait; cat $R/fla_warm.log | tail -n 4
 echo "== part 0 done at $(( $(date +%s) - T0 )) s"; tail -n 3 $R/gpu_test_build.log
 
 # 1.-3. brisk fast (fla, liger, packing, label_head, fused AdamW) on the LoRA configs
