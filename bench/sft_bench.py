@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -186,6 +187,12 @@ def trains(model) -> str:
 def oom_text(batch_tokens: int | None) -> str:
     return f"out of memory at {batch_tokens:,} tokens a batch" if batch_tokens else \
         "out of memory at the config's data.batch_tokens"
+
+
+def last_error(stderr: str) -> str:
+    """The exception line of a dead worker's output (progress bars may print after it), else its last line."""
+    lines = stderr.strip().splitlines() or ["?"]
+    return next((x for x in reversed(lines) if re.match(r"^[\w.]+(Error|Exception)\b", x)), lines[-1])
 
 
 def died_of_oom(log_text: str) -> bool:
@@ -384,7 +391,7 @@ def driver(args) -> None:
             try:
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
                                       timeout=max(30, deadline + 60 - time.time()))
-                log_text, err = proc.stdout + proc.stderr, (proc.stderr.strip().splitlines() or ["?"])[-1]
+                log_text, err = proc.stdout + proc.stderr, last_error(proc.stderr)
                 line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith("RESULT ")), None)
             except subprocess.TimeoutExpired as e:
                 log_text, err, line = str(e.stdout or "") + str(e.stderr or ""), "timed out", None

@@ -49,6 +49,12 @@ def test_oom_found_in_a_dead_workers_output(bench):
     assert bench.oom_text(None) == "out of memory at the config's data.batch_tokens"
 
 
+def test_a_dead_workers_error_line_skips_progress_bars(bench):
+    stderr = "Traceback (most recent call last):\n  File x\nValueError: no conv\n  0%|    | 0/2 [00:00<?, ?it/s]\n"
+    assert bench.last_error(stderr) == "ValueError: no conv"
+    assert bench.last_error("just a line\n") == "just a line"
+
+
 def test_estimate_flag_prints_the_floor(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "bench/sft_bench.py"), "--estimate", "--models", "tiny",
                           "--set", "model.llm.activation_checkpoint=1"], capture_output=True, text=True, timeout=120)
