@@ -44,14 +44,14 @@ echo "== part 0 done at $(( $(date +%s) - T0 )) s"; tail -n 3 $R/gpu_test_build.
 # 1.-3. brisk fast (fla, liger, packing, label_head, fused AdamW) on the LoRA configs
 part() {  # name end_s model batch_tokens steps warmup arms [extra]
     local name=$1 end=$2 model=$3 tokens=$4 steps=$5 warmup=$6 arms=$7; shift 7
-    timeout "$(left $end)" $B $model --arms $arms --batch-tokens $tokens --steps $steps --warmup $warmup \
-        --out $R/$name --budget-s "$(( $(left $end) > 80 ? $(left $end) - 70 : 10 ))" "$@" > $R/$name.log 2>&1
-    # (the bench kills its worker at budget + 60 s: before this timeout, so the row and results.jsonl are written)
+    # the bench kills its worker at budget + 60 s (30 s at least), before this timeout: the row is written either way
+    timeout "$(( $(left $end) + 15 ))" $B $model --arms $arms --batch-tokens $tokens --steps $steps --warmup $warmup \
+        --out $R/$name --budget-s "$(( $(left $end) > 66 ? $(left $end) - 65 : 1 ))" "$@" > $R/$name.log 2>&1
     echo "== $name exit $? at $(( $(date +%s) - T0 )) s"; grep '^{' $R/$name.log | cut -c1-400
 }
-part p1_9b_8192 ${END1:-290} qwen3_5_9b 8192 4 2 d_brisk_fast
-part p2_27b_8192 ${END2:-420} qwen3_5_27b_lora 8192 3 1 d_brisk_fast
-part p3_9b_4096 ${END3:-465} qwen3_5_9b 4096 4 1 d_brisk_fast
+part p1_9b_8192 ${END1:-280} qwen3_5_9b 8192 4 2 d_brisk_fast
+part p2_27b_8192 ${END2:-400} qwen3_5_27b_lora 8192 3 1 d_brisk_fast
+part p3_9b_4096 ${END3:-470} qwen3_5_9b 4096 4 1 d_brisk_fast
 [ -n "${TRL_FLA:-}" ] && NOFLA="" || NOFLA="--no-fla"
 part p4_9b_trl ${END4:-530} qwen3_5_9b 8192 2 1 b_trl_liger $NOFLA
 

@@ -3,6 +3,13 @@ same model (random init), the same data (ultrachat-like lengths) and the same GP
 
     python bench/sft_bench.py --wheels /path/to/.whl --out $OUT                  # everything, table printed last
     python bench/sft_bench.py --models qwen3_5_2b --arms a_loop,d_brisk_fast --steps 4
+    python bench/sft_bench.py --estimate --models qwen3_5_9b,qwen3_5_27b_lora --batch-tokens 8192   # memory floor, CPU
+    python bench/sft_bench.py --models tiny --device cpu --set model.llm.lora.enabled=true model.llm.lora.only=true
+
+LoRA models (qwen3_5_9b, qwen3_5_27b_lora; or any model with --set model.llm.lora.*): brisk's arms train its
+adapters; the loop arms add peft's adapters on the same layers (and transformers' gradient checkpointing where
+the config checkpoints), TRL gets them as its peft_config. Each row says how many parameters trained. An arm
+that runs out of device memory is one row, "out of memory at N tokens a batch", with its peak.
 
 Arms (each a fresh process; real tokens/s = non-pad tokens of the timed steps over their time):
   a_loop          the seed's baseline: a plain transformers loop (bf16 weights, AdamW), padded batches,
