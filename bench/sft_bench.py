@@ -3,6 +3,13 @@ same model (random init), the same data (ultrachat-like lengths) and the same GP
 
     python bench/sft_bench.py --wheels /path/to/.whl --out $OUT                  # everything, table printed last
     python bench/sft_bench.py --models qwen3_5_2b --arms a_loop,d_brisk_fast --steps 4
+    python bench/sft_bench.py --estimate --models qwen3_5_9b,qwen3_5_27b_lora --batch-tokens 8192   # memory floor, CPU
+    python bench/sft_bench.py --models tiny --device cpu --set model.llm.lora.enabled=true model.llm.lora.only=true
+
+LoRA models (qwen3_5_9b, qwen3_5_27b_lora; or any model with --set model.llm.lora.*): brisk's arms train its
+adapters; the loop arms add peft's adapters on the same layers (and transformers' gradient checkpointing where
+the config checkpoints), TRL gets them as its peft_config. Each row says how many parameters trained. An arm
+that runs out of device memory is one row, "out of memory at N tokens a batch", with its peak.
 
 Arms (each a fresh process; real tokens/s = non-pad tokens of the timed steps over their time):
   a_loop          the seed's baseline: a plain transformers loop (bf16 weights, AdamW), padded batches,
@@ -39,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -54,6 +62,7 @@ TRL_ARMS = {"b_trl_liger", "b2_trl_liger_nockpt"}
 FLA_ARMS = {"k_loop_kernels", "p_loop_packed", "d_brisk_fast", "d1_brisk_fast_per_sequence"} | TRL_ARMS
 MODELS = {"qwen3_5_2b": "configs/sft_qwen3_5_2b.yaml", "qwen3_1p7b": "configs/sft_qwen3_1p7b.yaml",
           "qwen3_5_9b": "configs/sft_qwen3_5_9b.yaml", "qwen3_8b": "configs/sft_qwen3_8b.yaml",
+          "qwen3_5_27b_lora": "configs/sft_qwen3_5_27b_lora.yaml",  # 9b and 27b_lora: LoRA, every layer checkpointed
           "tiny": "configs/sft_demo.yaml"}  # tiny: a smoke test of this script (--device cpu)
 DEVICE = "cuda"
 PROFILED = {"a_loop", "d_brisk_fast"}
@@ -61,6 +70,7 @@ PROFILED = {"a_loop", "d_brisk_fast"}
 
 # ------------------------------------------------------------------------------------------ worker
 BATCH_TOKENS: int | None = None  # --batch-tokens: data.batch_tokens for every arm (the configs' 16,384 by default)
+SETS: list[str] = []  # --set: config overrides for every arm (the HF arms read LoRA and checkpointing from them)
 
 
 def load_cfg(model: str, data: Path, extra: list[str]):
@@ -72,7 +82,7 @@ def load_cfg(model: str, data: Path, extra: list[str]):
     # overlong=skip: every arm, TRL too, trains on whole conversations (TRL's padding-free rows do not truncate)
     return load_config(REPO / MODELS[model], [f"data.train={data / 'train.jsonl'}", "data.valid=null", "data.overlong=skip",
                                                f"data.tokenizer={data / 'tokenizer'}", f"train.device={DEVICE}",
-                                               *tiny, *extra])
+                                               *tiny, *SETS, *extra])
 
 
 def groups(cfg, n: int):
@@ -128,26 +138,92 @@ def linear_attention_impl() -> str:
     return "flash-linear-attention" if "fla" in sys.modules else "transformers' torch fallback"
 
 
+def hf_model(cfg):
+    """The transformers model of the config, bf16 weights made on the device. Where the config has LoRA, the seed's
+    way to add it: peft's adapters on the same target layers (base frozen), and transformers' gradient
+    checkpointing where the config checkpoints its layers."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    c = dict(cfg.model.llm.config)
+    with torch.device(DEVICE):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(c.pop("model_type"), **c), dtype=torch.bfloat16)
+    if cfg.model.llm.activation_checkpoint:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.model.llm.lora.enabled:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, peft_lora(cfg))
+    return model
+
+
+def peft_lora(cfg):
+    from peft import LoraConfig
+
+    lora = cfg.model.llm.lora
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules),
+                      task_type="CAUSAL_LM")
+
+
 def worker(args) -> dict:
     import torch
-
-    from brisk.data.collate import Collator
 
     cfg = load_cfg(args.model, Path(args.data), [])
     n = args.warmup + args.steps
     sample_groups = groups(cfg, n)
     torch.manual_seed(0)
     arm, out = args.arm, Path(args.out)
-    prof = out / f"ops_{args.model}_{arm}.txt" if arm in PROFILED else None
+    prof = out / f"ops_{args.model}_{arm}.txt" if arm in PROFILED and not args.no_profile else None
+    try:
+        times, tokens, note = run_arm(args, cfg, sample_groups, prof)
+    except torch.OutOfMemoryError:
+        # One line in the table, not a crash of the bench: what ran out, at which batch, and how far it got.
+        return {"model": args.model, "arm": arm, "error": oom_text(cfg.data.batch_tokens), "peak_gib": peak_gib()}
+    per_s = [k / t for k, t in zip(tokens, times)]
+    return {"model": args.model, "arm": arm, "steps": len(times), "tokens_per_s": sum(tokens) / sum(times),
+            "tps_steps": per_s, "ms_per_step": 1000 * statistics.mean(times), "tokens_per_step": statistics.mean(tokens),
+            "peak_gib": peak_gib(), "note": note}
+
+
+def trains(model) -> str:
+    """How much of the model trains: the row's evidence that LoRA (or the full model) is what ran."""
+    params = list({id(p): p for p in model.parameters()}.values())
+    return f"{sum(p.numel() for p in params if p.requires_grad):,} of {sum(p.numel() for p in params):,} parameters train"
+
+
+def oom_text(batch_tokens: int | None) -> str:
+    return f"out of memory at {batch_tokens:,} tokens a batch" if batch_tokens else \
+        "out of memory at the config's data.batch_tokens"
+
+
+def last_error(stderr: str) -> str:
+    """The exception line of a dead worker's output (progress bars may print after it), else its last line."""
+    lines = stderr.strip().splitlines() or ["?"]
+    return next((x for x in reversed(lines) if re.match(r"^[\w.]+(Error|Exception)\b", x)), lines[-1])
+
+
+def died_of_oom(log_text: str) -> bool:
+    """An arm that ran out of device memory where the worker could not catch it (inside a library's own handler,
+    a kernel launch): torch's OOM error or CUDA's message in its output."""
+    return "OutOfMemoryError" in log_text or "CUDA out of memory" in log_text or "CUDA error: out of memory" in log_text
+
+
+def peak_gib() -> float:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else 0.0
+
+
+def run_arm(args, cfg, sample_groups, prof):
+    import torch
+
+    from brisk.data.collate import Collator
+
+    arm = args.arm
     note = ""
     if arm in ("a_loop", "k_loop_kernels", "p_loop_packed"):
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        c = dict(cfg.model.llm.config)
-        with torch.device(DEVICE):
-            model = AutoModelForCausalLM.from_config(AutoConfig.for_model(c.pop("model_type"), **c),
-                                                     dtype=torch.bfloat16)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        model = hf_model(cfg)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
         packed = arm == "p_loop_packed"
         collate = Collator(packed=True, token_buckets=(1024,)) if packed else Collator()
         batches = [(collate(g).to(DEVICE), sum(len(s.tokens.input_ids) for s in g)) for g in sample_groups]
@@ -159,7 +235,8 @@ def worker(args) -> dict:
             opt.zero_grad(set_to_none=True)
 
         times, tokens = timed(step, batches, args.warmup, prof)
-        note = f"gated delta rule from {linear_attention_impl()}"
+        note = (f"gated delta rule from {linear_attention_impl()}" + ("; peft LoRA" if cfg.model.llm.lora.enabled else "")
+                + f"; {trains(model)}")
     elif arm in ("c_brisk_default", "d_brisk_fast", "d2_brisk_fast_batched", "d1_brisk_fast_per_sequence"):
         from brisk.bench.harness import build_runner
 
@@ -173,13 +250,10 @@ def worker(args) -> dict:
         runner = build_runner(cfg)  # the run's parts as `brisk train` assembles them
         batches = [(runner.collate(g).to(DEVICE), sum(len(s.tokens.input_ids) for s in g)) for g in sample_groups]
         times, tokens = timed(runner.run, batches, args.warmup, prof)
-        note = "; ".join(runner.parts.plan.notes + tuple(runner.parts.accel.notes)) or "no switch"
+        note = "; ".join(runner.parts.plan.notes + tuple(runner.parts.accel.notes) + (trains(runner.model),))
     else:  # TRL_ARMS
         times, tokens, note = trl_arm(args, cfg, sample_groups, checkpointing=arm == "b_trl_liger")
-    per_s = [k / t for k, t in zip(tokens, times)]
-    return {"model": args.model, "arm": arm, "steps": len(times), "tokens_per_s": sum(tokens) / sum(times),
-            "tps_steps": per_s, "ms_per_step": 1000 * statistics.mean(times), "tokens_per_step": statistics.mean(tokens),
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else 0.0, "note": note}
+    return times, tokens, note
 
 
 def trl_arm(args, cfg, sample_groups, checkpointing: bool = True):
@@ -235,10 +309,27 @@ def trl_arm(args, cfg, sample_groups, checkpointing: bool = True):
                       learning_rate=1e-5, logging_steps=1000, save_strategy="no", report_to=[],
                       gradient_checkpointing=checkpointing,  # True is TRL's own default
                       dataloader_num_workers=0, use_cpu=DEVICE == "cpu")
-    Counting(model=model, args=targs, train_dataset=ds, processing_class=tok, callbacks=[Clock()]).train()
+    peft = {"peft_config": peft_lora(cfg)} if cfg.model.llm.lora.enabled else {}  # TRL's LoRA: peft, as its docs show
+    trainer = Counting(model=model, args=targs, train_dataset=ds, processing_class=tok, callbacks=[Clock()], **peft)
+    trainer.train()
     times = [marks[2 * i + 1] - marks[2 * i] for i in range(len(marks) // 2)][args.warmup:]
     return times, counts[args.warmup:len(times) + args.warmup], ("the other arms' batches (padding_free row), gradient "
-                                                                  f"checkpointing {'on' if checkpointing else 'off'}")
+                                                                  f"checkpointing {'on' if checkpointing else 'off'}"
+                                                                  + ("; peft LoRA" if peft else "")
+                                                                  + f"; {trains(trainer.model)}")
+
+
+def estimate_table(model: str) -> str:
+    """The model's memory floor (brisk.bench.memory_estimate) with the loss as d_brisk_fast computes it (label_head),
+    for data.batch_tokens (--batch-tokens), counted on the meta device."""
+    sys.path.insert(0, str(REPO))
+    from brisk.bench.memory_estimate import estimate
+    from brisk.config import load_config
+
+    tiny = ["model.llm.config.vocab_size=392", "data.batch_tokens=2048"] if model == "tiny" else []
+    cfg = load_config(REPO / MODELS[model], ["train.device=cpu", "speed.label_head=true", *tiny, *SETS,
+                                             *([f"data.batch_tokens={BATCH_TOKENS}"] if BATCH_TOKENS else [])])
+    return estimate(cfg).table(model)
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -259,7 +350,9 @@ def table(rows: list[dict]) -> str:
     base = {r["model"]: r for r in rows if r["arm"] == "a_loop" and "tokens_per_s" in r}
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['model']} | {r['arm']} | failed: {r['error'][:80]} | | | | | | |")
+            oom = r["error"].startswith("out of memory")
+            peak = f"{r['peak_gib']:.1f} when it ran out" if oom and r.get("peak_gib") else ""
+            out.append(f"| {r['model']} | {r['arm']} | {'' if oom else 'failed: '}{r['error'][:80]} | | | | | | {peak} |")
             continue
         sd = statistics.pstdev(r["tps_steps"]) if len(r["tps_steps"]) > 1 else 0.0
         med = statistics.median(r["tps_steps"])
@@ -299,16 +392,19 @@ def driver(args) -> None:
                    "SFT_BENCH_NO_FLA": "1" if args.no_fla else ""}
             cmd = [sys.executable, __file__, "--worker", "--arm", arm, "--model", model, "--data", str(data),
                    "--out", str(out), "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device,
-                   *(["--batch-tokens", str(args.batch_tokens)] if args.batch_tokens else [])]
+                   *(["--batch-tokens", str(args.batch_tokens)] if args.batch_tokens else []),
+                   *(["--set", *args.set] if args.set else []), *(["--no-profile"] if args.no_profile else [])]
             t0 = time.time()
             try:
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
                                       timeout=max(30, deadline + 60 - time.time()))
-                log_text, err = proc.stdout + proc.stderr, (proc.stderr.strip().splitlines() or ["?"])[-1]
+                log_text, err = proc.stdout + proc.stderr, last_error(proc.stderr)
                 line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith("RESULT ")), None)
             except subprocess.TimeoutExpired as e:
                 log_text, err, line = str(e.stdout or "") + str(e.stderr or ""), "timed out", None
             (out / f"log_{model}_{arm}.txt").write_text(log_text, encoding="utf-8")
+            if not line and died_of_oom(log_text):
+                err = oom_text(args.batch_tokens)
             row = json.loads(line[7:]) if line else {"model": model, "arm": arm, "error": err}
             row["wall_s"] = time.time() - t0
             rows.append(row)
@@ -341,12 +437,22 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/sft_bench_work", help="generated data and wheel installs")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (--models tiny)")
     ap.add_argument("--table", nargs="+", help="print the table of these results.jsonl files (no run)")
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="config overrides for every arm, e.g. "
+                    "model.llm.lora.enabled=true model.llm.activation_checkpoint=1 (the HF arms follow LoRA and "
+                    "checkpointing too)")
+    ap.add_argument("--no-profile", action="store_true", help="no op table (one step fewer: a 27B step takes seconds)")
+    ap.add_argument("--estimate", action="store_true", help="print each model's memory floor as brisk fast would run "
+                    "it (built on the meta device: no weights, no GPU) and stop")
     args = ap.parse_args()
     if args.table:
         print(table([json.loads(x) for f in args.table for x in Path(f).read_text().splitlines() if x.strip()]))
         return
-    global DEVICE, BATCH_TOKENS
-    DEVICE, BATCH_TOKENS = args.device, args.batch_tokens
+    global DEVICE, BATCH_TOKENS, SETS
+    DEVICE, BATCH_TOKENS, SETS = args.device, args.batch_tokens, args.set
+    if args.estimate:
+        for model in args.models.split(","):
+            print(f"\n{estimate_table(model)}")
+        return
     if args.worker:
         sys.path.insert(0, str(REPO))
         print("RESULT " + json.dumps(worker(args)), flush=True)

@@ -123,7 +123,7 @@ def test_config_rules():
 
 
 @pytest.mark.parametrize("name", ["sft_qwen3_5_0p8b", "sft_qwen3_5_2b", "sft_qwen3_5_9b", "sft_qwen3_5_27b",
-                                  "sft_qwen3_1p7b", "sft_qwen3_8b"])
+                                  "sft_qwen3_5_27b_lora", "sft_qwen3_1p7b", "sft_qwen3_8b"])
 def test_sft_configs_load(name):
     cfg = load_config(ROOT / "configs" / f"{name}.yaml")
     assert cfg.task == "chat" and cfg.train.export == "hf" and cfg.model.llm.dtype == "bf16"

@@ -20,16 +20,17 @@ from ..formats.hf import is_hf_folder
 from ..safe_load import load_torch_file
 from .causal_lm import ChatLM
 from .hf_native import from_hf, load_hf_weights
-from .speech_llm import SpeechLLM
+from .speech_llm import DTYPES, SpeechLLM
 
 log = logging.getLogger("brisk")
 
 
-def build_llm(cfg: ModelConfig) -> nn.Module:
-    """A transformers causal LM from a local folder (config.json) or an inline config, random weights."""
+def build_llm(cfg: ModelConfig, dtype: torch.dtype | None = None) -> nn.Module:
+    """A transformers causal LM from a local folder (config.json) or an inline config, random weights (made in
+    ``dtype`` when given, else in torch's default dtype)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_config(llm_hf_config(cfg.llm))
+    return AutoModelForCausalLM.from_config(llm_hf_config(cfg.llm), **({"dtype": dtype} if dtype else {}))
 
 
 def llm_hf_config(llm):
@@ -108,10 +109,16 @@ def _after_loading(model: SpeechLLM, cfg: ModelConfig) -> SpeechLLM:
 def build_chat_model(cfg: ModelConfig, device: torch.device | str | None = None) -> ChatLM:
     """A ChatLM: seeded random initialisation (from model.llm.config, or model.llm.path's config.json), LoRA
     adapters (model.llm.lora), then the folder's *.safetensors (when model.llm.load_weights), then model.init (a
-    brisk checkpoint or .safetensors), then activation checkpointing (model.llm.activation_checkpoint)."""
+    brisk checkpoint or .safetensors), then activation checkpointing (model.llm.activation_checkpoint).
+
+    On a GPU (and on meta) the weights are made in model.llm.dtype directly: fp32 first would need twice the
+    memory before the cast (a 27B model's fp32 copy alone nearly fills one H200). On the CPU they are made in
+    fp32 and cast, as before: there torch's bf16 normal_ draws other values than fp32's, and the CPU runs are the
+    ones whose numbers tests compare."""
     torch.manual_seed(cfg.seed)
+    direct = torch.device(device or "cpu").type in ("cuda", "meta")
     with torch.device(device or "cpu"):
-        model = _with_adapters(ChatLM(cfg, build_llm(cfg)), cfg)
+        model = _with_adapters(ChatLM(cfg, build_llm(cfg, DTYPES[cfg.llm.dtype] if direct else None)), cfg)
     if cfg.llm.path and cfg.llm.load_weights and _has_hf_weights(Path(cfg.llm.path)):
         _load_hf_llm_weights(model, Path(cfg.llm.path))
     if cfg.init:
