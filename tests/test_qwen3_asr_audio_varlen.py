@@ -41,6 +41,14 @@ def transformers_rows(model, speech, lengths):
     return model.multi_modal_projector(hidden)
 
 
+def test_audio_token_count_equals_transformers_for_every_length():
+    """The one host-side count (data and model both use it) against transformers' own, chunk edges included."""
+    from transformers.models.qwen3_asr.modeling_qwen3_asr import _get_feat_extract_output_lengths
+
+    frames = torch.arange(0, 451)
+    assert [audio_token_count(int(n), 50) for n in frames] == _get_feat_extract_output_lengths(frames, 50).tolist()
+
+
 @pytest.mark.parametrize("lengths", [LENGTHS, [40, 77, 12], [100, 200, 97, 300]])
 def test_host_windows_equal_transformers(lengths):
     """cu_seqlens, the longest window and the real rows' indices, as transformers' encoder computes them on the

@@ -148,11 +148,18 @@ class Qwen3ASRPrompt:
         return Tokens(ids, labels, [(start, n_audio)], utt.audio_paths()[:1])
 
 
-def audio_token_count(frames: int, n_window: int = 50) -> int:
-    """Audio-tower output rows for ``frames`` mel frames (transformers' _get_feat_extract_output_lengths)."""
-    from transformers.models.qwen3_asr.modeling_qwen3_asr import _get_feat_extract_output_lengths
+def rows_after_convs(frames: int) -> int:
+    """Rows of ``frames`` mel frames after the audio tower's three (k=3, s=2, p=1) convolutions."""
+    for _ in range(3):
+        frames = (frames - 1) // 2 + 1 if frames > 0 else 0
+    return frames
 
-    return int(_get_feat_extract_output_lengths(torch.tensor(frames), n_window))
+
+def audio_token_count(frames: int, n_window: int = 50) -> int:
+    """Audio-tower output rows for ``frames`` mel frames: whole chunks of 2 * n_window frames and the rest, each
+    through the convolutions (transformers' _get_feat_extract_output_lengths, in plain integers on the host)."""
+    full, rest = divmod(frames, 2 * n_window)
+    return full * rows_after_convs(2 * n_window) + rows_after_convs(rest)
 
 
 def features(feature_extractor, wave: torch.Tensor) -> torch.Tensor:

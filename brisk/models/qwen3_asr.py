@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError, ModelConfig
+from ..data.qwen3_asr import audio_token_count, rows_after_convs
 from ..formats.batch import AudioBatch
 from .speech_llm import DTYPES, SpeechLLM
 
@@ -102,25 +103,12 @@ class Qwen3ASR(nn.Module):
         return self.encode_audio(batch.speech, batch.speech_lengths, counts)
 
 
-def _after_convs(n: int) -> int:
-    """Rows of a chunk of ``n`` frames after the tower's three (k=3, s=2, p=1) convolutions."""
-    for _ in range(3):
-        n = (n - 1) // 2 + 1 if n > 0 else 0
-    return n
-
-
-def audio_token_count(frames: int, n_window: int) -> int:
-    """The tower's output rows for ``frames`` mel frames (transformers' _get_feat_extract_output_lengths)."""
-    full, rest = divmod(frames, 2 * n_window)
-    return full * _after_convs(2 * n_window) + _after_convs(rest)
-
-
 def audio_windows(counts: list[int], chunks: int, config, device) -> tuple[torch.Tensor, int, torch.Tensor]:
     """What transformers' audio encoder reads back from the device each batch, computed on the host from each
     utterance's output row count: the attention windows' boundaries (cu_seqlens, int32, as its
     get_audio_cu_seqlens), the longest window, and the flat indices of the real rows among the convolutions'
     [N * chunks * rows-per-chunk] output (its valid_indices), for a batch padded to ``chunks`` chunks."""
-    per_chunk = _after_convs(2 * config.n_window)
+    per_chunk = rows_after_convs(2 * config.n_window)
     # transformers' window: the longest chunk's rows (a full chunk's unless every utterance is shorter) times
     # the chunks in an inference window
     window = min(per_chunk, max(counts, default=0)) * (config.n_window_infer // (2 * config.n_window))
