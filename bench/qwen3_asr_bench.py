@@ -197,13 +197,10 @@ def driver(args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     paths = [str(REPO)]
     if args.wheels:
-        site = Path(args.work) / "site"
-        if not site.is_dir():
-            files = [str(f) for n in ("transformers", "soundfile", "cffi", "pycparser")
-                     for f in sorted(Path(args.wheels).rglob(f"{n}-*.whl"))]
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), *files],
-                           check=True)
-        paths.append(str(site))
+        from sft_bench import install  # this folder: the script's own
+
+        paths.append(str(install(Path(args.wheels), Path(args.work) / "site",
+                                 ["transformers", "soundfile", "cffi", "pycparser"])))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
            "TOKENIZERS_PARALLELISM": "false", "TORCHINDUCTOR_CACHE_DIR": str(Path(args.work) / "inductor")}
     rows, deadline = [], time.time() + args.budget_s

@@ -334,9 +334,11 @@ def estimate_table(model: str) -> str:
 
 # ------------------------------------------------------------------------------------------ driver
 def install(wheels: Path, target: Path, names: list[str]) -> Path:
+    """The named wheels of ``wheels`` (and its subfolders: transformers 5.24 sits in .whl/t524) installed into
+    ``target`` without dependencies, once; the folder to put on a worker's path."""
     if target.is_dir():
         return target
-    files = [str(f) for n in names for f in sorted(wheels.glob(f"{n}-*.whl"))]
+    files = [str(f) for n in names for f in sorted(wheels.rglob(f"{n}-*.whl"))]
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), *files],
                    check=True)
     return target
