@@ -4,7 +4,7 @@ At a few hundred rows a step each projection is a small GEMM whose time is launc
 With the weights concatenated (a copy of a few MB a layer, each step) q/k/v take one GEMM forward and two
 backward instead of three and six, gate/up one and two instead of two and four.
 
-Applied as module swaps (brisk/models/swap.py): each layer's attention and MLP becomes an instance of a subclass
+Applied as module swaps (brisk/swap.py): each layer's attention and MLP becomes an instance of a subclass
 of its own class that holds the very same child modules, so the parameters, state dict, optimizer state,
 checkpoints and exports are the same with the switch on or off. The subclass's forward is its parent's with
 the projections fused. With a KV cache (decoding) or without autograd (validation, decoding) it runs the
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from ..models.swap import swap_class, swapped
+from ..swap import swap_class, swapped
 from .compile import decoder_stack
 
 

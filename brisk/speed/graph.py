@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from ..formats.batch import AudioBatch
-from ..models.swap import swapped
+from ..swap import swapped
 
 log = logging.getLogger("brisk")
 

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError
-from ..models.swap import swap_class as subclass
-from ..models.swap import swapped
+from ..swap import swap_class as subclass
+from ..swap import swapped
 from .fla_hopper import hopper_refusal, in_window, register_launcher, triton_version
 
 
