@@ -98,8 +98,8 @@ RULES: tuple[Rule, ...] = (
     Rule("speed.cuda_graph, speed.packing", "config", lambda c, d, w: c.speed.cuda_graph and not c.speed.packing,
          "speed.cuda_graph needs speed.packing=true: graphs are captured per packed bucket"),
     Rule("speed.cuda_graph, speed.frozen_eval", "config", lambda c, d, w: c.speed.cuda_graph and not c.speed.frozen_eval,
-         "speed.cuda_graph needs speed.frozen_eval=true (the graphed step covers the LLM; the frozen encoder and "
-         "adaptor run in graphs of their own)"),
+         "speed.cuda_graph needs speed.frozen_eval=true (the graphed step covers the LLM; the frozen audio path runs "
+         "before it, in graphs of its own where the model family allows)"),
     Rule("speed.cuda_graph, train.accum_grad", "config", lambda c, d, w: c.speed.cuda_graph and c.train.accum_grad != 1,
          "speed.cuda_graph does not support train.accum_grad > 1 (one graph is one optimizer step); set train.accum_grad=1"),
     Rule("speed.fresh_grads, speed.cuda_graph", "config", lambda c, d, w: c.speed.fresh_grads and not c.speed.cuda_graph,

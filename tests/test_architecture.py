@@ -177,7 +177,7 @@ def test_every_family_part_names_a_function_that_exists():
     for fam in families.all_families():
         refs = [fam.build, fam.dataset, fam.readme, *fam.exporters.values(),
                 *(r for r in (fam.recognizer, fam.val_recognizer, fam.eval_main, fam.eval_set, fam.prepare,
-                                fam.folder_overrides) if r is not None)]
+                                fam.folder_overrides, fam.graph_examples) if r is not None)]
         for ref in refs:
             module, _, attr = ref.target.partition(":")
             assert module in mods, f"{fam.name}: {ref.target}: no module {module}"

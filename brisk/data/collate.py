@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from ..families import family_of
 from ..formats.batch import AudioBatch, Batch
 from .dataset import Sample
 
@@ -36,8 +37,9 @@ class Collator:
     """Picklable collate_fn for DataLoader workers.
 
     packed: one row per batch, padded up to a ``token_buckets`` length. For static shapes (CUDA graphs)
-    also pad the speech to ``speech_buckets`` frames and ``pad_utts`` segments, the audio slots to the row
-    length, and cu_seqlens to ``pad_utts + 2`` entries.
+    also pad the audio slots to the row length and cu_seqlens to ``pad_utts + 2`` entries, and, with
+    ``static_speech`` (audio graphed per speech shape), the speech to ``speech_buckets`` frames and ``pad_utts``
+    segments.
     """
 
     packed: bool = False
@@ -45,6 +47,7 @@ class Collator:
     speech_buckets: tuple[int, ...] = ()
     pad_utts: int = 0  # 0: no padding of the utterance count
     static: bool = False
+    static_speech: bool = True  # with static: pad the speech too (False: the audio path runs eagerly, unpadded)
 
     def __call__(self, samples: list[Sample]) -> Batch | None:
         bad = [s.error for s in samples if s.error]
@@ -82,7 +85,7 @@ class Collator:
             return None, None, 0
         lengths = torch.tensor([f.shape[0] for f in feats], dtype=torch.long)
         speech = pad_sequence(feats, batch_first=True)  # [N, F, D]
-        if self.static:
+        if self.static and self.static_speech:
             frames = bucket(speech.shape[1], list(self.speech_buckets))
             n = max(self.pad_utts, speech.shape[0])
             pad = speech.new_zeros(n, frames, speech.shape[2])
@@ -208,9 +211,11 @@ def _pad_audio(out: AudioBatch, batch: AudioBatch, tokens: int, frames: int, seg
 
 def collator_for(cfg) -> Collator:
     """The collation a run's speed plan asks for: padded rows (the default), or packed rows padded to the
-    bucket lengths, with static shapes (fixed audio slots and cu_seqlens entries) under speed.cuda_graph."""
+    bucket lengths, with static shapes (fixed audio slots and cu_seqlens entries) under speed.cuda_graph; the
+    speech is padded to its buckets too where the model family graphs its audio path (``Family.audio_graphs``)."""
     s = cfg.speed
     if not s.packing:
         return Collator()
     return Collator(packed=True, token_buckets=tuple(s.pack_buckets), speech_buckets=tuple(s.speech_buckets),
-                    pad_utts=cfg.data.max_utts if s.cuda_graph else 0, static=s.cuda_graph)
+                    pad_utts=cfg.data.max_utts if s.cuda_graph else 0, static=s.cuda_graph,
+                    static_speech=family_of(cfg).audio_graphs)

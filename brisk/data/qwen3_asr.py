@@ -216,6 +216,24 @@ def qwen3_asr_dataset(cfg, which: str, path: str | None, vocab_size: int, tokeni
     return dataset, skipped, {"bad_lines": len(skipped)}
 
 
+def graph_examples(cfg, collator, vocab: int, max_tokens: int) -> list:
+    """One batch per packed bucket up to ``max_tokens`` of exactly the bucket's length, in the collator's static
+    shapes, for capturing the step graphs before training (the family's ``graph_examples``). Only the token row
+    reaches a step graph (the audio tower runs eagerly before it), so each is one utterance of a single mel
+    frame (one audio row for any window size) and random tokens, labelled after a short prompt."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for t in cfg.speed.pack_buckets:
+        if t > max_tokens:
+            break
+        prefix, n_audio = 8, 1
+        ids = torch.randint(1, vocab, (t,), generator=g).tolist()
+        labels = [-100] * (prefix + n_audio) + ids[prefix + n_audio:]
+        tokens = Tokens(ids, labels, [(prefix, n_audio)], ["<synthetic>"])
+        out.append(collator([Sample(f"graph_example_{t}", [torch.zeros(1, 128)], tokens)]))
+    return out
+
+
 def eval_set(path: str, cfg) -> tuple[list[str], list[str], list[str]]:
     """(keys, audio paths, transcripts) of either jsonl, for `brisk eval` (the family's ``eval_set``)."""
     utts, _ = read_lines(path, cfg)

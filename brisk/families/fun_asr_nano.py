@@ -48,4 +48,6 @@ FAMILY = register(Family(
     folder_overrides=Ref("brisk.models.hf_native:folder_overrides"),
     encoder_blocks=encoder_blocks,
     audio_path=("audio_encoder", "audio_adaptor"),
+    audio_graphs=True,  # the SANM encoder and adaptor read nothing on the host: one graph per speech bucket
+    graph_examples=Ref("brisk.train.examples:example_batches"),
 ))

@@ -16,16 +16,18 @@ def encoder_blocks(model, compile: bool = False) -> list:
 FAMILY = register(Family(
     name="qwen3_asr",
     summary="Qwen3-ASR (transformers' qwen3_asr) on its fine-tuning jsonl or FunASR jsonl",
-    # Not cuda_graph (nor fresh_grads, which needs it): transformers' audio attention reads its window lengths
-    # on the host, so its step cannot be captured as the Fun-ASR-Nano step is (audio_varlen removes that read,
-    # but the graphed step is not built for this family).
     switches=frozenset({"frozen_eval", "encoder_dtype", "encoder_cache", "fuse_projections", "compile", "packing",
-                        "label_head", "sdpa_backends", "fused_adamw", "tf32", "audio_varlen"}),
+                        "label_head", "sdpa_backends", "fused_adamw", "tf32", "audio_varlen", "cuda_graph",
+                        "fresh_grads", "optimizer_in_backward"}),
     presets={"fast": {"packing": True, "frozen_eval": True, "encoder_dtype": "bf16", "compile": True,
-                      "fused_adamw": True, "label_head": True, "fuse_projections": True, "audio_varlen": True}},
-    frozen_audio=("frozen_eval", "encoder_dtype", "encoder_cache"),
-    refused=("model.family={family} does not take {bad} (speed.cuda_graph and fresh_grads: its audio tower reads "
-             "chunk lengths on the host, so the step cannot be captured); set them false (it takes {takes})"),
+                      "fused_adamw": True, "label_head": True, "fuse_projections": True, "audio_varlen": True,
+                      "cuda_graph": True, "fresh_grads": True}},
+    frozen_audio=("frozen_eval", "encoder_dtype", "encoder_cache", "cuda_graph", "fresh_grads"),
+    # speed.cuda_graph: the audio tower's windows and real rows are worked out on the host from each batch's
+    # audio token counts (brisk.models.qwen3_asr.audio_windows), so the frozen tower runs eagerly before each
+    # replay of the step graph (no host sync) and its rows are copied into the graph; the features stay unpadded.
+    audio_graphs=False,
+    graph_examples=Ref("brisk.data.qwen3_asr:graph_examples"),
     rules=(
         FamilyRule("model.family, model.path", lambda c: c.model.path,
                    "model.path is a FunASR model folder; with model.family=qwen3_asr give the transformers Qwen3-ASR "

@@ -68,6 +68,13 @@ class Family:
     decoder_layers: Callable = _llm_layers  # model -> nn.ModuleList of decoder layers
     encoder_blocks: Callable = _no_blocks  # (model or its audio copy, compile) -> list of nn.ModuleList
     audio_path: tuple[str, ...] = ()  # attribute names of the audio modules (encoder first), () without audio
+    # speed.cuda_graph: whether the frozen audio path is captured too, one graph per speech shape (its work depends
+    # on the padded features' shape alone); False: it runs eagerly before each replay and its rows are copied into
+    # the step graph's static input (the collator then leaves the features unpadded)
+    audio_graphs: bool = False
+    # (cfg, collator, vocab, max_tokens) -> one batch per packed bucket up to max_tokens, in the collator's static
+    # shapes, for capturing the step graphs before training; None: each bucket's graph is captured when first met
+    graph_examples: Ref | None = None
     notes: dict[str, str] = field(default_factory=dict)  # extra words for messages (e.g. why a switch is not taken)
     # The transformers folders (config.json) it loads: their model_type values ("*": any other config.json)
     folder_types: tuple[str, ...] = ()

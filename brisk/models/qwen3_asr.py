@@ -98,9 +98,22 @@ class Qwen3ASR(nn.Module):
         return self.multi_modal_projector(run_audio_tower(tower, feats.to(dtype), *windows))
 
     def audio_rows(self, batch: AudioBatch) -> torch.Tensor:
-        """The rows that fill the batch's audio slots, [A, D]."""
-        counts = batch.slot_counts if len(batch.slot_counts) == batch.speech.shape[0] else None
-        return self.encode_audio(batch.speech, batch.speech_lengths, counts)
+        """The rows that fill the batch's audio slots, [A, D] (A: the length of ``audio_pos``).
+
+        A static packed layout (CUDA graphs) has more slots than rows, the extra ones writing to the scratch
+        position: they get zero rows. Its speech may hold padding segments (each rank padded to a common shape)
+        and frames no utterance reaches: only the counted utterances and the chunks their rows come from are run
+        (the same rows; a chunk's convolutions see that chunk alone)."""
+        counts, speech, lengths = list(batch.slot_counts), batch.speech, batch.speech_lengths
+        if counts and len(counts) <= speech.shape[0]:
+            per_chunk = rows_after_convs(2 * self.audio_tower.n_window)
+            frames = 2 * self.audio_tower.n_window * max(-(-c // per_chunk) for c in counts)
+            speech, lengths = speech[: len(counts), :frames], lengths[: len(counts)]
+        else:  # counts unknown: read from the lengths (a host sync)
+            counts = None
+        rows = self.encode_audio(speech, lengths, counts)
+        pad = batch.audio_pos.numel() - rows.shape[0]
+        return F.pad(rows, (0, 0, 0, pad)) if pad > 0 else rows
 
 
 def audio_windows(counts: list[int], chunks: int, config, device) -> tuple[torch.Tensor, int, torch.Tensor]:

@@ -12,13 +12,17 @@ Replaying a graph launches them all at once. What makes the step capturable:
   bucket's graph (``TrainStep.persistent_grads``, set from the plan); with speed.fresh_grads they are instead
   new tensors that backward writes in each replay, from the graph's pool (see ``GraphedStep.__init__``);
   activations of all graphs come from one shared memory pool;
-- the frozen encoder and adaptor run in their own graphs, one per speech bucket, without autograd: the
-  graphed step computes its audio rows with its own copy of the frozen audio provider
-  (``FrozenAudio.with_encoder``);
+- the frozen audio path runs outside the step graph, without autograd, and its rows are copied into the
+  graph's static input. Where the model family says its audio work depends on the features' shape alone
+  (``Family.audio_graphs``: Fun-ASR-Nano's encoder and adaptor) it runs in graphs of its own, one per speech
+  bucket, through the graphed step's own copy of the frozen audio provider (``FrozenAudio.with_encoder``);
+  otherwise (Qwen3-ASR's audio tower, whose attention windows and real rows are worked out on the host from
+  each batch's counts) it runs eagerly before each replay, which adds no host sync: the rows' count is the
+  bucket's fixed number of audio slots;
 - everything is captured inside the run's flag scope (``flags.run_scope``: TF32, SDPA backends), so the
   graphs hold the kernels those flags choose.
 
-Graphs are captured up front for every bucket (``prepare``), warming each one with lr = 0 and then
+Graphs are captured up front for every bucket (``prepare``, from the family's ``graph_examples``), warming each one with lr = 0 and then
 restoring the optimizer state, so the run's numbers are those of the eager step. The graphs read the
 optimizer's lr tensor: after a resume it must be that same device tensor (``load_optimizer_state``). A batch
 longer than every bucket (or than MAX_GRAPH_TOKENS) runs the same step eagerly and is logged. CUDA's embedding
@@ -121,9 +125,11 @@ class GraphedEncoder:
 class GraphedStep:
     """Wraps a step (``TrainStep``: its ``body``, optimizer, parameters and hooks) and a frozen audio provider;
     replays one graph per bucket. It owns its graphs, their pool and its graphed audio provider, and edits
-    nothing else: the step's gradient mode and any gradient sync are the step's own, set when it was built."""
+    nothing else: the step's gradient mode and any gradient sync are the step's own, set when it was built.
+    ``audio_graphs``: capture the audio path per speech shape too (the model family's ``audio_graphs``); else
+    the provider runs eagerly before each replay."""
 
-    def __init__(self, step, audio):
+    def __init__(self, step, audio, audio_graphs: bool = True):
         opt = step.optimizer
         group = opt.param_groups[0]
         if not (group.get("fused") and group.get("capturable") and isinstance(group["lr"], torch.Tensor)
@@ -142,8 +148,9 @@ class GraphedStep:
             elif p.grad is None:
                 p.grad = torch.zeros_like(p)
         self.pool = torch.cuda.graph_pool_handle()
-        self.encoder = GraphedEncoder(audio.path, self.pool)
-        self.audio = audio.with_encoder(self.encoder)  # the frozen audio rows from encoder graphs
+        self.encoder = GraphedEncoder(audio.path, self.pool)  # no graphs in it unless audio_graphs
+        # the frozen audio rows from encoder graphs, or from the provider itself, eagerly
+        self.audio = audio.with_encoder(self.encoder) if audio_graphs else audio
         self.graphs: dict[object, _Captured] = {}
         self.capture_seconds = 0.0
         self.eager_fallbacks = 0

@@ -132,15 +132,16 @@ def step_function(parts: Parts, step: TrainStep):
     inside the run's flag scope (the graphs keep the kernels those flags choose)."""
     if not parts.plan.speed.cuda_graph:
         return step
-    from ..speed.graph import GraphedStep
-    from .examples import example_batches
+    from ..speed.graph import MAX_GRAPH_TOKENS, GraphedStep
 
-    graphed = GraphedStep(step, parts.accel.audio)
+    family = family_of(parts.cfg)
+    graphed = GraphedStep(step, parts.accel.audio, audio_graphs=family.audio_graphs)
     if parts.ranks.world > 1:
         log.warning("speed.cuda_graph with several ranks has not yet passed its 2-GPU test (docs/multigpu.md); "
                     "the eager path (packing, frozen_eval, fused_adamw) is the tested one")
     vocab = parts.model.llm.get_input_embeddings().weight.shape[0]
-    examples = [b.to(parts.device) for b in example_batches(parts.cfg, parts.collator, vocab)]
+    made = family.graph_examples(parts.cfg, parts.collator, vocab, MAX_GRAPH_TOKENS) if family.graph_examples else []
+    examples = [b.to(parts.device) for b in made]
     with run_scope(parts.cfg.speed):
         seconds = graphed.prepare(examples)
     log.info("cuda_graph: %d step graphs and %d encoder graphs captured up front in %.1f s",
