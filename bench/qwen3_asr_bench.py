@@ -16,9 +16,13 @@ timed steps; utterances and LLM tokens a step are the same in every arm):
                   layers, fused AdamW, label_head, fused projections): the recipe's work, brisk's path
   brisk_fast      speed.preset=fast as shipped: also the frozen bf16 audio path (frozen_eval, encoder_dtype),
                   which needs model.encoder.freeze and model.adaptor.freeze (the usual fine-tune keeps the
-                  audio tower frozen; the recipe trains it): less work, named as such
+                  audio tower frozen; the recipe trains it): less work, named as such; and with the audio frozen
+                  the step is one CUDA graph a bucket (speed.cuda_graph, fresh_grads), captured before timing,
+                  the tower running eagerly before each replay
+  brisk_fast_nograph  brisk_fast with speed.cuda_graph=false and speed.fresh_grads=false: what the graph is worth
   brisk_fast_nav  brisk_fast with speed.audio_varlen=false (transformers' per-window audio attention): what the
                   one-call audio attention is worth (only when --arms names it)
+Packed arms use the preset's own bucket lengths (speed.pack_buckets).
 Tokens: the bundled demo processor's tokenizer (392 words and characters, ids inside the 151,936 vocabulary),
 so a step's LLM tokens follow the bundled set, not Qwen3's BPE.
 Wheels: the GPU image's transformers may predate qwen3_asr (5.24 has it): --wheels installs transformers (and
@@ -37,7 +41,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-ARMS = ("recipe", "brisk_default", "brisk_fast_all", "brisk_fast")  # the default --arms; brisk_fast_nav on request
+ARMS = ("recipe", "brisk_default", "brisk_fast_all", "brisk_fast", "brisk_fast_nograph")  # the default --arms
+# (brisk_fast_nav on request)
 SIZES = {"0p6b": "configs/bench_qwen3_asr_0p6b.yaml", "tiny": "configs/qwen3_asr_demo.yaml"}
 
 
@@ -79,9 +84,9 @@ def brisk_arm(args, idx: list[list[int]]) -> tuple[list[float], str]:
              "brisk_fast_all": ["speed.preset=fast"],
              "brisk_fast": ["speed.preset=fast", "model.encoder.freeze=true", "model.adaptor.freeze=true"],
              "brisk_fast_nav": ["speed.preset=fast", "model.encoder.freeze=true", "model.adaptor.freeze=true",
-                                "speed.audio_varlen=false"]}[args.arm]
-    if args.size == "0p6b":
-        extra += ["speed.pack_buckets=[1024,1536,2048,3072,4096,6144,8192]"]
+                                "speed.audio_varlen=false"],
+             "brisk_fast_nograph": ["speed.preset=fast", "model.encoder.freeze=true", "model.adaptor.freeze=true",
+                                    "speed.cuda_graph=false", "speed.fresh_grads=false"]}[args.arm]
     cfg = load_cfg(args, extra)
     runner = build_runner(cfg)
 

@@ -244,8 +244,7 @@ def main_table() -> None:
     # model.family: an unknown family, and what Qwen3-ASR does not take
     q3 = str(REPO / "configs" / "qwen3_asr_demo.yaml")
     case("an unknown model family", ["train", q3, "model.family=whisper"])
-    case("qwen3_asr: a CUDA-graphed step", ["train", q3, "speed.cuda_graph=true", "speed.packing=true",
-                                            "speed.frozen_eval=true", "model.encoder.freeze=true", "model.adaptor.freeze=true"])
+    case("qwen3_asr: a switch it does not take", ["train", q3, "speed.liger=true"])
     case("qwen3_asr: a FunASR export", ["train", q3, "train.export=funasr"])
 
     print("| mistake | command | what brisk prints | exit |")

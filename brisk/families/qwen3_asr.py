@@ -21,7 +21,11 @@ FAMILY = register(Family(
                         "fresh_grads", "optimizer_in_backward"}),
     presets={"fast": {"packing": True, "frozen_eval": True, "encoder_dtype": "bf16", "compile": True,
                       "fused_adamw": True, "label_head": True, "fuse_projections": True, "audio_varlen": True,
-                      "cuda_graph": True, "fresh_grads": True}},
+                      "cuda_graph": True, "fresh_grads": True,
+                      # Fun-ASR-Nano's preset buckets: a graph each, captured up front; the bench's ~1,700-2,000-token
+                      # steps pad to 1,792 or 2,048 positions
+                      "pack_buckets": [256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2304, 2560,
+                                       3072, 4096]}},
     frozen_audio=("frozen_eval", "encoder_dtype", "encoder_cache", "cuda_graph", "fresh_grads"),
     # speed.cuda_graph: the audio tower's windows and real rows are worked out on the host from each batch's
     # audio token counts (brisk.models.qwen3_asr.audio_windows), so the frozen tower runs eagerly before each
