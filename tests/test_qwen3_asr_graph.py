@@ -95,6 +95,7 @@ def test_graph_examples_fill_each_bucket_up_to_the_limit(tmp_path):
     for b in batches:
         t = b.input_ids.shape[1]
         assert b.n_tokens == t and b.audio_pos.numel() == t and b.cu_seqlens.numel() == cfg.data.max_utts + 2
+        assert b.slot_counts == [2]  # more than one audio row: compiled tower layers stay general
         assert head.rows(head.fit(b)) < t  # the bucket's common graph, not an all-rows one
     model = family_of(cfg).build(cfg.model, "cpu")
     _, loss, _, count = model_loss(model, head.fit(batches[0]), StepHooks(audio=FrozenAudio(model), loss=head))

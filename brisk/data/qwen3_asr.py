@@ -219,18 +219,22 @@ def qwen3_asr_dataset(cfg, which: str, path: str | None, vocab_size: int, tokeni
 def graph_examples(cfg, collator, vocab: int, max_tokens: int) -> list:
     """One batch per packed bucket up to ``max_tokens`` of exactly the bucket's length, in the collator's static
     shapes, for capturing the step graphs before training (the family's ``graph_examples``). Only the token row
-    reaches a step graph (the audio tower runs eagerly before it), so each is one utterance of a single mel
-    frame (one audio row for any window size) and random tokens, labelled after a short prompt."""
+    reaches a step graph (the audio tower runs eagerly before it), so each is one short utterance (16 mel frames:
+    2 audio rows for any window of 16 frames or more, so that compiled tower layers are not specialised to a
+    single row) and random tokens, labelled after a short prompt."""
+    audio = cfg.model.llm.config.get("audio_config") or {}
+    frames, prefix = 16, 8
+    n_audio = audio_token_count(frames, audio.get("n_window", 50))
     g = torch.Generator().manual_seed(0)
     out = []
     for t in cfg.speed.pack_buckets:
         if t > max_tokens:
             break
-        prefix, n_audio = 8, 1
         ids = torch.randint(1, vocab, (t,), generator=g).tolist()
         labels = [-100] * (prefix + n_audio) + ids[prefix + n_audio:]
         tokens = Tokens(ids, labels, [(prefix, n_audio)], ["<synthetic>"])
-        out.append(collator([Sample(f"graph_example_{t}", [torch.zeros(1, 128)], tokens)]))
+        feats = torch.randn(frames, audio.get("num_mel_bins", 128), generator=g)
+        out.append(collator([Sample(f"graph_example_{t}", [feats], tokens)]))
     return out
 
 
