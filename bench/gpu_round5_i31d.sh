@@ -21,13 +21,13 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/tmp/pyc
 { date -u; nvidia-smi -L; PYTHONPATH=/tmp/t524:$PYTHONPATH python3 -c "import torch, transformers; print('torch',
 torch.__version__, 'transformers', transformers.__version__)"; git log -1 --format='%h %s' 2>/dev/null; } > /tmp/r/machine.txt 2>&1
 
-PT="python3 -m pytest -o addopts= -q -rs -p no:warnings -p no:cacheprovider --timeout 200"
-PYTHONPATH=/tmp/t524:$PYTHONPATH timeout 220 $PT tests/gpu/test_qwen3_asr_graph_cuda.py tests/gpu/test_qwen3_asr_cuda.py \
+PT="python3 -m pytest -o addopts= -q -rs -p no:warnings -p no:cacheprovider --timeout 150"
+PYTHONPATH=/tmp/t524:$PYTHONPATH timeout 165 $PT tests/gpu/test_qwen3_asr_graph_cuda.py tests/gpu/test_qwen3_asr_cuda.py \
     > /tmp/r/gpu_tests_qwen3_asr_graph.log 2>&1
 echo "== part 1 done at $(( $(date +%s) - T0 )) s"
 
-timeout "$(left 585)" python3 bench/qwen3_asr_bench.py --wheels $WHL --out /tmp/r/q31 \
-    --arms recipe,brisk_fast,brisk_fast_nograph --steps 20 --warmup 5 --runs 2 --budget-s "$(( $(left 585) - 70 ))" \
+timeout "$(left 530)" python3 bench/qwen3_asr_bench.py --wheels $WHL --out /tmp/r/q31 \
+    --arms recipe,brisk_fast,brisk_fast_nograph --steps 20 --warmup 5 --runs 2 --budget-s "$(( $(left 530) - 70 ))" \
     > /tmp/r/q31.log 2>&1
 echo "qwen3_asr_bench exit $?"
 
