@@ -20,6 +20,8 @@ timed steps; utterances and LLM tokens a step are the same in every arm):
                   the step is one CUDA graph a bucket (speed.cuda_graph, fresh_grads), captured before timing,
                   the tower running eagerly before each replay
   brisk_fast_nograph  brisk_fast with speed.cuda_graph=false and speed.fresh_grads=false: what the graph is worth
+  brisk_fast_gc   brisk_fast with train.gc_every (Python's collector frozen after the first step, as brisk train
+                  does with that setting): whether a collection lands inside timed steps (only when --arms names it)
   brisk_fast_nav  brisk_fast with speed.audio_varlen=false (transformers' per-window audio attention): what the
                   one-call audio attention is worth (only when --arms names it)
 Packed arms use the preset's own bucket lengths (speed.pack_buckets).
@@ -79,6 +81,7 @@ def groups(args) -> list[list[int]]:
 def brisk_arm(args, idx: list[list[int]]) -> tuple[list[float], str]:
     from brisk.bench.harness import build_runner, llm_vocab
     from brisk.data.loader import build_split
+    from brisk.train.trainer import freeze_gc
 
     extra = {"brisk_default": [],
              "brisk_fast_all": ["speed.preset=fast"],
@@ -86,7 +89,9 @@ def brisk_arm(args, idx: list[list[int]]) -> tuple[list[float], str]:
              "brisk_fast_nav": ["speed.preset=fast", "model.encoder.freeze=true", "model.adaptor.freeze=true",
                                 "speed.audio_varlen=false"],
              "brisk_fast_nograph": ["speed.preset=fast", "model.encoder.freeze=true", "model.adaptor.freeze=true",
-                                    "speed.cuda_graph=false", "speed.fresh_grads=false"]}[args.arm]
+                                    "speed.cuda_graph=false", "speed.fresh_grads=false"],
+             "brisk_fast_gc": ["speed.preset=fast", "model.encoder.freeze=true", "model.adaptor.freeze=true",
+                               "train.gc_every=1000"]}[args.arm]
     cfg = load_cfg(args, extra)
     runner = build_runner(cfg)
 
@@ -100,11 +105,35 @@ def brisk_arm(args, idx: list[list[int]]) -> tuple[list[float], str]:
         sync(args.device)
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
+        if i == 0 and cfg.train.gc_every:  # what brisk train does after its first step
+            freeze_gc()
     from brisk.speed.compile import compile_counters
 
     note = "; ".join(runner.parts.plan.notes + tuple(runner.parts.accel.notes)) or "no switch"
     counts = compile_counters()  # a recompile inside the timed steps shows as one slow step; these say how many
-    return times, note + f"; dynamo: {counts.get('graphs', 0)} graphs, {counts.get('recompiles', 0)} recompiles"
+    return times, note + f"; dynamo: {counts.get('graphs', 0)} graphs, {counts.get('recompiles', 0)} recompiles" \
+        + audio_ms(args, runner, batches[args.warmup:])
+
+
+def audio_ms(args, runner, batches) -> str:
+    """The audio rows' share of a graphed step: the frozen tower runs eagerly before each replay, so its wall time
+    (host launches and device work, synced) is the part of the step that the graph does not cover."""
+    audio = getattr(runner.step, "audio", None)
+    if audio is None:
+        return ""
+    ms = []
+    from brisk.speed.flags import run_scope
+
+    with run_scope(runner.cfg.speed):
+        for b in batches[:10]:
+            b = b.to(runner.parts.device)
+            sync(args.device)
+            t0 = time.perf_counter()
+            audio(b)
+            sync(args.device)
+            ms.append(1000 * (time.perf_counter() - t0))
+    return f"; audio rows outside the graph: median {statistics.median(ms):.1f} ms (" + \
+        ", ".join(f"{m:.1f}" for m in ms) + ")"
 
 
 def recipe_arm(args, idx: list[list[int]]) -> tuple[list[float], str]:

@@ -42,6 +42,14 @@ def planned_steps(cfg: Config, train: Split) -> int:
     return min(total, cfg.train.max_steps) if cfg.train.max_steps else total
 
 
+def freeze_gc() -> None:
+    """train.gc_every's start: everything alive now (model, data) is never scanned again, and Python's collector
+    runs only where the loop calls it (a collection over a large model's objects lands on an arbitrary step)."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+
+
 @dataclass
 class Trainer:
     """The loop around one ``step_fn`` (a TrainStep, or a GraphedStep replaying it), built whole by
@@ -181,9 +189,7 @@ class Trainer:
             self.timed("checkpoint", self.save)
         if c.gc_every:
             if p.step == 1:
-                gc.collect()
-                gc.freeze()  # everything alive now (model, data) is never scanned again
-                gc.disable()
+                freeze_gc()
             elif p.step % c.gc_every == 0:
                 self.timed("gc", gc.collect)
         for rec in self.timer.end(self.counters()):
