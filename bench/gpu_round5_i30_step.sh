@@ -2,21 +2,25 @@
 # Issue 30, item 4 (one H200, one call, <= 8 minutes): the rest of the hybrid's step, and the dense Qwen3 row.
 # From the repo root, with fla-core and liger-kernel wheels in $WHL (default .whl):
 #   OUT=$OUT bash bench/gpu_round5_i30_step.sh
-# 0. (untimed, in parallel, <= ${END0:-150} s) fla's Triton kernels for 16 value heads (bench/fla_warm.py), the
+# 0. (untimed, in parallel, <= ${END0:-140} s) fla's Triton kernels for 16 value heads (bench/fla_warm.py), the
 #    compiled arm of each model run once (Inductor's cold compile lands in TORCHINDUCTOR_CACHE_DIR, so the timed
 #    arm below starts warm: its compile time is printed here, from the log), and the GPU tests of the fused norms
-#    and of compiled == eager (tests/gpu/test_llm_step_cuda.py);
+#    and of compiled == eager (tests/gpu/test_llm_step_cuda.py), then `brisk doctor --kernels` on the 2B config
+#    (fla's delta rule, conv and fused gated norm, liger, varlen attention against fp32);
 # 1. bench/sft_bench.py on Qwen3.5 2B (fla on) and Qwen3 1.7B, the same batches (8,192 padded tokens a batch),
 #    one arm at a time on the otherwise idle GPU: a_loop (the seed's loop), d_brisk_fast (today's),
 #    d3_brisk_fast_norms (+ fla's fused gated norm; the 2B only: the dense model has none) and
 #    d4_brisk_fast_compile (compiled decoder layers, fla eager between the graphs, no liger);
 #    op tables of one step of every brisk arm, grouped (ops_*_groups.md: GEMM / attention / linear attention /
 #    norms / loss / optimizer / elementwise; launches, CUDA ms, host time).
-# Everything lands in $OUT/all.tgz (a call returns 8 files at most); the grouped op tables and the table print last.
+# Time: ~8 minutes (part 0 to 140 s, the 2B's arms to 345 s, the 1.7B's to 470 s: END0, END1, END2 move them).
+# An arm starts only while its part has 65 s left, so at ~45 s an arm the 2B's last (d3) may be skipped:
+# END1=380 END2=505 (~8.5 minutes) leaves room for it.
+# Everything lands in $OUT/all.tgz, the grouped op tables and the table also in $OUT/summary.md, printed last.
 set -uo pipefail
 T0=$(date +%s)
 OUT=${OUT:-bench/tmp/gpu_out}; WHL=${WHL:-.whl}
-R=/tmp/r5s; W=/tmp/sftw  # results; bench data and the wheels' private folders
+R=${R:-/tmp/r5s}; W=${W:-/tmp/sftw}  # results; bench data and the wheels' private folders
 mkdir -p "$OUT" $R /tmp/site
 left() { local s=$(( $1 - ($(date +%s) - T0) )); echo $(( s > 10 ? s : 10 )); }
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $WHL/soundfile*.whl $WHL/cffi*.whl \
@@ -34,16 +38,19 @@ B="python3 bench/sft_bench.py --wheels $WHL --work $W --batch-tokens 8192"
 python3 tools/make_chat_data.py ultrachat --out $W/data --n 600 --n-valid 8 --seed 7 > $R/data.log 2>&1
 
 # 0. warm-up (nothing timed runs beside it). Each warm-up bench kills its own worker at its budget + 60 s.
-E0=${END0:-150}
+E0=${END0:-140}
 PYTHONPATH=$PWD:$W/site_fla:/tmp/site timeout $(left $E0) python3 bench/fla_warm.py 16 > $R/fla_warm.log 2>&1 &
 for m in qwen3_5_2b qwen3_1p7b; do
     timeout $(( $(left $E0) + 20 )) $B --models $m --arms d4_brisk_fast_compile --steps 1 --warmup 1 --no-profile \
         --out $R/warm_$m --budget-s $(( $(left $E0) > 90 ? $(left $E0) - 60 : 30 )) > $R/warm_$m.log 2>&1 &
 done
-PYTHONPATH=$PWD:$W/site_fla:/tmp/site timeout $(left $E0) python3 -m pytest -o addopts= -q -rs -p no:warnings \
-    -p no:cacheprovider tests/gpu/test_llm_step_cuda.py > $R/gpu_tests.log 2>&1 &
+( export PYTHONPATH=$PWD:$W/site_fla:/tmp/site
+  timeout $(left $E0) python3 -m pytest -o addopts= -q -rs -p no:warnings -p no:cacheprovider \
+      tests/gpu/test_llm_step_cuda.py > $R/gpu_tests.log 2>&1
+  timeout $(left $E0) python3 -m brisk doctor --kernels configs/sft_qwen3_5_2b.yaml > $R/doctor_2b.md 2>&1 ) &
 wait
 echo "== part 0 done at $(( $(date +%s) - T0 )) s"; tail -n 2 $R/fla_warm.log; tail -n 4 $R/gpu_tests.log
+grep -E '^\| (Gated|liger|varlen)' $R/doctor_2b.md
 for m in qwen3_5_2b qwen3_1p7b; do  # the cold compile: the warm-up arm's wall time (one step each side of it)
     python3 - $R/warm_$m/results.jsonl <<'EOF' 2>/dev/null || echo "warm-up $m: no row (see warm_$m.log)"
 import json, sys
@@ -63,11 +70,11 @@ part() {  # name end_s models arms
 }
 # An arm that would start after its part's budget is one row "skipped: out of the time budget": the least
 # needed arm of each part runs last (d3's gain is small; d_brisk_fast 1.7B has a row from an earlier call).
-part p1_2b ${END1:-330} qwen3_5_2b a_loop,d_brisk_fast,d4_brisk_fast_compile,d3_brisk_fast_norms
+part p1_2b ${END1:-345} qwen3_5_2b a_loop,d_brisk_fast,d4_brisk_fast_compile,d3_brisk_fast_norms
 part p2_1p7b ${END2:-470} qwen3_1p7b a_loop,d4_brisk_fast_compile,d_brisk_fast
 
-cp $R/machine.txt $R/p*/ops_*_groups.md "$OUT/" 2>/dev/null
-tar czf "$OUT/all.tgz" -C /tmp r5s 2>/dev/null
+tar czf "$OUT/all.tgz" -C "$(dirname $R)" "$(basename $R)" 2>/dev/null  # logs, results.jsonl, op tables, tests, doctor, warm-ups
+{ cat $R/machine.txt; cat $R/p*/ops_*_groups.md 2>/dev/null
+  python3 bench/sft_bench.py --table $R/p*/results.jsonl 2>/dev/null; } > "$OUT/summary.md"
 echo "== done in $(( $(date +%s) - T0 )) s"
-cat $R/p*/ops_*_groups.md 2>/dev/null
-python3 bench/sft_bench.py --table $R/p*/results.jsonl 2>/dev/null
+cat "$OUT/summary.md"

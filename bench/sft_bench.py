@@ -139,15 +139,16 @@ def timed(run_step, batches, warmup: int, profile_to: Path | None):
     return times, tokens
 
 
-# Kernel name -> group, first match wins (fla's l2norm is linear attention; its gated norm kernel is a norm).
+# Kernel name -> group, first match wins: attention first (flash kernels' template arguments name cutlass types),
+# the optimizer before norms (gradient clipping's LpNorm), fla's l2norm as linear attention, its gated norm a norm.
 KERNEL_GROUPS = (
-    ("GEMM", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk", "matmul")),
     ("attention", ("flash", "fmha", "attention", "attn")),
+    ("GEMM", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk", "matmul")),
     ("linear attention", ("chunk", "delta", "conv1d", "l2norm", "wy_", "solve_tril", "cumsum", "kkt", "dhu", "dqkwg",
-                          "recompute_w_u", "merge_16x16", "merge_32x32", "gated_delta")),
+                          "recompute_w_u", "merge_16x16", "merge_32x32")),
+    ("optimizer", ("adam", "multi_tensor", "lpnorm", "normtwo")),
     ("norms", ("rms", "rsqrt", "norm")),
     ("loss", ("cross_entropy", "nll_loss", "log_softmax", "softmax")),
-    ("optimizer", ("adam", "multi_tensor")),
 )
 
 

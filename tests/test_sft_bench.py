@@ -85,7 +85,10 @@ def test_tiny_lora_arms_train_adapters_only(tmp_path):
 def test_kernel_groups_of_the_op_table(bench):
     """The grouped op table's classes for kernels the H200 profiles name (GEMM, flash attention, fla's linear
     attention and its gated norm, Inductor's fused norm, liger, the optimizer, the rest)."""
-    names = {"nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN": "GEMM", "flash_fwd_kernel": "attention",
+    names = {"nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN": "GEMM",
+             "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64, cutlass::bfloat16_t>>": "attention",
+             "void multi_tensor_apply_kernel<TensorListMetadata<1>, LpNormFunctor<c10::BFloat16, 2>>": "optimizer",
+             "cunn_SoftMaxForward<4, float>": "loss",
              "chunk_gated_delta_rule_fwd_kernel_h_blockdim64": "linear attention",
              "causal_conv1d_fwd_kernel": "linear attention", "l2norm_fwd_kernel": "linear attention",
              "layer_norm_gated_fwd_kernel": "norms", "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0": "norms",

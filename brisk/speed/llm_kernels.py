@@ -302,7 +302,10 @@ def apply_fla_gated_norm(model, cfg=None) -> str:
     norms = [(parent, name, child) for parent in model.llm.modules() for name, child in parent.named_children()
              if _is_gated_norm(child)]
     if not norms:
-        return "fla_gated_norm: no gated RMSNorm in this model (nothing swapped)"
+        already = sum(type(m).__name__ == "FusedRMSNormGated" for m in model.llm.modules())
+        return (f"fla_gated_norm: the {already} gated norms are fla's FusedRMSNormGated already (transformers' "
+                "choice; nothing swapped)" if already else "fla_gated_norm: no gated RMSNorm in this model (nothing "
+                "swapped)")
     return f"fla_gated_norm: {_swap_all(model.llm, norms, FlaGatedNorm)} gated RMSNorms run fla's fused kernel " \
            "(same parameters)"
 
