@@ -264,6 +264,9 @@ def fallbacks(tree: dict, plan, device: str) -> list[str]:
         why = fla_refusal([int(tree.get("linear_key_head_dim", 128))]) if fla else None
         if why:
             lines.append(why)
+        if fla and "fla_gated_norm" not in plan and "compile" not in plan:
+            lines.append("Gated DeltaNet's gated RMSNorm runs eager torch, ~10 kernels forward and ~20 backward a layer "
+                         "(speed.fla_gated_norm fuses it; speed.compile lets Inductor fuse it)")
         if not available("causal_conv1d"):
             lines.append("short conv: the causal-conv1d CUDA package is not installed; transformers' torch conv ignores "
                          "packed boundaries (3 tokens leak into the next conversation on its own padding-free path); "
