@@ -7,7 +7,8 @@ graphs) against the eager step for a few optimizer steps, dense Qwen3 and hybrid
 Tolerances: a bf16 output or gradient counts as equal when its error against the fp32 computation of the same
 module is at most twice transformers' own bf16 error plus 1e-3 (norm-wise, relative): the fused kernel rounds
 once where transformers rounds two or three times, so it should be no worse. A compiled step's loss is within
-2e-2 relative of the eager one's in bf16 (Inductor reorders the elementwise rounding) and 1e-4 in fp32.
+2e-2 relative of the eager one's in bf16 (Inductor reorders the elementwise rounding); in fp32 1e-5 before the
+first update and 1e-3 after it.
 """
 
 from __future__ import annotations
@@ -111,8 +112,8 @@ def test_compiled_step_equals_eager(arch, dtype, batches, tmp_path, monkeypatch)
     _, packed = batches
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-4) for m in (ref, fast)]
     before = compile_counters()["graphs"]
-    tol = 2e-2 if dtype == "bf16" else 1e-4
-    for step in range(3):
+    for step in range(3):  # the first step's loss is before any update; AdamW's normalised update may then
+        tol = (2e-2 if dtype == "bf16" else 1e-5 if step == 0 else 1e-3)  # move near-zero gradients' params apart
         losses = []
         for m, opt in zip((ref, fast), opts):
             loss = lm_loss(m(packed), packed.labels)[0]
