@@ -9,13 +9,12 @@
 #    (fla's delta rule, conv and fused gated norm, liger, varlen attention against fp32);
 # 1. bench/sft_bench.py on Qwen3.5 2B (fla on) and Qwen3 1.7B, the same batches (8,192 padded tokens a batch),
 #    one arm at a time on the otherwise idle GPU: a_loop (the seed's loop), d_brisk_fast (today's),
-#    d3_brisk_fast_norms (+ fla's fused gated norm; the 2B only: the dense model has none) and
-#    d4_brisk_fast_compile (compiled decoder layers, fla eager between the graphs, no liger);
+#    d4_brisk_fast_compile (compiled decoder layers, fla eager between the graphs, no liger) and
+#    d3_brisk_fast_norms (+ fla's fused gated norm; the dense model has none);
 #    op tables of one step of every brisk arm, grouped (ops_*_groups.md: GEMM / attention / linear attention /
 #    norms / loss / optimizer / elementwise; launches, CUDA ms, host time).
-# Time: ~8 minutes (part 0 to 140 s, the 2B's arms to 345 s, the 1.7B's to 470 s: END0, END1, END2 move them).
-# An arm starts only while its part has 65 s left, so at ~45 s an arm the 2B's last (d3) may be skipped:
-# END1=380 END2=505 (~8.5 minutes) leaves room for it.
+# Time: ~8 minutes (part 0 to 140 s, the timed arms to 470 s: END0 and END1 move them). At ~45 s an arm the
+# d3 rows come last and are skipped by the budget; END1=510 (~8.7 minutes) leaves room for the 2B's.
 # Everything lands in $OUT/all.tgz, the grouped op tables and the table also in $OUT/summary.md, printed last.
 set -uo pipefail
 T0=$(date +%s)
@@ -45,7 +44,7 @@ for m in qwen3_5_2b qwen3_1p7b; do
         --out $R/warm_$m --budget-s $(( $(left $E0) > 90 ? $(left $E0) - 60 : 30 )) > $R/warm_$m.log 2>&1 &
 done
 ( export PYTHONPATH=$PWD:$W/site_fla:/tmp/site
-  timeout $(left $E0) python3 -m pytest -o addopts= -q -rs -p no:warnings -p no:cacheprovider \
+  timeout $(left $E0) python3 -m pytest -o addopts= -v -rs -p no:warnings -p no:cacheprovider \
       tests/gpu/test_llm_step_cuda.py > $R/gpu_tests.log 2>&1
   timeout $(left $E0) python3 -m brisk doctor --kernels configs/sft_qwen3_5_2b.yaml > $R/doctor_2b.md 2>&1 ) &
 wait
@@ -60,21 +59,18 @@ for r in map(json.loads, open(sys.argv[1])):
 EOF
 done
 
-# 1. timed arms, one at a time
-part() {  # name end_s models arms
-    local name=$1 end=$2 models=$3 arms=$4
-    # the bench kills its worker at budget + 60 s (30 s at least), before this timeout: the row is written either way
-    timeout "$(( $(left $end) + 15 ))" $B --models $models --arms $arms --steps 6 --warmup 2 --out $R/$name \
-        --budget-s "$(( $(left $end) > 66 ? $(left $end) - 65 : 1 ))" > $R/$name.log 2>&1
-    echo "== $name exit $? at $(( $(date +%s) - T0 )) s"; grep '^{' $R/$name.log | cut -c1-300
-}
-# An arm that would start after its part's budget is one row "skipped: out of the time budget": the least
-# needed arm of each part runs last (d3's gain is small; d_brisk_fast 1.7B has a row from an earlier call).
-part p1_2b ${END1:-345} qwen3_5_2b a_loop,d_brisk_fast,d4_brisk_fast_compile,d3_brisk_fast_norms
-part p2_1p7b ${END2:-470} qwen3_1p7b a_loop,d4_brisk_fast_compile,d_brisk_fast
+# 1. timed arms, one at a time, in this order: a_loop, d_brisk_fast, d4, d3, each on the 2B then the 1.7B (d3 on
+# the dense model swaps nothing: it is d again, a second sample of its run-to-run spread). No arm starts after
+# END1 - 65 s (the bench kills a worker at its budget + 60 s, before this timeout): such an arm is one row,
+# "skipped: out of the time budget"; at ~45 s an arm that is the d3 rows by default.
+E1=${END1:-470}
+timeout "$(( $(left $E1) + 15 ))" $B --models qwen3_5_2b,qwen3_1p7b \
+    --arms a_loop,d_brisk_fast,d4_brisk_fast_compile,d3_brisk_fast_norms --steps 6 --warmup 2 --out $R/timed \
+    --budget-s "$(( $(left $E1) > 66 ? $(left $E1) - 65 : 1 ))" > $R/timed.log 2>&1
+echo "== timed arms exit $? at $(( $(date +%s) - T0 )) s"; grep '^{' $R/timed.log | cut -c1-300
 
 tar czf "$OUT/all.tgz" -C "$(dirname $R)" "$(basename $R)" 2>/dev/null  # logs, results.jsonl, op tables, tests, doctor, warm-ups
-{ cat $R/machine.txt; cat $R/p*/ops_*_groups.md 2>/dev/null
-  python3 bench/sft_bench.py --table $R/p*/results.jsonl 2>/dev/null; } > "$OUT/summary.md"
+{ cat $R/machine.txt; cat $R/timed/ops_*_groups.md 2>/dev/null
+  python3 bench/sft_bench.py --table $R/timed/results.jsonl 2>/dev/null; } > "$OUT/summary.md"
 echo "== done in $(( $(date +%s) - T0 )) s"
 cat "$OUT/summary.md"
