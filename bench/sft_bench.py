@@ -312,7 +312,7 @@ def run_arm(args, cfg, sample_groups, prof):
                 + (["speed.fla_gated_norm=true"] if arm == "d3_brisk_fast_norms" and not no_fla else [])
         if arm not in ("c_brisk_default", "d1_brisk_fast_per_sequence"):  # GDN layers where fla is off (fla wins when on)
             fast += ["speed.linear_attention_batched=true"]
-        if arm == "d4_brisk_fast_compile":  # each decoder layer, dynamic shapes (on the CPU the switch compiles nothing and says so)
+        if arm == "d4_brisk_fast_compile":  # each decoder layer, dynamic shapes (the CPU: nothing compiled, said)
             fast += ["speed.compile=true", "speed.compile_on_error=raise"]
         cfg = load_cfg(args.model, Path(args.data), [] if arm == "c_brisk_default" else fast)
         runner = build_runner(cfg)  # the run's parts as `brisk train` assembles them

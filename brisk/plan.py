@@ -78,7 +78,8 @@ def _presets() -> dict[str, dict[str, dict[str, Any]]]:
 
 
 PRESETS = _presets()
-PACKAGES = {"fla_kernels": "fla", "fla_gated_norm": "fla", "liger": "liger_kernel", "liger_loss": "liger_kernel"}  # a preset skips them if missing
+# a preset skips them if missing
+PACKAGES = {"fla_kernels": "fla", "fla_gated_norm": "fla", "liger": "liger_kernel", "liger_loss": "liger_kernel"}
 
 
 @dataclass(frozen=True)
@@ -164,8 +165,7 @@ RULES: tuple[Rule, ...] = (
          lambda c, d, w: d != "cuda" and (c.speed.fla_kernels or c.speed.fla_gated_norm or c.speed.liger
                                           or c.speed.liger_loss),
          "speed.fla_kernels, speed.fla_gated_norm, speed.liger and speed.liger_loss run Triton kernels: they need a "
-         "CUDA device (this run's "
-         "is {device})"),
+         "CUDA device (this run's is {device})"),
     Rule("speed.optimizer_in_backward, ranks", "ranks", lambda c, d, w: w > 1 and c.speed.optimizer_in_backward,
          "speed.optimizer_in_backward with {world} ranks: each layer would be updated before its gradients are "
          "averaged over the ranks; set speed.optimizer_in_backward=false"),

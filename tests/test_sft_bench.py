@@ -106,8 +106,10 @@ def test_grouped_op_table_sums_kernels_and_host(bench):
                                   self_cpu_time_total=cpu_us))()
 
     events = [ev("nvjet_a", DeviceType.CUDA, 10, 6000.0), ev("cutlass_gemm_b", DeviceType.CUDA, 5, 2000.0),
-              ev("flash_fwd_kernel", DeviceType.CUDA, 4, 1000.0), ev("triton_poi_fused_add_0", DeviceType.CUDA, 20, 1000.0),
-              ev("aten::mm", DeviceType.CPU, 15, cpu_us=3000.0), ev("cudaLaunchKernel", DeviceType.CPU, 39, cpu_us=500.0)]
+              ev("flash_fwd_kernel", DeviceType.CUDA, 4, 1000.0),
+              ev("triton_poi_fused_add_0", DeviceType.CUDA, 20, 1000.0),
+              ev("aten::mm", DeviceType.CPU, 15, cpu_us=3000.0),
+              ev("cudaLaunchKernel", DeviceType.CPU, 39, cpu_us=500.0)]
     text = bench.op_groups(events, 0.02, "m_arm")
     assert "| GEMM | 15 | 2 | 8.0 | 80.0% |" in text and "| attention | 4 | 1 | 1.0 | 10.0% |" in text
     assert "| all kernels | 39 | 4 | 10.0 | 100% |" in text

@@ -94,10 +94,10 @@ def apply_compile(model: nn.Module, cfg: SpeedConfig, device_type: str, audio_pa
     backend (the CPU tests trace with aot_eager: Dynamo and AOTAutograd without Inductor's code generation).
 
     A chat model's Gated DeltaNet layers keep their kernels out of the graphs: flash-linear-attention's conv and
-    delta rule (speed.fla_kernels) and its gated norm run eagerly between a layer's graphs (one graph break each,
-    ``torch.compiler.disable``), and the torch fallbacks under packing (linear_attention_batched, per sequence)
-    run the whole mixer eagerly (their shapes come from a host read of cu_seqlens: a graph would specialise on
-    every batch's lengths)."""
+    delta rule (speed.fla_kernels) and its gated norm run eagerly between a layer's graphs
+    (``torch.compiler.disable``; such a layer compiles to at most 4 graphs, broken only there), and the torch
+    fallbacks under packing (linear_attention_batched, per sequence) run the whole mixer eagerly (their shapes
+    come from a host read of cu_seqlens: a graph would specialise on every batch's lengths)."""
     if device_type != "cuda":
         return f"compile: nothing compiled on {device_type} (the compiled kernels are for CUDA devices)"
     cache, source = inductor_cache_dir(cfg)
