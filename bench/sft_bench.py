@@ -32,10 +32,17 @@ Arms (each a fresh process; real tokens/s = non-pad tokens of the timed steps ov
                   labelled rows), fused AdamW
   d2_brisk_fast_batched  d_brisk_fast with flash-linear-attention off the path: the Gated DeltaNet layers run
                   the batched torch path (the chat preset's fallback where fla is refused)
+  d3_brisk_fast_norms  d_brisk_fast + speed.fla_gated_norm: Qwen3.5's gated RMSNorm through fla's fused kernel
+                  (the plain RMSNorms, 1 + weight ones included, are liger's already); a dense model has none
+  d4_brisk_fast_compile  d_brisk_fast's switches without liger, + speed.compile (each decoder layer, dynamic
+                  shapes; fla's calls eager between a layer's graphs): Inductor fuses the norms, SwiGLU, RoPE and
+                  residual adds itself. Timed steps start after the warm-up steps, which compile
 Every arm, TRL too, trains on the same batches in the same order (groups of whole conversations under a
 padded-token budget; data.overlong=skip): TRL tokenises the same messages itself and its loader is handed the
 groups.
-Op tables (torch.profiler, top CUDA kernels of one step) for a_loop and d_brisk_fast go to $OUT/ops_*.txt.
+Op tables (torch.profiler, one step after the timed ones) for a_loop and the d_brisk_fast arms go to $OUT/ops_*.txt
+(top ops by CUDA time) and $OUT/ops_*_groups.md (every CUDA kernel of the step in groups: GEMM, attention,
+linear attention, norms, loss, optimizer, elementwise/other; launches, CUDA ms, share; host time and launches).
 Wheels: fla-core (fla arms), liger-kernel, trl, datasets, dill, multiprocess (TRL arm), installed with
 --no-deps into private folders under --work (with the generated data), so the torch-path arms never
 see them. Results, logs and op tables go to --out ($OUT).
@@ -57,15 +64,18 @@ REPO = Path(__file__).resolve().parent.parent
 # Run in this order (every model's arm before the next arm), so a short time budget keeps the main comparison.
 ARMS = ("a_loop", "d_brisk_fast", "d2_brisk_fast_batched", "b_trl_liger", "b2_trl_liger_nockpt", "k_loop_kernels",
         "p_loop_packed",
-        "c_brisk_default", "d1_brisk_fast_per_sequence")
+        "c_brisk_default", "d1_brisk_fast_per_sequence", "d3_brisk_fast_norms", "d4_brisk_fast_compile")
+BRISK_ARMS = {"c_brisk_default", "d_brisk_fast", "d2_brisk_fast_batched", "d1_brisk_fast_per_sequence",
+              "d3_brisk_fast_norms", "d4_brisk_fast_compile"}
 TRL_ARMS = {"b_trl_liger", "b2_trl_liger_nockpt"}
-FLA_ARMS = {"k_loop_kernels", "p_loop_packed", "d_brisk_fast", "d1_brisk_fast_per_sequence"} | TRL_ARMS
+FLA_ARMS = {"k_loop_kernels", "p_loop_packed", "d_brisk_fast", "d1_brisk_fast_per_sequence", "d3_brisk_fast_norms",
+            "d4_brisk_fast_compile"} | TRL_ARMS
 MODELS = {"qwen3_5_2b": "configs/sft_qwen3_5_2b.yaml", "qwen3_1p7b": "configs/sft_qwen3_1p7b.yaml",
           "qwen3_5_9b": "configs/sft_qwen3_5_9b.yaml", "qwen3_8b": "configs/sft_qwen3_8b.yaml",
           "qwen3_5_27b_lora": "configs/sft_qwen3_5_27b_lora.yaml",  # 9b and 27b_lora: LoRA, every layer checkpointed
           "tiny": "configs/sft_demo.yaml"}  # tiny: a smoke test of this script (--device cpu)
 DEVICE = "cuda"
-PROFILED = {"a_loop", "d_brisk_fast"}
+PROFILED = {"a_loop", "d_brisk_fast", "d3_brisk_fast_norms", "d4_brisk_fast_compile"}
 
 
 # ------------------------------------------------------------------------------------------ worker
@@ -117,11 +127,65 @@ def timed(run_step, batches, warmup: int, profile_to: Path | None):
 
         cuda = DEVICE == "cuda"
         with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            t0 = time.perf_counter()
             run_step(batches[-1][0])
             sync()
-        profile_to.write_text(prof.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total",
-                                                        row_limit=25), encoding="utf-8")
+            wall = time.perf_counter() - t0
+        averages = prof.key_averages()
+        profile_to.write_text(averages.table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=25),
+                              encoding="utf-8")
+        profile_to.with_name(profile_to.stem + "_groups.md").write_text(
+            op_groups(averages, wall, profile_to.stem.removeprefix("ops_")), encoding="utf-8")
     return times, tokens
+
+
+# Kernel name -> group, first match wins: attention first (flash kernels' template arguments name cutlass types),
+# the optimizer before norms (gradient clipping's LpNorm), fla's l2norm as linear attention, its gated norm a norm.
+KERNEL_GROUPS = (
+    ("attention", ("flash", "fmha", "attention", "attn")),
+    ("GEMM", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk", "matmul")),
+    ("linear attention", ("chunk", "delta", "conv1d", "l2norm", "wy_", "solve_tril", "cumsum", "kkt", "dhu", "dqkwg",
+                          "recompute_w_u", "merge_16x16", "merge_32x32")),
+    ("optimizer", ("adam", "multi_tensor", "lpnorm", "normtwo")),
+    ("norms", ("rms", "rsqrt", "norm")),
+    ("loss", ("cross_entropy", "nll_loss", "log_softmax", "softmax")),
+)
+
+
+def kernel_group(name: str) -> str:
+    low = name.lower()
+    return next((g for g, keys in KERNEL_GROUPS if any(k in low for k in keys)), "elementwise / copies / other")
+
+
+def op_groups(averages, wall_s: float, title: str) -> str:
+    """Every CUDA kernel of one profiled step summed by group (launches, distinct kernels, CUDA ms, share), and
+    the host side: the step's wall time, the ops' own CPU time, the kernel launches (the seed's op tables)."""
+    from torch.autograd import DeviceType
+
+    def self_device_us(e) -> float:
+        return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0) or 0.0)
+
+    kernels = [e for e in averages if e.device_type == DeviceType.CUDA]
+    host = [e for e in averages if e.device_type == DeviceType.CPU]
+    groups: dict[str, list[float]] = {}
+    for e in kernels:
+        g = groups.setdefault(kernel_group(e.key), [0, 0, 0.0])
+        g[0] += e.count
+        g[1] += 1
+        g[2] += self_device_us(e)
+    total = sum(g[2] for g in groups.values()) or 1.0
+    launches = sum(e.count for e in host if "LaunchKernel" in e.key or "cuLaunch" in e.key)
+    out = [f"### {title}: CUDA kernels of one step by group", "",
+           "| group | launches | distinct kernels | CUDA ms | share |", "|---|---|---|---|---|"]
+    for name, (calls, distinct, us) in sorted(groups.items(), key=lambda kv: -kv[1][2]):
+        out.append(f"| {name} | {calls:,} | {distinct} | {us / 1000:.1f} | {100 * us / total:.1f}% |")
+    out.append(f"| all kernels | {sum(g[0] for g in groups.values()):,} | {len(kernels)} | {total / 1000:.1f} | 100% |")
+    out += ["", f"step wall time (profiled): {1000 * wall_s:.1f} ms; CUDA kernel time: {total / 1000:.1f} ms "
+            f"({100 * total / 1000 / max(1e-9, 1000 * wall_s):.0f}% of the wall)",
+            f"host: {sum(e.count for e in host if e.key.startswith('aten::')):,} aten op calls, "
+            f"{sum(e.self_cpu_time_total for e in host) / 1000:.1f} ms of ops' own CPU time, {launches:,} kernel "
+            "launch calls", ""]
+    return "\n".join(out)
 
 
 def hf_inputs(batch, packed: bool):
@@ -237,15 +301,19 @@ def run_arm(args, cfg, sample_groups, prof):
         times, tokens = timed(step, batches, args.warmup, prof)
         note = (f"gated delta rule from {linear_attention_impl()}" + ("; peft LoRA" if cfg.model.llm.lora.enabled else "")
                 + f"; {trains(model)}")
-    elif arm in ("c_brisk_default", "d_brisk_fast", "d2_brisk_fast_batched", "d1_brisk_fast_per_sequence"):
+    elif arm in BRISK_ARMS:
         from brisk.bench.harness import build_runner
 
         fast = ["speed.packing=true", "speed.label_head=true", "speed.fused_adamw=true", "speed.pack_buckets=[1024]"]
         if DEVICE == "cuda":  # Triton kernels (the CPU smoke test runs the rest)
             no_fla = os.environ.get("SFT_BENCH_NO_FLA") or arm == "d2_brisk_fast_batched"
-            fast += ["speed.liger=true"] + ([] if no_fla else ["speed.fla_kernels=true"])
-        if arm in ("d_brisk_fast", "d2_brisk_fast_batched"):  # Gated DeltaNet layers where fla is off (fla wins when on)
+            fast += ([] if arm == "d4_brisk_fast_compile" else ["speed.liger=true"]) \
+                + ([] if no_fla else ["speed.fla_kernels=true"]) \
+                + (["speed.fla_gated_norm=true"] if arm == "d3_brisk_fast_norms" and not no_fla else [])
+        if arm not in ("c_brisk_default", "d1_brisk_fast_per_sequence"):  # GDN layers where fla is off (fla wins when on)
             fast += ["speed.linear_attention_batched=true"]
+        if arm == "d4_brisk_fast_compile":  # each decoder layer, dynamic shapes (the CPU: nothing compiled, said)
+            fast += ["speed.compile=true", "speed.compile_on_error=raise"]
         cfg = load_cfg(args.model, Path(args.data), [] if arm == "c_brisk_default" else fast)
         runner = build_runner(cfg)  # the run's parts as `brisk train` assembles them
         batches = [(runner.collate(g).to(DEVICE), sum(len(s.tokens.input_ids) for s in g)) for g in sample_groups]
@@ -416,6 +484,8 @@ def driver(args) -> None:
     (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     for f in sorted(out.glob("ops_*.txt")):
         print(f"\n### {f.name} (top CUDA kernels of one step)\n```\n" + "\n".join(f.read_text().splitlines()[:18]) + "\n```")
+    for f in sorted(out.glob("ops_*_groups.md")):
+        print("\n" + f.read_text())
     print("\n" + table(rows))
 
 

@@ -356,6 +356,7 @@ class SpeedConfig:
     audio_varlen: bool = False  # model.family=qwen3_asr: the audio tower's windowed attention as one call a layer for all windows (varlen_attn on CUDA in bf16), no host sync per layer
     linear_attention_batched: bool = False  # task chat, packing: a packed row's sequences go through each Gated DeltaNet layer as one right-padded batch (torch path; exact for real tokens)
     fla_kernels: bool = False  # task chat: flash-linear-attention's Triton kernels for Gated DeltaNet layers (Qwen3.5), packed rows too (CUDA, fla-core)
+    fla_gated_norm: bool = False  # task chat: the gated RMSNorm of Qwen3.5's Gated DeltaNet layers (norm(x) * weight * silu(gate)) as flash-linear-attention's fused kernel, same parameters (CUDA, fla-core)
     liger: bool = False  # liger-kernel's fused RMSNorm and SwiGLU in the decoder on the same parameters (CUDA, liger-kernel; speech and chat)
     liger_loss: bool = False  # task chat: liger-kernel's fused linear cross-entropy, no full logits (CUDA; not with label_head)
     optimizer_in_backward: bool = False  # each decoder layer updated by fused AdamW as soon as its gradients are final, on a side stream under the rest of the backward (same optimizer state; needs fused_adamw, one rank; a non-finite layer skips itself and the layers below it)

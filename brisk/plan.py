@@ -54,6 +54,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("linear_attention_batched", "model", False, "a packed row's sequences as one padded batch in Gated DeltaNet "
            "layers"),
     Switch("fla_kernels", "model", True, "flash-linear-attention's kernels for Gated DeltaNet layers"),
+    Switch("fla_gated_norm", "model", True, "flash-linear-attention's fused gated RMSNorm in Gated DeltaNet layers"),
     Switch("liger", "model", True, "liger-kernel's fused RMSNorm and SwiGLU in the decoder"),
     Switch("liger_loss", "step", True, "liger-kernel's fused linear cross-entropy"),
     Switch("optimizer_in_backward", "optimizer", True, "each decoder layer updated by fused AdamW as soon as its "
@@ -77,7 +78,8 @@ def _presets() -> dict[str, dict[str, dict[str, Any]]]:
 
 
 PRESETS = _presets()
-PACKAGES = {"fla_kernels": "fla", "liger": "liger_kernel", "liger_loss": "liger_kernel"}  # a preset skips them if missing
+# a preset skips them if missing
+PACKAGES = {"fla_kernels": "fla", "fla_gated_norm": "fla", "liger": "liger_kernel", "liger_loss": "liger_kernel"}
 
 
 @dataclass(frozen=True)
@@ -159,10 +161,11 @@ RULES: tuple[Rule, ...] = (
          lambda c, d, w: w > 1 and c.speed.cuda_graph and c.train.parallel != "ddp",
          "train.parallel={cfg.train.parallel} with speed.cuda_graph: the graphed step averages gradients DDP-style "
          "only; use train.parallel=ddp"),
-    Rule("speed.fla_kernels, speed.liger, speed.liger_loss, train.device", "device",
-         lambda c, d, w: d != "cuda" and (c.speed.fla_kernels or c.speed.liger or c.speed.liger_loss),
-         "speed.fla_kernels, speed.liger and speed.liger_loss run Triton kernels: they need a CUDA device (this run's "
-         "is {device})"),
+    Rule("speed.fla_kernels, speed.fla_gated_norm, speed.liger, speed.liger_loss, train.device", "device",
+         lambda c, d, w: d != "cuda" and (c.speed.fla_kernels or c.speed.fla_gated_norm or c.speed.liger
+                                          or c.speed.liger_loss),
+         "speed.fla_kernels, speed.fla_gated_norm, speed.liger and speed.liger_loss run Triton kernels: they need a "
+         "CUDA device (this run's is {device})"),
     Rule("speed.optimizer_in_backward, ranks", "ranks", lambda c, d, w: w > 1 and c.speed.optimizer_in_backward,
          "speed.optimizer_in_backward with {world} ranks: each layer would be updated before its gradients are "
          "averaged over the ranks; set speed.optimizer_in_backward=false"),

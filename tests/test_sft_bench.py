@@ -80,3 +80,38 @@ def test_tiny_lora_arms_train_adapters_only(tmp_path):
     trained, _, total = counts["d_brisk_fast"].partition(" of ")
     assert counts["a_loop"] == counts["d_brisk_fast"]  # peft's adapters and brisk's: same layers, same rank
     assert 0 < int(trained.replace(",", "")) < int(total.split()[0].replace(",", "")) / 5
+
+
+def test_kernel_groups_of_the_op_table(bench):
+    """The grouped op table's classes for kernels the H200 profiles name (GEMM, flash attention, fla's linear
+    attention and its gated norm, Inductor's fused norm, liger, the optimizer, the rest)."""
+    names = {"nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN": "GEMM",
+             "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64, cutlass::bfloat16_t>>": "attention",
+             "void multi_tensor_apply_kernel<TensorListMetadata<1>, LpNormFunctor<c10::BFloat16, 2>>": "optimizer",
+             "cunn_SoftMaxForward<4, float>": "loss",
+             "chunk_gated_delta_rule_fwd_kernel_h_blockdim64": "linear attention",
+             "causal_conv1d_fwd_kernel": "linear attention", "l2norm_fwd_kernel": "linear attention",
+             "layer_norm_gated_fwd_kernel": "norms", "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0": "norms",
+             "_rms_norm_forward_kernel": "norms", "multi_tensor_apply_kernel<...FusedAdamMathFunctor>": "optimizer",
+             "void at::native::vectorized_elementwise_kernel<4, ...>": "elementwise / copies / other",
+             "triton_poi_fused_mul_silu_0": "elementwise / copies / other"}
+    assert {n: bench.kernel_group(n) for n in names} == names
+
+
+def test_grouped_op_table_sums_kernels_and_host(bench):
+    from torch.autograd import DeviceType
+
+    def ev(key, device, count, us=0.0, cpu_us=0.0):
+        return type("E", (), dict(key=key, device_type=device, count=count, self_device_time_total=us,
+                                  self_cpu_time_total=cpu_us))()
+
+    events = [ev("nvjet_a", DeviceType.CUDA, 10, 6000.0), ev("cutlass_gemm_b", DeviceType.CUDA, 5, 2000.0),
+              ev("flash_fwd_kernel", DeviceType.CUDA, 4, 1000.0),
+              ev("triton_poi_fused_add_0", DeviceType.CUDA, 20, 1000.0),
+              ev("aten::mm", DeviceType.CPU, 15, cpu_us=3000.0),
+              ev("cudaLaunchKernel", DeviceType.CPU, 39, cpu_us=500.0)]
+    text = bench.op_groups(events, 0.02, "m_arm")
+    assert "| GEMM | 15 | 2 | 8.0 | 80.0% |" in text and "| attention | 4 | 1 | 1.0 | 10.0% |" in text
+    assert "| all kernels | 39 | 4 | 10.0 | 100% |" in text
+    assert "step wall time (profiled): 20.0 ms; CUDA kernel time: 10.0 ms (50% of the wall)" in text
+    assert "15 aten op calls, 3.5 ms of ops' own CPU time, 39 kernel launch calls" in text

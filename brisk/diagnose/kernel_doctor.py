@@ -111,6 +111,38 @@ def check_gated_delta_rule(tree: dict, lengths, device: str) -> list[Check]:
     return out
 
 
+def check_fla_gated_norm(tree: dict, tokens: int) -> Check:
+    """fla's fused gated RMSNorm (speed.fla_gated_norm), norm(x) * weight * silu(gate), at the config's value
+    heads, against its fp32 computation; the path it replaces is transformers' module in bf16, eager."""
+    from ..speed.llm_kernels import _rms_norm_gated
+
+    heads, vd = int(tree.get("linear_num_value_heads", 16)), int(tree.get("linear_value_head_dim", 128))
+    eps = float(tree.get("rms_norm_eps", 1e-6))
+    gen = torch.Generator().manual_seed(1)
+    leaves = {n: (torch.randn(*s, generator=gen) * k + b).bfloat16().cuda()
+              for n, s, k, b in (("x", (tokens * heads, vd), 1.0, 0.0), ("gate", (tokens * heads, vd), 1.0, 0.0),
+                                 ("w", (vd,), 0.1, 1.0))}
+    dy = torch.randn(tokens * heads, vd, generator=gen).bfloat16().cuda()
+    fused = _rms_norm_gated()
+
+    def ref(x, gate, w):
+        xf = x.float()
+        return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float() * F.silu(gate.float())
+
+    def kernel(x, gate, w):
+        return fused(x, gate, w, None, activation="swish", eps=eps)
+
+    def transformers_bf16(x, gate, w):  # Qwen3_5RMSNormGated's own order of roundings
+        xf = x.float()
+        y = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        return (y * F.silu(gate.float())).to(x.dtype)
+
+    c = _check("Gated DeltaNet: fla fused gated RMSNorm", f"{tokens * heads} x {vd}", kernel, ref, leaves, dy)
+    c.kernel_ms = _ms(lambda: G.grads(kernel, leaves, dy))
+    c.fallback_ms, c.fallback = _ms(lambda: G.grads(transformers_bf16, leaves, dy)), "transformers' module, eager"
+    return c
+
+
 def _worst(name: str, shape: str, rows: list[G.Row]) -> Check:
     r = max(rows, key=lambda r: r.rel / r.bound)
     return Check(name, shape, r.tensor, r.rel / r.bound)
@@ -232,6 +264,9 @@ def fallbacks(tree: dict, plan, device: str) -> list[str]:
         why = fla_refusal([int(tree.get("linear_key_head_dim", 128))]) if fla else None
         if why:
             lines.append(why)
+        if fla and "fla_gated_norm" not in plan and "compile" not in plan:
+            lines.append("Gated DeltaNet's gated RMSNorm runs eager torch, ~10 kernels forward and ~20 backward a layer "
+                         "(speed.fla_gated_norm fuses it; speed.compile lets Inductor fuse it)")
         if not available("causal_conv1d"):
             lines.append("short conv: the causal-conv1d CUDA package is not installed; transformers' torch conv ignores "
                          "packed boundaries (3 tokens leak into the next conversation on its own padding-free path); "
@@ -285,6 +320,7 @@ def kernel_doctor(config: str, overrides: list[str] | None = None) -> str:
 
                 register_launcher()  # as speed.fla_kernels does
                 lines += [c.line() for c in check_gated_delta_rule(tree, lengths, device)]
+                lines.append(check_fla_gated_norm(tree, min(budget, 4096)).line())
             elif device == "cpu":
                 lines += [c.line() for c in check_gated_delta_rule(tree, lengths, device)]
                 cannot.append("fla's kernels: Triton kernels need CUDA (checked above: the torch fallback the plan runs)")

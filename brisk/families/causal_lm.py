@@ -10,7 +10,7 @@ FAMILY = register(Family(
     summary="a causal LM on chat jsonl (assistant-only loss)",
     task="chat",
     switches=frozenset({"compile", "fuse_projections", "packing", "label_head", "sdpa_backends", "fused_adamw", "tf32",
-                        "linear_attention_batched", "fla_kernels", "liger", "liger_loss"}),
+                        "linear_attention_batched", "fla_kernels", "fla_gated_norm", "liger", "liger_loss"}),
     presets={"fast": {"packing": True, "fused_adamw": True, "label_head": True, "fla_kernels": True,
                       "linear_attention_batched": True}},  # the Gated DeltaNet path where fla is left off
     labelled="assistant",

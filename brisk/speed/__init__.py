@@ -75,6 +75,10 @@ def accelerate(model, plan: SpeedPlan) -> Accelerated:
         from .llm_kernels import apply_liger_kernels
 
         out.notes.append(apply_liger_kernels(model))
+    if s.fla_gated_norm:
+        from .llm_kernels import apply_fla_gated_norm
+
+        out.notes.append(apply_fla_gated_norm(model))
     if s.cuda_graph:
         from .graph import apply_chunked_embedding
 

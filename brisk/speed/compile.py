@@ -87,9 +87,17 @@ def eval_context(speed: SpeedConfig):
     return nullcontext
 
 
-def apply_compile(model: nn.Module, cfg: SpeedConfig, device_type: str, audio_path: nn.Module | None = None) -> str:
+def apply_compile(model: nn.Module, cfg: SpeedConfig, device_type: str, audio_path: nn.Module | None = None,
+                  backend: str = "inductor") -> str:
     """``audio_path``: what computes the frozen audio rows (the model, or its bf16 copies under encoder_dtype);
-    the model family (``model.cfg.family``) says which of its encoder blocks compile."""
+    the model family (``model.cfg.family``) says which of its encoder blocks compile. ``backend``: Dynamo's
+    backend (the CPU tests trace with aot_eager: Dynamo and AOTAutograd without Inductor's code generation).
+
+    A chat model's Gated DeltaNet layers keep their kernels out of the graphs: flash-linear-attention's conv and
+    delta rule (speed.fla_kernels) and its gated norm run eagerly between a layer's graphs
+    (``torch.compiler.disable``; such a layer compiles to at most 4 graphs, broken only there), and the torch
+    fallbacks under packing (linear_attention_batched, per sequence) run the whole mixer eagerly (their shapes
+    come from a host read of cu_seqlens: a graph would specialise on every batch's lengths)."""
     if device_type != "cuda":
         return f"compile: nothing compiled on {device_type} (the compiled kernels are for CUDA devices)"
     cache, source = inductor_cache_dir(cfg)
@@ -99,7 +107,7 @@ def apply_compile(model: nn.Module, cfg: SpeedConfig, device_type: str, audio_pa
     stack = decoder_stack(model.llm)
     targets = list(stack.layers) if cfg.compile_scope == "layer" else [stack]
     for module in targets:
-        module.compile(dynamic=cfg.compile_dynamic)
+        module.compile(dynamic=cfg.compile_dynamic, backend=backend)
     if cfg.compile_scope == "layer":
         stack.register_forward_pre_hook(_fresh_input, with_kwargs=True)
     what = f"{len(targets)} x {'decoder layer' if cfg.compile_scope == 'layer' else 'decoder stack'}"
@@ -109,7 +117,7 @@ def apply_compile(model: nn.Module, cfg: SpeedConfig, device_type: str, audio_pa
         # A frozen encoder in eval mode has no dropout and no autograd: its blocks compile cleanly, and fusing
         # their elementwise work removes thousands of small kernels a step (the family says which blocks).
         for block in blocks:
-            block.compile(dynamic=cfg.compile_dynamic)
+            block.compile(dynamic=cfg.compile_dynamic, backend=backend)
         what += f" + {len(blocks)} x frozen encoder block"
     return (f"compile: {what}, dynamic={cfg.compile_dynamic}, on_error={cfg.compile_on_error}, validation eager, "
             f"inductor cache {cache} ({source})")

@@ -1,5 +1,6 @@
-"""Switches for the LLM's decoder: linear-attention layers under packing, flash-linear-attention kernels and
-liger-kernel's fused linear cross-entropy (``task: chat``), liger-kernel's fused RMSNorm / SwiGLU (both tasks).
+"""Switches for the LLM's decoder: linear-attention layers under packing, flash-linear-attention kernels (the
+Gated DeltaNet mix and its gated norm) and liger-kernel's fused linear cross-entropy (``task: chat``),
+liger-kernel's fused RMSNorm / SwiGLU (both tasks).
 
 Each is ``apply_<switch>(model, cfg) -> note`` and swaps child modules of the model's LLM for instances of a
 subclass of their own class that share the same parameters (the state dict, optimizer state, checkpoints and
@@ -92,8 +93,10 @@ def _packed_bounds(hidden_states: torch.Tensor, args, kwargs: dict) -> list[int]
 
 
 class PerSequence:
-    """Gated DeltaNet on a packed row: each sequence of cu_seqlens through the layer's own forward."""
+    """Gated DeltaNet on a packed row: each sequence of cu_seqlens through the layer's own forward (eager inside a
+    compiled decoder layer: the pieces' shapes are the batch's lengths)."""
 
+    @torch.compiler.disable
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
         bounds = _packed_bounds(hidden_states, args, kwargs)
         if bounds is None:
@@ -120,8 +123,10 @@ class PaddedBatch:
     the layer's own forward once, then back into the row. Exact for every real token: the short conv, the
     chunked recurrence and the in-chunk solve are causal, so the padding after a sequence never reaches it;
     the padding's own outputs are dropped. One chunk loop of longest/64 iterations a layer instead of one a
-    sequence (PerSequence), for the padded positions' compute (N x longest against the row's tokens)."""
+    sequence (PerSequence), for the padded positions' compute (N x longest against the row's tokens). Eager
+    inside a compiled decoder layer: the batch's shape is the row's lengths."""
 
+    @torch.compiler.disable
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
         bounds = _packed_bounds(hidden_states, args, kwargs)
         if bounds is None:
@@ -146,9 +151,6 @@ class FlaVarlen:
     layer's own forward computes (same parameters, same order of operations outside the kernels)."""
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
-        from fla.modules.causal_conv1d.ops import causal_conv1d
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-
         if _cached(args, kwargs):  # decoding keeps transformers' own path
             return super().forward(hidden_states, *args, **kwargs)
         cu = kwargs.get("cu_seq_lens_q")
@@ -157,21 +159,35 @@ class FlaVarlen:
             hidden_states = hidden_states * mask[:, :, None].to(hidden_states.dtype)
         b, t, _ = hidden_states.shape
         cu = cu.long() if cu is not None else None
-        qkv, _ = causal_conv1d(self.in_proj_qkv(hidden_states), weight=self.conv1d.weight.squeeze(1),
-                               bias=self.conv1d.bias, activation=self.activation, cu_seqlens=cu)
-        q, k, v = torch.split(qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q = q.reshape(b, t, -1, self.head_k_dim)
-        k = k.reshape(b, t, -1, self.head_k_dim)
-        v = v.reshape(b, t, -1, self.head_v_dim)
-        if self.num_v_heads > self.num_k_heads:
-            q = q.repeat_interleave(self.num_v_heads // self.num_k_heads, dim=2)
-            k = k.repeat_interleave(self.num_v_heads // self.num_k_heads, dim=2)
         beta = self.in_proj_b(hidden_states).sigmoid()
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(hidden_states).float() + self.dt_bias)
-        out, _ = chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+        out = _fla_mix(self, self.in_proj_qkv(hidden_states), beta, g, cu)
         z = self.in_proj_z(hidden_states).reshape(-1, self.head_v_dim)
         out = self.norm(out.reshape(-1, self.head_v_dim), z).reshape(b, t, -1)
         return self.out_proj(out)
+
+
+@torch.compiler.disable
+def _fla_mix(layer: nn.Module, mixed_qkv: torch.Tensor, beta: torch.Tensor, g: torch.Tensor, cu) -> torch.Tensor:
+    """fla's short conv and chunked gated delta rule of one Gated DeltaNet layer -> [B, T, H_v, D_v]. Opaque to
+    Dynamo (torch.compiler.disable): fla's launchers (autotuners, host-side shape checks) are not traceable, so a
+    compiled decoder layer runs these two kernels eagerly between its graphs (one graph break a layer) and
+    compiles the projections, gates, norms and MLP around them."""
+    from fla.modules.causal_conv1d.ops import causal_conv1d
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    b, t, _ = mixed_qkv.shape
+    qkv, _ = causal_conv1d(mixed_qkv, weight=layer.conv1d.weight.squeeze(1), bias=layer.conv1d.bias,
+                           activation=layer.activation, cu_seqlens=cu)
+    q, k, v = torch.split(qkv, [layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
+    q = q.reshape(b, t, -1, layer.head_k_dim)
+    k = k.reshape(b, t, -1, layer.head_k_dim)
+    v = v.reshape(b, t, -1, layer.head_v_dim)
+    if layer.num_v_heads > layer.num_k_heads:
+        q = q.repeat_interleave(layer.num_v_heads // layer.num_k_heads, dim=2)
+        k = k.repeat_interleave(layer.num_v_heads // layer.num_k_heads, dim=2)
+    out, _ = chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    return out
 
 
 def apply_fla_linear_attention(model, cfg=None) -> str:
@@ -249,6 +265,49 @@ def apply_liger_kernels(model, cfg=None) -> str:
                 setattr(parent, name, swap_class(child, LigerMLP))
                 mlps += 1
     return f"liger: {norms} RMSNorms and {mlps} SwiGLU MLPs run liger-kernel's fused kernels (same parameters)"
+
+
+# -------------------------------------------------------------------------- the gated norm
+def _rms_norm_gated():
+    try:
+        from fla.modules.norm.fused_norm_gate import rms_norm_gated
+    except ImportError:  # fla before 0.5 kept the module one level up
+        from fla.modules.fused_norm_gate import rms_norm_gated
+    return rms_norm_gated
+
+
+def _is_gated_norm(module: nn.Module) -> bool:
+    """transformers' gated RMSNorm of a Gated DeltaNet layer (Qwen3.5 / Qwen3-Next): norm(x) * weight * silu(gate)."""
+    name = type(module).__name__
+    return name.startswith(("Qwen3_5", "Qwen3Next")) and name.endswith("RMSNormGated") and \
+        getattr(module, "weight", None) is not None
+
+
+class FlaGatedNorm:
+    """norm(x) * weight * silu(gate) as one flash-linear-attention kernel forward and one backward (its
+    ``rms_norm_gated``) instead of eight elementwise kernels and their backward. fla computes it in fp32 and
+    rounds once; transformers' module rounds norm(x) to the input dtype before the weight (the same in fp32)."""
+
+    @torch.compiler.disable  # fla's launcher is not traceable: eager between a compiled layer's graphs
+    def forward(self, hidden_states: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        eps = getattr(self, "variance_epsilon", getattr(self, "eps", 1e-6))
+        return _rms_norm_gated()(hidden_states, gate, self.weight, None, activation="swish", eps=eps)
+
+
+def apply_fla_gated_norm(model, cfg=None) -> str:
+    """Every gated RMSNorm of the LLM's Gated DeltaNet layers through fla's fused kernel (same parameters; CUDA).
+    The plain RMSNorms (Qwen3.5's 1 + weight ones included) are speed.liger's."""
+    if not available("fla"):
+        raise ConfigError("speed.fla_gated_norm needs flash-linear-attention (pip install fla-core)")
+    norms = [(parent, name, child) for parent in model.llm.modules() for name, child in parent.named_children()
+             if _is_gated_norm(child)]
+    if not norms:
+        already = sum(type(m).__name__ == "FusedRMSNormGated" for m in model.llm.modules())
+        return (f"fla_gated_norm: the {already} gated norms are fla's FusedRMSNormGated already (transformers' "
+                "choice; nothing swapped)" if already else "fla_gated_norm: no gated RMSNorm in this model (nothing "
+                "swapped)")
+    return f"fla_gated_norm: {_swap_all(model.llm, norms, FlaGatedNorm)} gated RMSNorms run fla's fused kernel " \
+           "(same parameters)"
 
 
 def liger_loss(cfg=None):
