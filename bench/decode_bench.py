@@ -12,13 +12,16 @@ Arms (each warmed once on its first batch: graph capture and compile are reporte
   makes at its default batch 1, on FunASR's own model built from the folder (skipped, and said so, when
   funasr cannot be imported);
 - plain: brisk's Recognizer (``llm.generate``, dynamic cache), batches 1, 16, 64;
-- fast: the same with ``fast=True`` (static KV cache; the decode step brisk's fused step, brisk.eval.decode_step:
-  one q/k/v and one gate/up GEMM a layer, attention over a bucket of the filled slots, a CUDA graph a batch
-  bucket and span);
+- fast: the same with ``fast=True`` (static KV cache; the decode step brisk's own, brisk.eval.decode_step: the
+  LLM's own GEMMs, attention over a bucket of the filled slots, a CUDA graph a batch bucket and span);
+- fast_concat: fast with one q/k/v and one gate/up GEMM a layer (concatenated weights), eagerly graphed: against
+  fast, what the GEMMs' partition does to the bf16 ids;
 - fast_llm: ``fast=True`` with the LLM's own forward as the step (the step before the fused one: three q/k/v
   and two gate/up GEMMs, attention over the whole cache), graphed;
 - fast_buckets: ``fast_buckets=True`` (also the encoder and the prefill replayed from graphs per length bucket);
-- fast_compile, fast_compile_buckets, fast_compile_llm: those with the step compiled by Inductor before capture;
+- fast_compile, fast_compile_buckets, fast_compile_llm: those with the step compiled by Inductor before capture
+  (the compiled step concatenates the GEMMs);
+- any arm with the suffix _enc16: the encoder and adaptor as bf16 copies (``--encoder-bf16``);
 - fast_eos: ``fast_compile`` with one more stop token, picked from the batch-1 ids of fast_compile (else fast,
   else fast_buckets; a token most rows emit first mid-utterance), so rows stop at different lengths as a
   trained model's do; its ids are compared with that arm's cut at that token.
@@ -27,13 +30,16 @@ Per arm and batch: utterances/s and RTF of the whole transcribe (audio reading, 
 what `brisk eval` reports), and ms a generated token of the decode alone (prompt embeddings ready; the time
 of one ``generate`` of a full batch divided by the tokens it ran, the median of --repeats). Batch-1 rows of
 the slow arms (funasr, plain) decode only the first --slow-utts utterances, to keep the call short. The
-token ids of fast and plain are compared (agreement per utterance; bf16 on the GPU, so rare near-ties may
-differ; the fp32 equality is tests/gpu/test_fast_decode_gpu.py's). Writes decode_bench.json and
-decode_bench.md to --out and prints the table last.
+token ids of each fast arm are compared with plain's at the same batch size: for every utterance that differs,
+the plain decoder's top-1 minus top-2 logit at the first differing token (recorded by a forward hook during
+plain's timed run), in logits, in bf16 ulps of the top logit and as a percentile of plain's margins, so that
+bf16 near-ties are told from a real divergence; plain against itself across batch sizes gives the near-ties'
+scale. Writes decode_bench.json and decode_bench.md to --out and prints the table last.
 
     python bench/decode_bench.py --out $OUT/decode                          # GPU, ~5 minutes
-    python bench/decode_bench.py --tiny --device cpu --out bench/tmp/decode_tiny --arms plain,fast,fast_llm,\
-        fast_compile,fast_eos --batches 1,4 --utts 6 --slow-utts 2 --max-new 8 --repeats 1 --compile eager
+    python bench/decode_bench.py --tiny --device cpu --out bench/tmp/decode_tiny --arms plain,fast,fast_concat,\
+        fast_llm,fast_compile,fast_eos,fast_enc16 --batches 1,4 --utts 6 --slow-utts 2 --max-new 8 --repeats 1 \
+        --compile eager
                                                                                  # CPU check of the script
 """
 
@@ -80,14 +86,15 @@ def timed(fn, device: str, repeats: int):
 
 def decode_only(rec, paths: list[str], max_new: int, repeats: int, device: str) -> tuple[dict, list[list[int]]]:
     """Where one batch's time goes, stage by stage (each the median of ``repeats``, after a warm-up that captures
-    what the arm captures): features of the batch on the device (Frontend.batch) and, for reference, the CPU
-    path one utterance at a time; encoder + adaptor; the splice into the prompt; the prefill (generate of 1
-    token); the decode steps (a full generate less the prefill, over the steps it ran); and the batch's ids."""
+    what the arm captures): the whole batch's transcribe; its audio read (the recognizer's threaded reading);
+    features of the batch on the device (Frontend.batch) and, for reference, the CPU path one utterance at a
+    time; encoder + adaptor; the splice into the prompt; the prefill (generate of 1 token); the decode steps (a
+    full generate less the prefill, over the steps it ran); the rest of the whole (host work: text, lists,
+    syncs); and the batch's ids."""
     import torch
 
-    from brisk.data.audio import read_audio
-
-    waves = [read_audio(p, rec.fs) for p in paths]
+    t_read, waves = timed(lambda: rec.read(paths), "cpu", repeats)  # the recognizer's own (threaded) reading
+    t_whole, _ = timed(lambda: rec.transcribe(paths, len(paths)), device, repeats)  # the batch end to end
     with torch.no_grad():
         t_cpu, _ = timed(lambda: [rec.frontend(w) for w in waves], "cpu", 1)
         speech, lengths = rec.frontend.batch(waves, device)  # warm-up: constants on the device
@@ -100,37 +107,86 @@ def decode_only(rec, paths: list[str], max_new: int, repeats: int, device: str) 
         t_all, out = timed(lambda: rec.generate(embeds, mask, max_new), device, repeats)
     rows = out.tolist()
     steps = max(next((j + 1 for j, x in enumerate(r) if x in rec.stop), len(r)) for r in rows)
-    return {"features_ms": 1000 * t_feats, "features_cpu_ms": 1000 * t_cpu, "encoder_ms": 1000 * t_enc,
-            "splice_ms": 1000 * t_splice, "embeds_ms": 1000 * (t_enc + t_splice), "prefill_ms": 1000 * t_prefill,
-            "ms_per_token": 1000 * t_all / max(steps, 1),
-            "step_ms": 1000 * (t_all - t_prefill) / max(steps - 1, 1), "steps": steps}, rows
+    stages = t_read + t_feats + t_enc + t_splice + t_all
+    return {"read_ms": 1000 * t_read, "features_ms": 1000 * t_feats, "features_cpu_ms": 1000 * t_cpu,
+            "encoder_ms": 1000 * t_enc, "splice_ms": 1000 * t_splice, "embeds_ms": 1000 * (t_enc + t_splice),
+            "prefill_ms": 1000 * t_prefill, "ms_per_token": 1000 * t_all / max(steps, 1),
+            "step_ms": 1000 * (t_all - t_prefill) / max(steps - 1, 1), "steps": steps, "batch_ms": 1000 * t_whole,
+            "generate_ms": 1000 * t_all, "other_ms": 1000 * (t_whole - stages), "profiled_utts": len(paths)}, rows
 
 
 def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: list[float], batch: int, a) -> dict:
     from brisk.eval.decode import timed_transcribe
     from brisk.eval.evaluate import recognizer
 
-    kw = {"fast": name != "plain",
-          "fast_compile": a.compile if name.startswith("fast_compile") or name == "fast_eos" else None,
-          "fast_buckets": name in ("fast_buckets", "fast_compile_buckets")}
+    import torch
+
+    base = name.removesuffix("_enc16")
+    kw = {"fast": base != "plain",
+          "fast_compile": a.compile if base.startswith("fast_compile") or base == "fast_eos" else None,
+          "fast_buckets": base in ("fast_buckets", "fast_compile_buckets")}
+    if name.endswith("_enc16"):  # --encoder-bf16
+        kw["encoder_dtype"] = torch.bfloat16
     rec = recognizer(cfg, model, tok, device, max_new_tokens=a.max_new, **kw)
-    rec.fast_fused = not name.endswith("_llm")
-    if name == "fast_eos":  # a model that stops: one more stop token, one the random model emits mid-utterance
+    rec.fast_fused = not base.endswith("_llm")
+    if base == "fast_concat":  # the eager step with concatenated q/k/v and gate/up GEMMs
+        rec.fast_fuse = True
+    if base == "fast_eos":  # a model that stops: one more stop token, one the random model emits mid-utterance
         rec.stop = sorted({*rec.stop, a.eos_token})
-    n = a.slow_utts if (name == "plain" and batch == 1) else len(paths)
+    n = a.slow_utts if (base == "plain" and batch == 1) else len(paths)
     t0 = time.perf_counter()
-    timed_transcribe(rec, paths[:batch], batch, a.max_new)  # warm-up: capture (and compile) of this bucket
+    if base != "plain":  # warm-up over the very batches timed: every bucket's capture (and compile) done here
+        timed_transcribe(rec, paths[:n], batch, a.max_new)
     warm = time.perf_counter() - t0
+    margins = Margins(rec.model.llm) if base == "plain" else None  # plain's top-1 - top-2 logit at each token
     results, seconds = timed_transcribe(rec, paths[:n], batch, a.max_new)
     profile, ids = {}, []
-    if name != "plain" or str(batch) in a.plain_profile.split(","):  # plain's stage profile costs minutes at 64
-        profile, ids = decode_only(rec, (paths * (1 + batch // len(paths)))[:batch], a.max_new, a.repeats, device)
+    if margins is not None:
+        margins.remove()
+        profile["margins"] = margins.rows()
+    if base != "plain" or str(batch) in a.plain_profile.split(","):  # plain's stage profile costs minutes at 64
+        profile.update(decode_only(rec, paths[:min(batch, n)], a.max_new, a.repeats, device)[0])
     fused = rec._fast is not None and rec._fast.fused is not None
+    fuse = fused and rec._fast.fused.fuse
     rec.release()
-    return {"arm": name, "fused_step": fused, "batch": batch, "utterances": n, "seconds": seconds, "utts_per_s": n / seconds,
-            "rtf": seconds / sum(audio[:n]), **profile, "warmup_s": warm,
+    return {"arm": name, "fused_step": fused, "fuse_gemms": fuse, "batch": batch, "utterances": n, "seconds": seconds,
+            "utts_per_s": n / seconds, "rtf": seconds / sum(audio[:n]), **profile, "warmup_s": warm,
             "ids": [r.ids for r in results], "batch_ids": ids,
             "tokens": sum(len(r.ids) for r in results), "tokens_per_utt": sum(len(r.ids) for r in results) / n}
+
+
+class Margins:
+    """The plain decoder's top-1 minus top-2 logit at every generated token of every row, from a forward hook on
+    the LLM (generate's logits are the hook's output; nothing in the computation changes). A call with
+    ``inputs_embeds`` is a batch's prefill: it starts the batch. Kept on the device until ``rows``."""
+
+    def __init__(self, llm):
+        self.batches: list[list] = []
+        self.handle = llm.register_forward_hook(self.hook, with_kwargs=True)
+
+    def hook(self, module, args, kwargs, out) -> None:
+        if kwargs.get("inputs_embeds") is not None:
+            self.batches.append([])
+        top = out.logits[:, -1].float().topk(2, dim=-1).values  # [B, 2]
+        self.batches[-1].append(top)
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+    def rows(self) -> list[list[list[float]]]:
+        """Per utterance (in order), per generated token: [top-1 logit, top-1 - top-2]."""
+        out = []
+        for steps in self.batches:
+            t = torch_stack(steps)  # [steps, B, 2]
+            for r in range(t.shape[1]):
+                out.append([[round(float(x), 4), round(float(x - y), 5)] for x, y in t[:, r].tolist()])
+        return out
+
+
+def torch_stack(xs):
+    import torch
+
+    return torch.stack(xs)
 
 
 def pick_eos(rows: list[list[int]], max_new: int) -> int:
@@ -198,23 +254,75 @@ def funasr_arm(folder: Path, device: str, paths: list[str], audio: list[float], 
             "note": "per token: whole inference time / generated tokens (features and encoder included)"}
 
 
+def divergence(ref: dict, ids: list[list[int]]) -> dict:
+    """Utterances whose ids differ from ``ref``'s (the plain arm, with its logit margins), and for each the plain
+    decoder's top-1 minus top-2 logit at the first differing token: in logits, in bf16 ulps of the top-1 logit
+    (its rounding step), and as a percentile of every margin plain saw in that arm. Near-ties of bf16 rounding
+    sit at a few ulps and the lowest percentiles; a real divergence (a wrong mask, position or weight) parts at
+    ordinary margins, early."""
+    import math
+
+    pairs = list(zip(ref["ids"], ids))
+    marg = ref.get("margins") or []
+    every = sorted(m for row in marg for _, m in row)
+    parts = []
+    for i, (x, y) in enumerate(pairs):
+        if x == y:
+            continue
+        j = next((k for k, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+        d = {"utt": i, "token": j}
+        if i < len(marg) and j < len(marg[i]):
+            top, m = marg[i][j]
+            ulp = 2.0 ** (math.floor(math.log2(abs(top))) - 7) if top else 2.0 ** -133
+            d.update(margin=m, ulps=round(m / ulp, 2),
+                     percentile=round(100 * sum(e <= m for e in every) / max(len(every), 1), 2))
+        parts.append(d)
+    known = [d for d in parts if "margin" in d]
+    out = {"compared": len(pairs), "differ": len(parts), "first_diff": parts}
+    if known:
+        out.update(max_margin=max(d["margin"] for d in known), max_ulps=max(d["ulps"] for d in known),
+                   max_percentile=max(d["percentile"] for d in known), earliest=min(d["token"] for d in parts))
+    if every:
+        out["plain_median_margin"] = every[len(every) // 2]
+    return out
+
+
 def agreement(rows: list[dict]) -> dict:
-    """Per batch size, the share of utterances whose fast ids equal the plain ids."""
+    """Per fast arm and batch size: how many utterances' ids differ from plain's at that batch size, and where
+    (``divergence``); plain against itself across batch sizes as the scale of bf16 near-ties; fast_eos against
+    its source arm cut at the EOS token (a share)."""
     out = {}
+    plains = {r["batch"]: r for r in rows if r["arm"] == "plain"}
     for r in rows:
         if r["arm"] == "fast_eos":
             ref = next((p for p in rows if p["arm"] == r["eos_from"] and p["batch"] == r["batch"]), None)
             if ref is not None:
                 eos = r["eos_token"]
                 pairs = list(zip([x[:x.index(eos)] if eos in x else x for x in ref["ids"]], r["ids"]))
-                out[f"fast_eos b{r['batch']} (vs {ref['arm']} cut at the EOS token)"] = (
-                    sum(x == y for x, y in pairs) / max(len(pairs), 1))
-        if r["arm"].startswith("fast") and r["arm"] != "fast_eos":
-            ref = next((p for p in rows if p["arm"] == "plain" and p["batch"] == r["batch"]), None)
-            if ref is not None:
-                pairs = list(zip(ref["ids"], r["ids"]))
-                out[f"{r['arm']} b{r['batch']}"] = sum(x == y for x, y in pairs) / max(len(pairs), 1)
+                out[f"fast_eos b{r['batch']} (vs {ref['arm']} cut at the EOS token)"] = {
+                    "compared": len(pairs), "differ": sum(x != y for x, y in pairs)}
+        elif r["arm"].startswith("fast") and r["batch"] in plains:
+            out[f"{r['arm']} b{r['batch']}"] = divergence(plains[r["batch"]], r["ids"])
+    for b, p in plains.items():  # plain at another batch size: its own near-ties (padding changes its shapes)
+        for b2, q in plains.items():
+            if b2 > b:
+                out[f"plain b{b2} vs plain b{b}"] = divergence(p, q["ids"][:len(p["ids"])])
     return out
+
+
+def agreement_lines(agree: dict) -> list[str]:
+    """One line a comparison: 'k of n differ, all at margins <= X (U ulps, the lowest P% of plain's)'."""
+    lines = []
+    for name, d in agree.items():
+        line = f"- {name}: {d['differ']} of {d['compared']} differ"
+        if d.get("max_margin") is not None:
+            line += (f", all at plain margins <= {d['max_margin']:.4g} ({d['max_ulps']:g} bf16 ulps of the top logit; "
+                     f"within the lowest {d['max_percentile']:g}% of plain's margins, median "
+                     f"{d.get('plain_median_margin', float('nan')):.3g}), the earliest at token {d['earliest']}")
+        elif d["differ"]:
+            line += " (no plain margins recorded for these)"
+        lines.append(line)
+    return lines
 
 
 def table(rows: list[dict], skipped: dict, meta: dict) -> str:
@@ -222,34 +330,40 @@ def table(rows: list[dict], skipped: dict, meta: dict) -> str:
              f"{meta['max_new']} new tokens, {meta['device']}, LLM {meta['llm_dtype']}, torch {meta['torch']}, "
              f"transformers {meta['transformers']}", "",
              "| decoder | batch | utterances | utterances/s | RTF | tokens / utt | ms / generated token (decode only) | "
-             "decode step ms | prefill ms | encoder ms | splice ms | features ms (device, batch) | "
-             "features ms (CPU, one by one) | warm-up s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "decode step ms | prefill ms | encoder ms | splice ms | features ms (device, batch) | read audio ms | "
+             "one batch ms | rest of the batch ms | features ms (CPU, one by one) | warm-up s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     names = {"funasr": "FunASR FunASRNano.inference (AutoModel.generate, batch 1)", "plain": "brisk plain (generate)",
-             "fast": "brisk fast (fused step, graphs a span)",
+             "fast": "brisk fast (brisk's step, the LLM's GEMMs, graphs a span)",
+             "fast_concat": "brisk fast, concatenated q/k/v and gate/up GEMMs",
              "fast_llm": "brisk fast, the LLM's forward as the step (graph)",
              "fast_buckets": "brisk fast, length buckets (graphs: encoder, prefill, step)",
-             "fast_compile": "brisk fast + compiled fused step",
+             "fast_compile": "brisk fast + compiled step (concatenated GEMMs)",
              "fast_compile_llm": "brisk fast + the LLM's forward compiled as the step",
              "fast_compile_buckets": "brisk fast, length buckets + compiled step",
-             "fast_eos": "brisk fast + compiled fused step, stopping at an EOS token"}
+             "fast_eos": "brisk fast + compiled step, stopping at an EOS token"}
     for r in rows:
         tok = (f"{r['ms_per_token']:.2f}" if "ms_per_token" in r else "-") + (" (whole call)" if r["arm"] == "funasr" else "")
         prof = " | ".join(f"{r[k]:.1f}" if k in r else "-" for k in
-                          ("step_ms", "prefill_ms", "encoder_ms", "splice_ms", "features_ms", "features_cpu_ms"))
-        name = names[r["arm"]]
-        if r.get("fused_step") is False and r["arm"] != "plain" and not r["arm"].endswith("_llm"):
+                          ("step_ms", "prefill_ms", "encoder_ms", "splice_ms", "features_ms", "read_ms", "batch_ms",
+                           "other_ms", "features_cpu_ms"))
+        base = r["arm"].removesuffix("_enc16")
+        name = names[base] + (", encoder bf16" if r["arm"].endswith("_enc16") else "")
+        if r.get("fused_step") is False and base != "plain" and not base.endswith("_llm"):
             name += " [fused step refused: the LLM's forward]"
         lines.append(f"| {name} | {r['batch']} | {r['utterances']} | {r['utts_per_s']:.2f} | {r['rtf']:.4f} | "
                      f"{r.get('tokens_per_utt', 0):.1f} | {tok} | {prof} | {r['warmup_s']:.1f} |")
     for arm, why in skipped.items():
-        lines.append(f"| {names.get(arm.split()[0], arm)} | {arm.split()[1][1:] if ' ' in arm else '-'} | - | "
-                     f"not run: {why} | | | | | | | | | | |")
+        lines.append(f"| {names.get(arm.split()[0].removesuffix('_enc16'), arm)} | "
+                     f"{arm.split()[1][1:] if ' ' in arm else '-'} | - | not run: {why} | | | | | | | | | | | | | |")
     lines += ["", "utterances/s: the whole transcribe of the utterances (audio reading, features, encoder, decode), "
-              "batches sorted as given; decode step ms: (generate of the cap - generate of 1 token) / (steps - 1), one "
-              "batch; prefill ms: generate of 1 token; encoder: encoder + adaptor of the batch; splice: the prompt "
-              "embeddings; features: fbank + LFR of the batch on the device (Frontend.batch), and the CPU path one "
-              "utterance at a time for reference."]
+              "batches sorted as given, after a warm-up over the same batches (every bucket captured and compiled "
+              "before the timing); the stage columns profile the first batch (the whole set at 64): decode step ms: "
+              "(generate of the cap - generate of 1 token) / (steps - 1); prefill ms: generate of 1 token; encoder: "
+              "encoder + adaptor of the batch; splice: the prompt embeddings; features: fbank + LFR of the batch on "
+              "the device (Frontend.batch); read audio: the recognizer's threaded read of the batch's files; one "
+              "batch: its whole transcribe; rest: one batch less read, features, encoder, splice and the full "
+              "generate (host work); the CPU features one utterance at a time for reference."]
     return "\n".join(lines)
 
 
@@ -263,10 +377,13 @@ def main() -> int:
     ap.add_argument("--data", default=None, help="a jsonl (default: bench/tmp/wholerun_data/valid.jsonl, else the demo's)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny model folder (CPU check of this script)")
-    ap.add_argument("--arms", default="fast_compile,fast_compile_buckets,fast,fast_eos,plain,fast_llm,funasr")
+    ap.add_argument("--arms", default="fast_compile_buckets_enc16,plain,fast,fast_concat,fast_llm,fast_compile,"
+                    "fast_compile_buckets,fast_eos,funasr", help="arms in order; a suffix _enc16 runs the encoder "
+                    "as bf16 copies (--encoder-bf16)")
     ap.add_argument("--eos-token", type=int, default=None, dest="eos_token",
                     help="the fast_eos arm's extra stop token (default: picked from the batch-1 ids of an earlier arm)")
     ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--arm-batches", default="", help="per-arm batches, e.g. fast:16,fast_llm:16 (others: --batches)")
     ap.add_argument("--plain-profile", default="1,16,64", help="batches at which the plain arm's stages are profiled")
     ap.add_argument("--utts", type=int, default=40)
     ap.add_argument("--slow-utts", type=int, default=8, help="utterances of the batch-1 rows of funasr and plain")
@@ -322,11 +439,12 @@ def main() -> int:
             if a.device.startswith("cuda"):
                 torch.cuda.empty_cache()  # FunASR's model is gone: its memory back before brisk's arms
             continue
-        for b in (int(x) for x in a.batches.split(",")):
+        per_arm = dict(x.split(":", 1) for x in a.arm_batches.split(",") if x)
+        for b in (int(x) for x in per_arm.get(arm, a.batches).replace("/", ",").split(",")):
             if time.perf_counter() - t_start > a.budget:
                 skipped[f"{arm} b{b}"] = f"over the {a.budget:.0f} s budget"
                 continue
-            eos_from = next((x for x in ("fast_compile", "fast", "fast_buckets")
+            eos_from = next((x for x in ("fast_compile", "fast", "fast_buckets", "fast_compile_buckets")
                              if any(r["arm"] == x and r["batch"] == 1 for r in rows)), None)
             if arm == "fast_eos" and a.eos_token is None:
                 if eos_from is None:
@@ -357,7 +475,8 @@ def write(out: Path, rows: list[dict], skipped: dict, meta: dict, t_start: float
     meta["fast_equals_plain"] = agreement(rows)
     meta["seconds"] = time.perf_counter() - t_start
     md = table(rows, skipped, meta)
-    md += "\n\nfast ids == plain ids (share of utterances): " + json.dumps(meta["fast_equals_plain"])
+    md += ("\n\nids against the plain decoder at the same batch size (the plain decoder's top-1 - top-2 logit at the "
+           "first differing token of each utterance that differs):\n" + "\n".join(agreement_lines(meta["fast_equals_plain"])))
     (out / "decode_bench.json").write_text(json.dumps({"meta": meta, "rows": rows, "skipped": skipped}, indent=1))
     (out / "decode_bench.md").write_text(md + "\n")
     return md

@@ -115,3 +115,30 @@ def test_prompt_is_funasr_get_prompt(models):
     ref = models[0]
     for kw in ({"hotwords": []}, {"hotwords": ["fox", "cup"], "language": "英文"}, {"hotwords": [], "itn": False}):
         assert inference_prompt(**kw) == ref.get_prompt(kw["hotwords"], kw.get("language"), kw.get("itn", True))
+
+
+def test_encoder_bf16_copies_and_threaded_reading(models, tokenizer, monkeypatch):
+    """--encoder-bf16: the encoder and adaptor run as bf16 copies (the model's own stay fp32 and unchanged), their
+    outputs within bf16's rounding of the fp32 ones; the batch's audio read on threads comes back in input
+    order, equal to reading one file at a time."""
+    import brisk.eval.decode as decode
+    from brisk.data.audio import read_audio
+
+    _, ours, cfg = models
+    paths = _paths()
+    rec = Recognizer(ours, tokenizer, cfg.frontend, max_new_tokens=4, encoder_dtype=torch.bfloat16)
+    monkeypatch.setattr(decode, "READERS", 3)
+    waves = rec.read(paths)
+    assert all(torch.equal(w, read_audio(p, rec.fs)) for w, p in zip(waves, paths))
+    speech, lengths = rec.frontend.batch(waves, "cpu")
+    with torch.no_grad():
+        ref = ours.encode_audio(speech, lengths)
+        got = rec.encode(speech, lengths)
+    path = rec.audio_path()
+    assert path is not ours and next(path.audio_encoder.parameters()).dtype == torch.bfloat16
+    assert next(ours.audio_encoder.parameters()).dtype == torch.float32
+    assert got.dtype == torch.bfloat16 and got.shape == ref.shape
+    rel = (got.float() - ref).norm() / ref.norm()
+    assert 0 < rel < 0.05, rel  # bf16 rounding through the encoder, not another computation
+    assert len(rec.transcribe(paths[:2], batch_size=2)) == 2
+    assert Recognizer(ours, tokenizer, cfg.frontend).audio_path() is ours  # the default: the model's own modules

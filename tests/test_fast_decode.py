@@ -87,17 +87,18 @@ def test_same_ids_as_generate(attn, buckets, fused):
     assert sorted(t for r in dec.rooms.values() for t in r.prefills) == ([32] if buckets else [12])
 
 
+@pytest.mark.parametrize("fuse", [True, False], ids=["concatenated", "own_gemms"])
 @pytest.mark.parametrize("model_type", ["qwen3", "qwen2", "llama"])
-def test_fused_step_attends_over_buckets_of_the_filled_slots(model_type):
-    """The fused step (one q/k/v and one gate/up GEMM a layer, attention over SPAN_MIN x 2^k slots) across
-    span boundaries (64, 128, the room's length) gives generate's ids, for Qwen3 (q/k norms), Qwen2 (q/k/v
-    biases) and Llama."""
+def test_fused_step_attends_over_buckets_of_the_filled_slots(model_type, fuse):
+    """The fused step (attention over SPAN_MIN x 2^k slots; one q/k/v and one gate/up GEMM a layer, or the
+    LLM's own five) across span boundaries (64, 128, the room's length) gives generate's ids, for Qwen3 (q/k
+    norms), Qwen2 (q/k/v biases) and Llama."""
     extra = {"attention_bias": True} if model_type == "llama" else {}
     llm = tiny_llm(model_type=model_type, **extra)
     assert type(llm).__name__.lower().startswith(model_type)
     embeds, mask = prompts(llm, [20, 13], seed=7)
-    dec = FastGreedy(llm, [], PAD, torch.float32, "cpu")
-    assert dec.fused is not None
+    dec = FastGreedy(llm, [], PAD, torch.float32, "cpu", fuse=fuse)
+    assert dec.fused is not None and dec.fused.fuse == fuse
     assert dec.generate(embeds, mask, 150).tolist() == reference_ids(llm, embeds, mask, [], 150)
     room = dec.rooms[2]
     assert room.length == 192  # 20 + 150, rounded up to CACHE_ROUND
@@ -105,8 +106,12 @@ def test_fused_step_attends_over_buckets_of_the_filled_slots(model_type):
     layer = llm.model.layers[0]
     w, b = dec.fused.qkv[0]
     a = layer.self_attn
-    assert torch.equal(w, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
-    assert (b is None) == (a.q_proj.bias is None) and (b is not None or model_type == "qwen3")
+    if fuse:
+        assert torch.equal(w, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
+        assert (b is None) == (a.q_proj.bias is None) and (b is not None or model_type == "qwen3")
+    else:  # the modules' own tensors, no copies
+        assert [x is y for x, y in zip(w, (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight))] == [True] * 3
+        assert b[0] is a.q_proj.bias and dec.fused.sources == []
 
 
 def test_fused_weights_follow_the_model_and_refusals_fall_back():
@@ -115,7 +120,7 @@ def test_fused_weights_follow_the_model_and_refusals_fall_back():
     activation, LoRA layers) decodes with its own forward."""
     llm = tiny_llm()
     embeds, mask = prompts(llm, [8, 11], seed=8)
-    dec = FastGreedy(llm, [], PAD, torch.float32, "cpu")
+    dec = FastGreedy(llm, [], PAD, torch.float32, "cpu", fuse=True)
     before = dec.generate(embeds, mask, 12).tolist()
     fused = dec.fused.gate_up[1][0]
     with torch.no_grad():
@@ -133,6 +138,14 @@ def test_fused_weights_follow_the_model_and_refusals_fall_back():
             p.data.div_(1.5)
     again = dec.generate(embeds, mask, 12).tolist()
     assert again == reference_ids(llm, embeds, mask, [], 12) and again != after
+    # Unfused, the step reads the modules' own weights: a change is seen without a copy.
+    own = FastGreedy(llm, [], PAD, torch.float32, "cpu", fuse=False)
+    assert own.generate(embeds, mask, 12).tolist() == again
+    with torch.no_grad():
+        for p in llm.parameters():
+            if p.dim() == 2:
+                p.mul_(1.5)
+    assert own.generate(embeds, mask, 12).tolist() == after
 
     gelu = tiny_llm(hidden_act="gelu")
     dec = FastGreedy(gelu, [], PAD, torch.float32, "cpu")
@@ -244,7 +257,7 @@ def test_fused_step_traced_under_bf16_autocast():
     embeds, mask = prompts(llm, [9, 5, 12], seed=9)
     embeds = embeds.to(torch.bfloat16)
     torch._dynamo.reset()
-    eager = FastGreedy(llm, [], PAD, torch.bfloat16, "cpu").generate(embeds, mask, 70)  # spans 64 and 128
+    eager = FastGreedy(llm, [], PAD, torch.bfloat16, "cpu", fuse=True).generate(embeds, mask, 70)  # spans 64, 128
     traced = FastGreedy(llm, [], PAD, torch.bfloat16, "cpu", compile="aot_eager").generate(embeds, mask, 70)
     torch._dynamo.reset()
     assert torch.equal(eager, traced)

@@ -27,6 +27,7 @@ utterance at a time on the CPU, as the training loader does.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,7 @@ from ..data.features import Frontend
 from ..formats.funasr import audio_token_count
 
 SYSTEM = "You are a helpful assistant."  # FunASR's generate_chatml
+READERS = min(8, os.cpu_count() or 1)  # threads that read one batch's audio files
 _SPLIT = re.compile(r"(<\|startofspeech\|>.*?<\|endofspeech\|>)")
 
 
@@ -66,10 +68,16 @@ class Result:
 class Recognizer:
     """Audio files (or LFR features) -> token ids and text, with a SpeechLLM and its tokenizer."""
 
+    audio_modules = ("audio_encoder", "audio_adaptor")  # Fun-ASR-Nano's audio path (its family's audio_path)
+    encoder_dtype: torch.dtype | None = None
+    fast_fuse: bool | None = None
+    fast_fused = True
+    _audio = None
+
     def __init__(self, model, tokenizer, frontend_cfg, *, device: torch.device | str = "cpu", sys_prompt: bool = True,
                  do_think: bool = True, prompt: str | None = None, max_new_tokens: int = 512, fast: bool = False,
                  fast_compile: str | None = None, prefetch: bool | None = None, device_features: bool = True,
-                 fast_buckets: bool = False):
+                 fast_buckets: bool = False, encoder_dtype: torch.dtype | None = None):
         self.model, self.tok = model, tokenizer
         self.device = torch.device(device)
         self.frontend = Frontend(dataclasses.replace(frontend_cfg, dither=0.0))
@@ -91,8 +99,15 @@ class Recognizer:
         # The fast decoder's own step (fused projections, attention over the filled slots) where the LLM allows
         # it; False: the LLM's forward a token (the reference arm of bench/decode_bench.py).
         self.fast_fused = True
+        # Concatenated q/k/v and gate/up GEMMs in that step: None, only when compiled (brisk.eval.fast_decode).
+        self.fast_fuse: bool | None = None
         self._fast = None  # the FastGreedy decoder, built on first use
         self._encode = None  # fast on CUDA: the encoder's graphs (brisk.eval.fast_decode.GraphedEncode)
+        # The encoder and adaptor as copies in another dtype (--encoder-bf16: the LLM's bf16, as training's
+        # speed.encoder_dtype runs them; its features change in the last bits, so transcripts may too); None:
+        # the model's own modules.
+        self.encoder_dtype = encoder_dtype
+        self._audio = None
         self._prompts: dict[int, tuple[list[int], int]] = {}  # prompt ids and first audio slot, by audio slot count
         # Features of the next batches on a thread while this one decodes; by default on CUDA only (on the CPU
         # the thread would take the cores the decoder uses).
@@ -107,6 +122,22 @@ class Recognizer:
             self._fast.release()
             self._fast = None
         self._encode = None
+        self._audio = None
+
+    def audio_path(self):
+        """What encodes the audio: the model, or its encoder and adaptor copied in ``encoder_dtype``."""
+        first = getattr(self.model, self.audio_modules[0])
+        if self.encoder_dtype is None or self.encoder_dtype == next(first.parameters()).dtype:
+            return self.model
+        if self._audio is None:
+            import logging
+
+            from ..speed.frozen import AudioPath
+
+            self._audio = AudioPath(self.model, self.encoder_dtype, self.audio_modules)
+            logging.getLogger("brisk").info("decoding: the encoder and adaptor run as %s copies",
+                                            str(self.encoder_dtype).replace("torch.", ""))
+        return self._audio
 
     # ------------------------------------------------------------------------------------- prompt
     def prompt_ids(self, n_audio: int) -> tuple[list[int], int]:
@@ -128,6 +159,15 @@ class Recognizer:
         return ids, start
 
     # ------------------------------------------------------------------------------------ decoding
+    def read(self, paths: list[str]) -> list[torch.Tensor]:
+        """The waveforms of ``paths``, in order, read on up to READERS threads: decoding compressed audio (ogg,
+        flac) is CPU work that soundfile does without the GIL, and a batch of 64 files read one by one costs
+        as much as its whole GPU decode."""
+        if len(paths) < 2 or READERS < 2:
+            return [read_audio(p, self.fs) for p in paths]
+        with ThreadPoolExecutor(min(READERS, len(paths))) as pool:
+            return list(pool.map(lambda p: read_audio(p, self.fs), paths))
+
     def features(self, path: str) -> tuple[torch.Tensor, float]:
         wave = read_audio(path, self.fs)
         return self.frontend(wave), wave.numel() / self.fs
@@ -171,7 +211,8 @@ class Recognizer:
                 from .fast_decode import FastGreedy
 
                 self._fast = FastGreedy(self.model.llm, self.stop, self.pad, dtype, self.device,
-                                        compile=self.fast_compile, buckets=self.fast_buckets, fused=self.fast_fused)
+                                        compile=self.fast_compile, buckets=self.fast_buckets, fused=self.fast_fused,
+                                        fuse=self.fast_fuse)
             return self._fast.generate(embeds.to(dtype), mask, max_new)
         autocast = torch.autocast(self.device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
         with autocast:
@@ -194,13 +235,16 @@ class Recognizer:
     def encode(self, speech: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Padded LFR features [N, F, D] -> adaptor outputs [N, F', llm_dim]; with fast_buckets on CUDA, replayed
         from a graph per batch and frame bucket (brisk.eval.fast_decode.GraphedEncode)."""
+        path = self.audio_path()
+        if path is not self.model:
+            speech = speech.to(self.encoder_dtype)
         if self.fast_buckets and self.device.type == "cuda":
             if self._encode is None:
                 from .fast_decode import GraphedEncode
 
-                self._encode = GraphedEncode(self.model, self.device)
+                self._encode = GraphedEncode(path, self.device)
             return self._encode(speech, lengths)
-        return self.model.encode_audio(speech, lengths)
+        return path.encode_audio(speech, lengths)
 
     def splice(self, adapted: torch.Tensor, frames: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Adaptor outputs [N, F', D] of utterances of ``frames`` LFR frames -> left-padded prompt embeddings
@@ -243,7 +287,7 @@ class Recognizer:
         featurized) on a thread while this one decodes (``prefetch``)."""
         def load(chunk: list[str]) -> tuple[tuple[torch.Tensor, ...], tuple[float, ...]]:
             if self.device_features:  # only the audio here; its features are computed for the batch at once
-                waves = [read_audio(p, self.fs) for p in chunk]
+                waves = self.read(chunk)
                 return tuple(waves), tuple(w.numel() / self.fs for w in waves)
             return tuple(zip(*(self.features(p) for p in chunk)))
 

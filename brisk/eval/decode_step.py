@@ -18,7 +18,9 @@ modules' weights with:
   the LLM's own forward, fills the same tensors), at the step's slot held on the device.
 
 The norms, the rotary embedding and the embedding are the LLM's own modules, so the arithmetic is the LLM's
-own up to the GEMMs' partition. ``refusal`` says why an LLM cannot take this step (another layer class, LoRA
+own up to the GEMMs' partition. ``fuse=False`` keeps that partition too: the q, k, v, gate and up GEMMs run
+on the modules' own weights, at the LLM's own GEMM shapes (cuBLAS picks its kernel, and with it the order of
+the fp32 sums, by shape, so a concatenated GEMM rounds some bf16 outputs the other way), no copies made. ``refusal`` says why an LLM cannot take this step (another layer class, LoRA
 layers, an activation other than SiLU); the fast decoder then runs the LLM's forward.
 """
 
@@ -61,8 +63,9 @@ def refusal(llm: torch.nn.Module) -> str | None:
 class FusedStep:
     """One greedy token for every row: ``__call__(tok, pos, slot, mask, kv, span)`` -> token ids [B]."""
 
-    def __init__(self, llm: torch.nn.Module, dtype: torch.dtype, attn: str, compile: str | None = None):
-        self.llm, self.dtype, self.attn = llm, dtype, attn
+    def __init__(self, llm: torch.nn.Module, dtype: torch.dtype, attn: str, compile: str | None = None,
+                 fuse: bool = True):
+        self.llm, self.dtype, self.attn, self.fuse = llm, dtype, attn, fuse
         base = llm.model
         self.embed, self.norm, self.rotary, self.head = base.embed_tokens, base.norm, base.rotary_emb, llm.lm_head
         self.layers = list(base.layers)
@@ -72,7 +75,7 @@ class FusedStep:
         self.kv_heads = text.num_key_value_heads
         self.q_width = text.num_attention_heads * self.head_dim
         self.kv_width = self.kv_heads * self.head_dim
-        self.sources = [p for layer in self.layers for p in self._fused_sources(layer)]
+        self.sources = [p for layer in self.layers for p in self._fused_sources(layer)] if fuse else []
         self._build()
         self.shape = dict(head_dim=self.head_dim, kv_heads=self.kv_heads, q_width=self.q_width,
                           kv_width=self.kv_width, scaling=self.scaling, eager=attn == "eager")
@@ -84,9 +87,16 @@ class FusedStep:
         self.prologue = torch.compile(prologue, backend=compile) if compile else prologue
 
     def _build(self) -> None:
-        """The fused weight copies and each layer's arguments to layer_step after its inputs."""
-        self.qkv = [self._cat([la.self_attn.q_proj, la.self_attn.k_proj, la.self_attn.v_proj]) for la in self.layers]
-        self.gate_up = [self._cat([la.mlp.gate_proj, la.mlp.up_proj]) for la in self.layers]
+        """The fused weight copies (or, unfused, the modules' own weights as lists) and each layer's arguments to
+        layer_step after its inputs."""
+        if self.fuse:
+            self.qkv = [self._cat([la.self_attn.q_proj, la.self_attn.k_proj, la.self_attn.v_proj])
+                        for la in self.layers]
+            self.gate_up = [self._cat([la.mlp.gate_proj, la.mlp.up_proj]) for la in self.layers]
+        else:
+            self.qkv = [self._own([la.self_attn.q_proj, la.self_attn.k_proj, la.self_attn.v_proj])
+                        for la in self.layers]
+            self.gate_up = [self._own([la.mlp.gate_proj, la.mlp.up_proj]) for la in self.layers]
         self.versions = self._versions()
         self.weights = []
         for la, (wqkv, bqkv), (wgu, bgu) in zip(self.layers, self.qkv, self.gate_up):
@@ -117,6 +127,11 @@ class FusedStep:
                 bias = torch.cat([lin.bias for lin in lins]).to(self.dtype)
         return weight, bias
 
+    @staticmethod
+    def _own(lins: list[torch.nn.Linear]) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """The modules' own weights and biases, one GEMM each (autocast casts them as the LLM's forward does)."""
+        return [lin.weight for lin in lins], [lin.bias for lin in lins]
+
     def _versions(self) -> list[int]:
         return [p._version for p in self.sources]
 
@@ -127,6 +142,8 @@ class FusedStep:
         counters), else when a version moved (a checkpoint loaded into them)."""
         if self.weights is None:  # released
             self._build()
+            return
+        if not self.fuse:  # the modules' own weights: nothing to copy
             return
         now = self._versions()
         if now == self.versions and not any(p.requires_grad for p in self.sources):
@@ -184,10 +201,14 @@ def layer_step(x, cos, sin, add, slot, keys, values, span: int, ln1, eps1, wqkv,
                eager: bool) -> torch.Tensor:
     """One decoder layer for one token a row: x [B, 1, H] -> [B, 1, H]; the token's key and value written at
     ``slot`` of ``keys``/``values`` [B, kv heads, L, D], attention over their first ``span`` slots. Every
-    weight an argument, so that one compiled graph serves every layer."""
+    weight an argument, so that one compiled graph serves every layer. ``wqkv``/``wgu`` (and their biases): one
+    concatenated weight, or lists of the q, k, v (gate, up) weights (unfused)."""
     b = x.shape[0]
     h = rms_norm(x, ln1, eps1)
-    q, k, v = F.linear(h, wqkv, bqkv).split([q_width, kv_width, kv_width], dim=-1)  # one GEMM for q, k, v
+    if isinstance(wqkv, torch.Tensor):  # one GEMM for q, k, v
+        q, k, v = F.linear(h, wqkv, bqkv).split([q_width, kv_width, kv_width], dim=-1)
+    else:  # unfused: the LLM's own three GEMMs
+        q, k, v = (F.linear(h, w, bias) for w, bias in zip(wqkv, bqkv))
     q = q.view(b, -1, head_dim)  # [B, heads, D]
     k = k.view(b, kv_heads, head_dim)
     if qn is not None:
@@ -206,7 +227,10 @@ def layer_step(x, cos, sin, add, slot, keys, values, span: int, ln1, eps1, wqkv,
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=add.to(q.dtype), scale=scaling)
     x = x + F.linear(o.reshape(b, 1, -1), wo, bo)
     h = rms_norm(x, ln2, eps2)
-    gate, up = F.linear(h, wgu, bgu).chunk(2, dim=-1)  # one GEMM for gate and up
+    if isinstance(wgu, torch.Tensor):  # one GEMM for gate and up
+        gate, up = F.linear(h, wgu, bgu).chunk(2, dim=-1)
+    else:
+        gate, up = (F.linear(h, w, bias) for w, bias in zip(wgu, bgu))
     return x + F.linear(F.silu(gate) * up, wd, bd)
 
 

@@ -17,11 +17,14 @@ batch 1 the host, not the GPU, sets the pace. Here:
   ``graphs=False``) the same function runs eagerly;
 - the host reads the finished mask only every ``check_every`` steps;
 - for Qwen3, Qwen2 and Llama LLMs (without LoRA layers) the step is brisk's own (``fused``,
-  brisk.eval.decode_step.FusedStep): one q/k/v GEMM and one gate/up GEMM a layer on weights concatenated when
-  the decoder is built, grouped-query attention without repeating the cache, and attention over the filled
-  slots rounded up to SPAN_MIN x a power of two: one graph a span, the span picked by the host, which knows the
-  step count without reading the device. Other LLMs (or ``fused=False``) run their own forward for the token,
-  attending over the whole cache;
+  brisk.eval.decode_step.FusedStep): grouped-query attention without repeating the cache, attention over the
+  filled slots rounded up to SPAN_MIN x a power of two (one graph a span, the span picked by the host, which
+  knows the step count without reading the device), and, with ``fuse`` (by default only when compiled), one
+  q/k/v GEMM and one gate/up GEMM a layer on weights concatenated when the decoder is built. Unfused, the step
+  runs the LLM's own GEMM shapes and elementwise operations, so in bf16 it rounds as the LLM's forward does;
+  the concatenated GEMMs (and Inductor's fused elementwise kernels, which skip the intermediate bf16 roundings)
+  round some values the other way, and a random model's near-tied logits then flip. Other LLMs (or
+  ``fused=False``) run their own forward for the token, attending over the whole cache;
 - optionally (``compile="inductor"``) the step is compiled first, which fuses the decoder's many small
   elementwise kernels (norms, rotary) before capture: with the fused step one layer's function (every layer's
   tensors are its arguments, so one graph serves the stack) and the tail; else the LLM's whole step. The first
@@ -138,7 +141,7 @@ class FastGreedy:
 
     def __init__(self, llm: torch.nn.Module, stop: list[int], pad: int, dtype: torch.dtype, device: torch.device | str,
                  *, graphs: bool | None = None, check_every: int = 8, compile: str | None = None, buckets: bool = False,
-                 fused: bool = True):
+                 fused: bool = True, fuse: bool | None = None):
         self.llm, self.pad, self.dtype = llm, pad, dtype
         self.device = torch.device(device)
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
@@ -160,13 +163,18 @@ class FastGreedy:
         if self.attn not in ("sdpa", "eager"):
             raise ConfigError(f"fast decode needs sdpa or eager attention, this LLM uses {self.attn!r}; {DROP}")
         self.cache_kw = cache_argument(llm)
-        # fused: brisk's own step (brisk.eval.decode_step: fused q/k/v and gate/up GEMMs, attention over a bucket
-        # of the filled slots, a graph per bucket) where the LLM's layers allow it; else the LLM's own forward.
+        # fused: brisk's own step (brisk.eval.decode_step: attention over a bucket of the filled slots, a graph
+        # per bucket; with fuse, concatenated q/k/v and gate/up GEMMs) where the LLM's layers allow it; else the
+        # LLM's own forward. fuse None: concatenated only when compiled (Inductor's kernels round otherwise than
+        # the eager LLM anyway); the eager step keeps the LLM's GEMM shapes and so its bf16 rounding.
         self.fused = None
         if fused:
             why = refusal(llm)
             if why is None:
-                self.fused = FusedStep(llm, dtype, self.attn, compile=compile)
+                fuse = bool(compile) if fuse is None else fuse
+                self.fused = FusedStep(llm, dtype, self.attn, compile=compile, fuse=fuse)
+                log.info("fast decode: brisk's decode step (%s GEMMs%s)", "concatenated" if fuse else "the LLM's own",
+                         f", compiled with {compile}" if compile else "")
             else:
                 log.info("fast decode: the LLM's own forward for each token (%s)", why)
         self.rooms: dict[int, _Room] = {}

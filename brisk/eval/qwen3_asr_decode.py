@@ -18,7 +18,13 @@ from .decode import Recognizer
 class Qwen3ASRRecognizer(Recognizer):
     def __init__(self, model, processor, *, device: torch.device | str = "cpu", language: str | None = None,
                  max_new_tokens: int = 512, fast: bool = False, fast_compile: str | None = None,
-                 prefetch: bool | None = None, device_features: bool = False, fast_buckets: bool = False):
+                 prefetch: bool | None = None, device_features: bool = False, fast_buckets: bool = False,
+                 encoder_dtype: torch.dtype | None = None):
+        if encoder_dtype is not None:
+            from ..config import ConfigError
+
+            raise ConfigError("--encoder-bf16: Qwen3-ASR's audio tower runs in the dtype it was loaded in; "
+                              "leave the option out")
         # Its features are the processor's (one utterance at a time, on the reading thread), and its fast decoder
         # keeps generate's shapes: device_features and fast_buckets are taken for the shared CLI and not used.
         self.device_features, self.fast_buckets, self._encode = False, False, None
