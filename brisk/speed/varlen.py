@@ -27,9 +27,9 @@ def _varlen_kernel():
     return varlen_attn, "enable_gqa" in inspect.signature(varlen_attn).parameters
 
 
-# Looked up once at import: window_attention runs inside compiled encoder blocks, where a lookup (inspect) each
+# Looked up once at import: both attention functions run inside compiled blocks, where a lookup (inspect) each
 # call would be traced.
-_KERNEL, _ = _varlen_kernel()
+_KERNEL, _HAS_GQA = _varlen_kernel()
 
 
 def block_causal_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
@@ -48,16 +48,15 @@ def varlen_attention(module, query, key, value, attention_mask, dropout: float =
     # free of a guard on the longest sequence, so a bucket never recompiles for a new batch.
     max_len = query.shape[2]
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, H, D]
-    kernel, has_gqa = _varlen_kernel()
-    if query.is_cuda and kernel is not None and query.dtype in (torch.float16, torch.bfloat16):
+    if query.is_cuda and _KERNEL is not None and query.dtype in (torch.float16, torch.bfloat16):
         extra = {}
         if k.shape[1] != q.shape[1]:
-            if has_gqa:
+            if _HAS_GQA:
                 extra["enable_gqa"] = True
             else:  # torch 2.11's varlen_attn has no GQA: repeat the KV heads
                 rep = q.shape[1] // k.shape[1]
                 k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = kernel(q, k, v, cu, cu, max_len, max_len, scale=scaling, window_size=(-1, 0), **extra)
+        out = _KERNEL(q, k, v, cu, cu, max_len, max_len, scale=scaling, window_size=(-1, 0), **extra)
     else:
         t = q.shape[0]
         mask = block_causal_mask(cu, t)
