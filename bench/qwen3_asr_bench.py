@@ -18,7 +18,9 @@ timed steps; utterances and LLM tokens a step are the same in every arm):
                   which needs model.encoder.freeze and model.adaptor.freeze (the usual fine-tune keeps the
                   audio tower frozen; the recipe trains it): less work, named as such; and with the audio frozen
                   the step is one CUDA graph a bucket (speed.cuda_graph, fresh_grads), captured before timing,
-                  the tower running eagerly before each replay
+                  and so is the frozen tower (its chunks, rows and windows padded per bucket by the tower
+                  itself, under audio_varlen): a step is a few launches that gather the real chunks, then two
+                  replays
   brisk_fast_nograph  brisk_fast with speed.cuda_graph=false and speed.fresh_grads=false: what the graph is worth
   brisk_fast_gc   brisk_fast with train.gc_every (Python's collector frozen after the first step, as brisk train
                   does with that setting): whether a collection lands inside timed steps (only when --arms names it)
@@ -116,8 +118,9 @@ def brisk_arm(args, idx: list[list[int]]) -> tuple[list[float], str]:
 
 
 def audio_ms(args, runner, batches) -> str:
-    """The audio rows' share of a graphed step: the frozen tower runs eagerly before each replay, so its wall time
-    (host launches and device work, synced) is the part of the step that the graph does not cover."""
+    """The audio rows' share of a graphed step, synced wall time (host and device): the frozen tower's inputs
+    gathered and its graph replayed (GraphedAudioInputs, the preset), or the tower run eagerly before the step's
+    replay (without audio_varlen); either way the part of the step before the step graph's replay."""
     audio = getattr(runner.step, "audio", None)
     if audio is None:
         return ""
@@ -132,7 +135,8 @@ def audio_ms(args, runner, batches) -> str:
             audio(b)
             sync(args.device)
             ms.append(1000 * (time.perf_counter() - t0))
-    return f"; audio rows outside the graph: median {statistics.median(ms):.1f} ms (" + \
+    what = "tower graph" if type(getattr(runner.step, "encoder", None)).__name__ == "GraphedAudioInputs" else "eager"
+    return f"; audio rows outside the step graph ({what}): median {statistics.median(ms):.1f} ms (" + \
         ", ".join(f"{m:.1f}" for m in ms) + ")"
 
 

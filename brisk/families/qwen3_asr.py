@@ -28,9 +28,13 @@ FAMILY = register(Family(
                                        3072, 4096]}},
     frozen_audio=("frozen_eval", "encoder_dtype", "encoder_cache", "cuda_graph", "fresh_grads"),
     # speed.cuda_graph: the audio tower's windows and real rows are worked out on the host from each batch's
-    # audio token counts (brisk.models.qwen3_asr.audio_windows), so the frozen tower runs eagerly before each
-    # replay of the step graph (no host sync) and its rows are copied into the graph; the features stay unpadded.
+    # audio token counts (brisk.models.qwen3_asr.audio_windows), so its work depends on more than the features'
+    # shape; the features stay unpadded. Under speed.audio_varlen the tower pads its chunks, rows and windows to
+    # a fixed number per step bucket itself (Qwen3ASR.static_audio_inputs) and runs in a graph per bucket;
+    # without it transformers' audio attention reads the windows back to the host in each layer, which no graph
+    # holds, so the frozen tower runs eagerly before each replay (no host sync) and its rows are copied in.
     audio_graphs=False,
+    audio_static_inputs=lambda speed: speed.audio_varlen,
     graph_examples=Ref("brisk.data.qwen3_asr:graph_examples"),
     rules=(
         FamilyRule("model.family, model.path", lambda c: c.model.path,

@@ -43,6 +43,10 @@ def _no_blocks(model, compile: bool = False) -> list:
     return []
 
 
+def _never(speed) -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
@@ -72,6 +76,10 @@ class Family:
     # on the padded features' shape alone); False: it runs eagerly before each replay and its rows are copied into
     # the step graph's static input (the collator then leaves the features unpadded)
     audio_graphs: bool = False
+    # speed.cuda_graph: (speed config) -> whether the frozen audio path makes its own inputs of fixed shapes per
+    # step bucket (its model class's ``static_audio_inputs`` and ``static_audio_rows``) and runs in a graph per
+    # bucket from them; the collator leaves the features unpadded either way
+    audio_static_inputs: Callable = _never
     # (cfg, collator, vocab, max_tokens) -> one batch per packed bucket up to max_tokens, in the collator's static
     # shapes, for capturing the step graphs before training; None: each bucket's graph is captured when first met
     graph_examples: Ref | None = None

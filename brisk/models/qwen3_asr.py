@@ -115,16 +115,61 @@ class Qwen3ASR(nn.Module):
         pad = batch.audio_pos.numel() - rows.shape[0]
         return F.pad(rows, (0, 0, 0, pad)) if pad > 0 else rows
 
+    # ------------------------------------------------------------- the audio path in shapes fixed per bucket
+    def static_audio_inputs(self, batch: AudioBatch) -> tuple[tuple[int, int], tuple[torch.Tensor, ...]]:
+        """``audio_rows``'s work as inputs whose shapes depend on the batch's static layout alone, for a CUDA
+        graph of the frozen audio path per bucket (``static_audio_rows`` computes the rows from them).
+
+        -> (key, inputs). The key is (A, C): A audio slots (the static row length) and C chunk places,
+        ceil(A / rows a chunk) + the layout's segment entries, never fewer than the real chunks (an utterance
+        of c rows spans at most c / rows-a-chunk + 1 chunks). The inputs: the real chunks' features
+        [C, 2 * n_window, mel] (the places past the real chunks repeat chunk 0), and on the host: the index of
+        each slot's row among the convolutions' C * rows-a-chunk rows [A] (a padding slot reads row 0), the
+        windows' cu_seqlens [W + 1] (the padding slots in windows of their own, then zero-length windows up to
+        W, ``static_windows``), and the real row count [1]. Nothing here reads the device."""
+        tower = self.audio_tower
+        chunk, per_chunk = 2 * tower.n_window, rows_after_convs(2 * tower.n_window)
+        counts, speech = list(batch.slot_counts), batch.speech
+        slots, room = batch.audio_pos.numel(), max(len(counts), batch.cu_seqlens.numel())
+        places = -(-slots // per_chunk) + room
+        feats = F.pad(speech, (0, 0, 0, -speech.shape[1] % chunk))
+        per_utt = feats.shape[1] // chunk
+        chunks, valid = [], []
+        for i, count in enumerate(counts):
+            for start in range(0, count, per_chunk):
+                valid.extend(range(len(chunks) * per_chunk, len(chunks) * per_chunk + min(per_chunk, count - start)))
+                chunks.append(i * per_utt + start // per_chunk)
+        if len(chunks) > places or len(valid) > slots:
+            raise ValueError(f"{len(chunks)} audio chunks and {len(valid)} rows do not fit {places} and {slots}")
+        cu = static_windows(counts, slots, room, tower.config)
+        host = [torch.tensor(chunks + [0] * (places - len(chunks))), torch.tensor(valid + [0] * (slots - len(valid))),
+                cu, torch.tensor([len(valid)])]
+        if speech.is_cuda:  # pinned and asynchronous: no wait for the device
+            host = [x.pin_memory() for x in host]
+        index = host[0].to(speech.device, non_blocking=True)
+        real = feats.reshape(-1, chunk, feats.shape[-1]).index_select(0, index)  # [C, chunk, mel]
+        return (slots, places), (real, *host[1:])
+
+    def static_audio_rows(self, chunks: torch.Tensor, valid: torch.Tensor, cu_seqlens: torch.Tensor,
+                          real: torch.Tensor) -> torch.Tensor:
+        """The rows of the audio slots from ``static_audio_inputs``'s inputs (on this model's device): [A, D],
+        the padding slots' rows zero, as ``audio_rows`` gives them. Every shape is fixed by the key and nothing
+        is read back, so a CUDA graph can hold it."""
+        tower = self.audio_tower
+        dtype = next(tower.parameters()).dtype
+        x = conv_rows(tower, chunks.to(dtype).transpose(1, 2).unsqueeze(1))
+        hidden = tower_layers(tower, x.index_select(0, valid), cu_seqlens, _window([], tower.config, full=True))
+        rows = self.multi_modal_projector(hidden)
+        keep = torch.arange(rows.shape[0], device=rows.device) < real
+        return torch.where(keep[:, None], rows, 0)
+
 
 def audio_windows(counts: list[int], chunks: int, config, device) -> tuple[torch.Tensor, int, torch.Tensor]:
     """What transformers' audio encoder reads back from the device each batch, computed on the host from each
     utterance's output row count: the attention windows' boundaries (cu_seqlens, int32, as its
     get_audio_cu_seqlens), the longest window, and the flat indices of the real rows among the convolutions'
     [N * chunks * rows-per-chunk] output (its valid_indices), for a batch padded to ``chunks`` chunks."""
-    per_chunk = rows_after_convs(2 * config.n_window)
-    # transformers' window: the longest chunk's rows (a full chunk's unless every utterance is shorter) times
-    # the chunks in an inference window
-    window = min(per_chunk, max(counts, default=0)) * (config.n_window_infer // (2 * config.n_window))
+    per_chunk, window = rows_after_convs(2 * config.n_window), _window(counts, config)
     bounds, valid = [0], []
     for i, count in enumerate(counts):
         full, rest = divmod(count, window) if window else (0, 0)
@@ -149,15 +194,53 @@ def run_audio_tower(tower: nn.Module, feats: torch.Tensor, cu_seqlens: torch.Ten
     n, mel, frames = feats.shape
     chunk = 2 * tower.n_window
     x = feats.view(n, mel, frames // chunk, chunk).permute(0, 2, 1, 3).reshape(-1, 1, mel, chunk)
+    return tower_layers(tower, conv_rows(tower, x).index_select(0, valid), cu_seqlens, max_seqlen)
+
+
+def conv_rows(tower: nn.Module, chunks: torch.Tensor) -> torch.Tensor:
+    """The tower's convolutions and positions on chunks [C, 1, mel, 2 * n_window] -> their rows flat
+    [C * rows-a-chunk, d_model] (each chunk on its own)."""
+    x = chunks
     for conv in (tower.conv2d1, tower.conv2d2, tower.conv2d3):
         x = F.gelu(conv(x))
     c, channels, freq, steps = x.shape
     x = tower.conv_out(x.permute(0, 3, 1, 2).contiguous().view(c, steps, channels * freq))
     x = x + tower.positional_embedding.positional_embedding[:steps].to(x.dtype)
-    hidden = x.reshape(-1, x.shape[-1]).index_select(0, valid)
+    return x.reshape(-1, x.shape[-1])
+
+
+def tower_layers(tower: nn.Module, hidden: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+    """The tower's Transformer layers in their windows, then its final norm."""
     for layer in tower.layers:
         hidden = layer(hidden, cu_seqlens, max_seqlen=max_seqlen)[0]
     return tower.ln_post(hidden)
+
+
+def _window(counts: list[int], config, full: bool = False) -> int:
+    """transformers' attention window in rows: the longest chunk's rows (a full chunk's unless every utterance is
+    shorter; ``full``: a full chunk's) times the chunks in an inference window."""
+    per_chunk = rows_after_convs(2 * config.n_window)
+    longest = per_chunk if full else min(per_chunk, max(counts, default=0))
+    return longest * (config.n_window_infer // (2 * config.n_window))
+
+
+def static_windows(counts: list[int], slots: int, room: int, config) -> torch.Tensor:
+    """``audio_windows``'s cu_seqlens for a static layout of ``slots`` rows (int32, on the host): the real
+    windows, the padding rows after them in windows of at most a full window, then zero-length windows (the
+    last offset repeated) up to 2 * ceil(slots / full window) + ``room`` + 1 windows, more than any layout of
+    ``slots`` rows and at most ``room`` utterances has. None longer than a full window (``_window(full=True)``):
+    the graph's fixed max_seqlen."""
+    full, window = _window(counts, config, full=True), _window(counts, config)
+    if len(counts) > room:
+        raise ValueError(f"{len(counts)} utterances do not fit a static layout of {room}")
+    bounds = [0]
+    for count in counts:
+        whole, rest = divmod(count, window) if window else (0, 0)
+        bounds += [window] * whole + ([rest] if rest else [])
+    pad = slots - sum(bounds)
+    bounds += [full] * (pad // full) + ([pad % full] if pad % full else [])
+    bounds += [0] * (2 * -(-slots // full) + room + 2 - len(bounds))
+    return torch.tensor(bounds, dtype=torch.int32).cumsum(0, dtype=torch.int32)
 
 
 def hf_config(cfg: ModelConfig):

@@ -73,6 +73,12 @@ class AudioPath(nn.Module):
     def audio_rows(self, batch: AudioBatch) -> torch.Tensor:
         return self.kind.audio_rows(self, batch)
 
+    def static_audio_inputs(self, batch: AudioBatch):
+        return self.kind.static_audio_inputs(self, batch)
+
+    def static_audio_rows(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.kind.static_audio_rows(self, *inputs)
+
     @torch.no_grad()
     def refresh(self) -> None:
         """Copy the originals' weights in again (after a resume loaded them), in place: graphs keep their pointers."""

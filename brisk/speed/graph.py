@@ -16,9 +16,11 @@ Replaying a graph launches them all at once. What makes the step capturable:
   graph's static input. Where the model family says its audio work depends on the features' shape alone
   (``Family.audio_graphs``: Fun-ASR-Nano's encoder and adaptor) it runs in graphs of its own, one per speech
   bucket, through the graphed step's own copy of the frozen audio provider (``FrozenAudio.with_encoder``);
-  otherwise (Qwen3-ASR's audio tower, whose attention windows and real rows are worked out on the host from
-  each batch's counts) it runs eagerly before each replay, which adds no host sync: the rows' count is the
-  bucket's fixed number of audio slots;
+  where its inputs' shapes follow from the batch's static layout once the path itself pads them
+  (``Family.audio_static_inputs``: Qwen3-ASR's audio tower, whose attention windows and real rows are worked out
+  on the host from each batch's counts and padded to a fixed number per bucket) it runs in a graph per
+  bucket too (``GraphedAudioInputs``); otherwise it runs eagerly before each replay, which adds no host sync:
+  the rows' count is the bucket's fixed number of audio slots;
 - everything is captured inside the run's flag scope (``flags.run_scope``: TF32, SDPA backends), so the
   graphs hold the kernels those flags choose.
 
@@ -122,14 +124,52 @@ class GraphedEncoder:
         return out[batch.audio_utt, batch.audio_frame]
 
 
+class GraphedAudioInputs:
+    """The frozen audio path in a graph per key of the static inputs it makes itself, no autograd: its
+    ``static_audio_inputs(batch)`` -> (key, inputs) runs eagerly (a few launches: the real features gathered,
+    index tensors built on the host), its ``static_audio_rows(*inputs)`` is what the graph holds. The rows of a
+    replay are the graph's static output: the step copies them into its own static input before the next replay."""
+
+    def __init__(self, model, pool):
+        self.model, self.pool = model, pool
+        self.graphs: dict[tuple, tuple] = {}
+
+    @torch.no_grad()
+    def capture(self, key, inputs):
+        device = inputs[0].device
+        static = tuple(x.to(device, copy=True) for x in inputs)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.model.static_audio_rows(*static)  # warm-up: lazy init, cuBLAS workspaces, compiled blocks
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            out = self.model.static_audio_rows(*static)
+        self.graphs[key] = (graph, static, out)
+
+    @torch.no_grad()
+    def __call__(self, batch: AudioBatch) -> torch.Tensor:
+        key, inputs = self.model.static_audio_inputs(batch)
+        if key not in self.graphs:
+            log.info("cuda_graph: capturing the audio path for its static shape %s", key)
+            self.capture(key, inputs)
+        graph, static, out = self.graphs[key]
+        for dst, src in zip(static, inputs):
+            dst.copy_(src, non_blocking=True)
+        graph.replay()
+        return out
+
+
 class GraphedStep:
     """Wraps a step (``TrainStep``: its ``body``, optimizer, parameters and hooks) and a frozen audio provider;
     replays one graph per bucket. It owns its graphs, their pool and its graphed audio provider, and edits
     nothing else: the step's gradient mode and any gradient sync are the step's own, set when it was built.
-    ``audio_graphs``: capture the audio path per speech shape too (the model family's ``audio_graphs``); else
-    the provider runs eagerly before each replay."""
+    ``audio_graphs``: capture the audio path per speech shape too (the model family's ``audio_graphs``);
+    ``static_audio``: capture it per key of the static inputs it makes itself (``GraphedAudioInputs``, the
+    family's ``audio_static_inputs``); neither: the provider runs eagerly before each replay."""
 
-    def __init__(self, step, audio, audio_graphs: bool = True):
+    def __init__(self, step, audio, audio_graphs: bool = True, static_audio: bool = False):
         opt = step.optimizer
         group = opt.param_groups[0]
         if not (group.get("fused") and group.get("capturable") and isinstance(group["lr"], torch.Tensor)
@@ -148,9 +188,11 @@ class GraphedStep:
             elif p.grad is None:
                 p.grad = torch.zeros_like(p)
         self.pool = torch.cuda.graph_pool_handle()
-        self.encoder = GraphedEncoder(audio.path, self.pool)  # no graphs in it unless audio_graphs
+        # no graphs in it unless the audio is graphed
+        self.encoder = (GraphedAudioInputs if static_audio else GraphedEncoder)(audio.path, self.pool)
         # the frozen audio rows from encoder graphs, or from the provider itself, eagerly
-        self.audio = audio.with_encoder(self.encoder) if audio_graphs else audio
+        self.plain_audio = audio
+        self.audio = audio.with_encoder(self.encoder) if audio_graphs or static_audio else audio
         self.graphs: dict[object, _Captured] = {}
         self.capture_seconds = 0.0
         self.eager_fallbacks = 0
@@ -233,11 +275,13 @@ class GraphedStep:
         if len(batches) != 1:
             raise ValueError("speed.cuda_graph does not support gradient accumulation (train.accum_grad must be 1)")
         batch = batches[0]
-        rows = self.audio(batch)
         t, key = batch.input_ids.shape[1], self._key(batch)
         cap = self.graphs.get(key)
+        eager = cap is None and (t > MAX_GRAPH_TOKENS or batch.layout != "packed")
+        # a step that runs eagerly computes its audio rows eagerly too (no audio graph for a one-off shape)
+        rows = (self.plain_audio if eager else self.audio)(batch)
         if cap is None:
-            if t > MAX_GRAPH_TOKENS or batch.layout != "packed":
+            if eager:
                 self.eager_fallbacks += 1
                 log.info("cuda_graph: no graph for a %d-token row; this step runs eagerly", t)
                 metrics = self._body(batch, rows)

@@ -135,7 +135,8 @@ def step_function(parts: Parts, step: TrainStep):
     from ..speed.graph import MAX_GRAPH_TOKENS, GraphedStep
 
     family = family_of(parts.cfg)
-    graphed = GraphedStep(step, parts.accel.audio, audio_graphs=family.audio_graphs)
+    graphed = GraphedStep(step, parts.accel.audio, audio_graphs=family.audio_graphs,
+                          static_audio=family.audio_static_inputs(parts.plan.speed))
     if parts.ranks.world > 1:
         log.warning("speed.cuda_graph with several ranks has not yet passed its 2-GPU test (docs/multigpu.md); "
                     "the eager path (packing, frozen_eval, fused_adamw) is the tested one")

@@ -1,8 +1,9 @@
 """Qwen3-ASR's graphed step on CUDA (skipped without CUDA): the tiny demo model (bf16 decoder trained, audio tower
-and projector frozen), each packed bucket's step captured up front and replayed, the frozen tower running
-eagerly before each replay. As tests/gpu/test_gpu_state.py checks Fun-ASR-Nano's: graphed == eager losses and
-parameters over 8 steps, fresh gradients == persistent ones, the preset with its compiled layers without a
-recompile, and no host sync in a replayed step.
+and projector frozen), each packed bucket's step captured up front and replayed; the frozen tower running
+eagerly before each replay, or, under speed.audio_varlen, replaying a graph of its own per bucket
+(GraphedAudioInputs). As tests/gpu/test_gpu_state.py checks Fun-ASR-Nano's: graphed == eager losses and
+parameters over 8 steps (eager tower, graphed tower), fresh gradients == persistent ones, the preset with its
+compiled layers without a recompile, and no host sync in a replayed step.
 
     python -m pytest tests/gpu/test_qwen3_asr_graph_cuda.py -q      # on the GPU machine (transformers >= 5.24)
 """
@@ -57,6 +58,19 @@ def test_graph_step_equals_eager_step_over_8_steps(tmp_path):
     assert len(set(la)) > 1  # the steps did train
 
 
+def test_the_graphed_tower_step_equals_the_eager_step_over_8_steps(tmp_path):
+    """speed.audio_varlen (fp32 tower: one masked SDPA call a layer): the tower in a graph per bucket, from its
+    own padded inputs, and the step graph after it, against the same switches without the graphs."""
+    la, pa, _ = _run_steps(tmp_path / "a", BASE + ["speed.audio_varlen=true"])
+    lb, pb, runner = _run_steps(tmp_path / "b", BASE + ["speed.audio_varlen=true", "speed.cuda_graph=true"])
+    step = runner.step
+    assert type(step.encoder).__name__ == "GraphedAudioInputs" and step.encoder.graphs and step.graphs
+    assert {k[0] for k in step.encoder.graphs} == set(step.graphs) and step.eager_fallbacks == 0  # one a bucket
+    assert max(abs(x - y) / abs(x) for x, y in zip(la, lb)) < 1e-3, list(zip(la, lb))
+    assert max(_rel(pa[k], pb[k]) for k in pa) < 1e-2
+    assert len(set(la)) > 1
+
+
 def test_fresh_gradients_train_like_persistent_ones(tmp_path):
     la, pa, _ = _run_steps(tmp_path / "a", BASE + ["speed.cuda_graph=true"])
     lb, pb, _ = _run_steps(tmp_path / "b", BASE + ["speed.cuda_graph=true", "speed.fresh_grads=true"])
@@ -76,6 +90,8 @@ def test_the_preset_is_graphed_compiles_once_and_keeps_the_losses_of_its_eager_t
     lb, pb, runner = _run_steps(tmp_path / "b", ["speed.preset=fast"])
     assert {"cuda_graph", "fresh_grads", "compile", "audio_varlen", "label_head"} <= set(runner.parts.plan.on)
     assert len(runner.step.graphs) >= len([t for t in runner.cfg.speed.pack_buckets if t <= 4096])  # up front
+    lengths = {k if isinstance(k, int) else k[0] for k in runner.step.graphs}  # label_head keys: (length, rows)
+    assert {k[0] for k in runner.step.encoder.graphs} == lengths  # the bf16 tower too, a graph a bucket
     assert compile_counters().get("recompiles", 0) == before
     assert max(abs(x - y) / abs(x) for x, y in zip(la, lb)) < 1e-2, list(zip(la, lb))
     assert max(_rel(pa[k], pb[k]) for k in pa) < 2e-2
@@ -83,8 +99,9 @@ def test_the_preset_is_graphed_compiles_once_and_keeps_the_losses_of_its_eager_t
 
 
 def test_a_replayed_step_does_not_sync_with_the_host(tmp_path):
-    """The eager tower before the replay reads nothing back (its windows come from the host's counts), and the
-    replay is one launch: under torch's sync debug mode "error" a step raises on any synchronising call."""
+    """The tower's inputs are made without reading anything back (its windows come from the host's counts),
+    then its graph and the step's replay: under torch's sync debug mode "error" a step raises on any
+    synchronising call."""
     from brisk.bench.harness import sample_stream, sync
     from brisk.speed.flags import run_scope
 
@@ -100,3 +117,4 @@ def test_a_replayed_step_does_not_sync_with_the_host(tmp_path):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert all(torch.isfinite(m["loss"]).item() for m in out)
+    assert runner.step.encoder.graphs  # the tower was graphed (audio_varlen)
