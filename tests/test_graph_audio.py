@@ -17,7 +17,7 @@ from brisk.models.build import build_model
 from brisk.plan import make_plan
 from brisk.speed.frozen import FrozenAudio
 from brisk.speed.graph import MAX_GRAPH_TOKENS, GraphedAudioInputs, GraphedEncoder, GraphedStep
-from brisk.train.examples import example_batches
+from brisk.data.dataset import graph_examples
 from brisk.train.optim import WarmupLR, build_optimizer
 from brisk.train.step import StepHooks, TrainStep
 
@@ -36,7 +36,7 @@ def test_fun_asr_nano_graphs_its_frozen_audio_per_speech_bucket(tmp_path):
     cfg = _cfg(tmp_path)
     family = family_of(cfg)
     assert family.audio_graphs and not family.audio_static_inputs(cfg.speed)
-    assert family.graph_examples.resolve() is example_batches
+    assert family.graph_examples.resolve() is graph_examples
     collate = collator_for(cfg)
     assert collate.static and collate.static_speech and collate.pad_utts == cfg.data.max_utts
 
@@ -52,7 +52,7 @@ def test_the_examples_captured_up_front_cover_every_bucket_in_static_shapes(tmp_
         assert b.cu_seqlens.numel() == cfg.data.max_utts + 2 and b.audio_pos.numel() == b.input_ids.shape[1]
     # without static_speech (a family whose audio runs eagerly) the same sample keeps its own frame count
     plain = Collator(**{**collator_for(cfg).__dict__, "static_speech": False})
-    one = example_batches(cfg, plain, 483, MAX_GRAPH_TOKENS)[0]
+    one = graph_examples(cfg, plain, 483, MAX_GRAPH_TOKENS)[0]
     assert one.speech.shape[0] == 1 and one.speech.shape[1] == int(one.speech_lengths.max()) < batches[0].speech.shape[1]
 
 
