@@ -161,8 +161,8 @@ class Recognizer:
     # ------------------------------------------------------------------------------------ decoding
     def read(self, paths: list[str]) -> list[torch.Tensor]:
         """The waveforms of ``paths``, in order, read on up to READERS threads: decoding compressed audio (ogg,
-        flac) is CPU work that soundfile does without the GIL, and a batch of 64 files read one by one costs
-        as much as its whole GPU decode."""
+        flac) is CPU work that soundfile does without the GIL, and read one by one a large batch's files can take
+        as long as its GPU decode (bench/decode_bench.py times it)."""
         if len(paths) < 2 or READERS < 2:
             return [read_audio(p, self.fs) for p in paths]
         with ThreadPoolExecutor(min(READERS, len(paths))) as pool:
