@@ -14,12 +14,11 @@ Replaying a graph launches them all at once. What makes the step capturable:
   activations of all graphs come from one shared memory pool;
 - the frozen audio path runs outside the step graph, without autograd, and its rows are copied into the
   graph's static input. Where the model family says its audio work depends on the features' shape alone
-  (``Family.audio_graphs``: Fun-ASR-Nano's encoder and adaptor) it runs in graphs of its own, one per speech
-  bucket, through the graphed step's own copy of the frozen audio provider (``FrozenAudio.with_encoder``);
-  where its inputs' shapes follow from the batch's static layout once the path itself pads them
-  (``Family.audio_static_inputs``: Qwen3-ASR's audio tower, whose attention windows and real rows are worked out
-  on the host from each batch's counts and padded to a fixed number per bucket) it runs in a graph per
-  bucket too (``GraphedAudioInputs``); otherwise it runs eagerly before each replay, which adds no host sync:
+  (``Family.audio_graphs``) it runs in graphs of its own, one per speech bucket, through the graphed step's
+  own copy of the frozen audio provider (``FrozenAudio.with_encoder``); where its inputs' shapes follow from the
+  batch's static layout once the path itself pads them (``Family.audio_static_inputs``: the model class's
+  ``static_audio_inputs``, whose index tensors are worked out on the host from each batch's counts and padded
+  to a fixed number per bucket) it runs in a graph per bucket too (``GraphedAudioInputs``); otherwise it runs eagerly before each replay, which adds no host sync:
   the rows' count is the bucket's fixed number of audio slots;
 - everything is captured inside the run's flag scope (``flags.run_scope``: TF32, SDPA backends), so the
   graphs hold the kernels those flags choose.
