@@ -82,13 +82,16 @@ def test_the_graphed_step_takes_the_audio_provider_its_family_asks_for(tmp_path,
         assert graphed.audio is not audio and audio.encoder == audio.path.audio_rows  # the original left as it was
 
 
-def test_an_eager_fallback_step_computes_its_audio_rows_eagerly(tmp_path, monkeypatch):
-    """A batch no graph takes (here a padded one) runs the eager step with the plain provider's rows: the same
-    loss as the plain step, and no encoder graph captured for its one-off speech shape (on the CPU a capture
-    would fail)."""
+@pytest.mark.parametrize("layout", ["padded", "packed past the graph limit"])
+def test_an_eager_fallback_step_computes_its_audio_rows_eagerly(tmp_path, monkeypatch, layout):
+    """A batch no graph takes (a padded one, or a static packed row longer than MAX_GRAPH_TOKENS) runs the eager
+    step with the plain provider's rows: the same loss as the plain step, and no encoder graph captured for its
+    one-off speech shape (on the CPU a capture would fail)."""
     from brisk.data.loader import build_split
+    from brisk.speed import graph
 
     cfg = _cfg(tmp_path)
+    collate = Collator() if layout == "padded" else collator_for(cfg)
     torch.manual_seed(0)
     model = build_model(cfg.model).train()
     for m in (model.audio_encoder, model.audio_adaptor):
@@ -97,9 +100,11 @@ def test_an_eager_fallback_step_computes_its_audio_rows_eagerly(tmp_path, monkey
     fam = family_of(cfg)
     graphed, _ = _graphed(cfg, model, monkeypatch, audio_graphs=fam.audio_graphs,
                           static_audio=fam.audio_static_inputs(cfg.speed))
-    split = build_split(cfg, "train", Collator(), 483)
-    batch = Collator()([split.dataset[(i, 0)] for i in split.sampler.batches(0)[0][:3]])
-    assert batch.layout == "padded"
+    split = build_split(cfg, "train", collate, 483)
+    batch = collate([split.dataset[(i, 0)] for i in split.sampler.batches(0)[0][:3]])
+    if layout != "padded":
+        assert batch.layout == "packed" and batch.speech.shape[0] == cfg.data.max_utts  # the static layout
+        monkeypatch.setattr(graph, "MAX_GRAPH_TOKENS", batch.input_ids.shape[1] - 1)
     got = graphed([batch])
     opt = build_optimizer(ref_model, cfg.optim, fused=True, capturable=True)
     ref = TrainStep(ref_model, opt, WarmupLR(opt, cfg.optim.lr, 2), grad_clip=1.0, on_device_skip=True,
