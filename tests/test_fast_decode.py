@@ -114,6 +114,16 @@ def test_fused_step_attends_over_buckets_of_the_filled_slots(model_type, fuse):
         assert b[0] is a.q_proj.bias and dec.fused.sources == []
 
 
+def test_fuse_defaults_to_concatenated_gemms_only_when_compiled():
+    """fuse=None (what --fast gives): the LLM's own GEMMs eagerly (its bf16 rounding), concatenated ones under
+    --fast-compile (Inductor rounds otherwise anyway); an explicit fuse wins either way."""
+    llm = tiny_llm()
+    assert FastGreedy(llm, [], PAD, torch.float32, "cpu").fused.fuse is False
+    assert FastGreedy(llm, [], PAD, torch.float32, "cpu", compile="eager").fused.fuse is True
+    assert FastGreedy(llm, [], PAD, torch.float32, "cpu", compile="eager", fuse=False).fused.fuse is False
+    assert FastGreedy(llm, [], PAD, torch.float32, "cpu", fuse=True).fused.fuse is True
+
+
 def test_fused_weights_follow_the_model_and_refusals_fall_back():
     """Weights changed in place after the step was built (an optimizer step between validations, even one
     autograd does not see) are copied into the fused ones, in place (graphs keep their pointers); an LLM the fused step cannot run (another

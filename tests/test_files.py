@@ -12,9 +12,9 @@ import torch
 from brisk import files
 from brisk.config import load_config
 from brisk.data.collate import collator_for
+from brisk.data.dataset import graph_examples
 from brisk.speed.graph import MAX_GRAPH_TOKENS
 from brisk.train.checkpoint import Checkpoints
-from brisk.train.examples import example_batches
 
 from .conftest import REPO
 
@@ -72,7 +72,7 @@ def test_every_bucket_gets_an_example_batch_of_its_own_length():
     """Graphs are captured up front for every bucket, so none is captured (and compiled) mid-training."""
     cfg = load_config(REPO / "configs" / "fun_asr_nano.yaml", ["speed.packing=true", "speed.cuda_graph=true", "speed.frozen_eval=true"],
                       check_paths=False)
-    batches = example_batches(cfg, collator_for(cfg), 151936)
+    batches = graph_examples(cfg, collator_for(cfg), 151936, MAX_GRAPH_TOKENS)
     lengths = [b.input_ids.shape[1] for b in batches]
     wanted = [t for t in cfg.speed.pack_buckets if t <= MAX_GRAPH_TOKENS]
     assert lengths[: len(wanted)] == wanted

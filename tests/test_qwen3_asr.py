@@ -395,3 +395,13 @@ def test_the_cpu_demo_learns_validation_cer_falls(tmp_path):
     items = items_of(*family_of(cfg).eval_set(str(DEMO / "valid.jsonl"), cfg))[:8]
     rows, summary = evaluate(recognizer(cfg, model, tok, max_new_tokens=20), items, None)
     assert summary["utterances"] == 8 and summary["cer"] < 1.0 and any(r["hyp"] for r in rows)
+
+
+def test_encoder_bf16_is_refused_in_one_line():
+    """`brisk eval --encoder-bf16` copies Fun-ASR-Nano's encoder and adaptor; Qwen3-ASR's recognizer refuses it
+    before touching the model (docs/troubleshooting.md)."""
+    from brisk.eval.qwen3_asr_decode import Qwen3ASRRecognizer
+
+    with pytest.raises(ConfigError, match="--encoder-bf16: Qwen3-ASR's audio tower") as e:
+        Qwen3ASRRecognizer(None, None, encoder_dtype=torch.bfloat16)
+    assert "\n" not in str(e.value)

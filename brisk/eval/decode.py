@@ -39,6 +39,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from ..data.audio import read_audio
 from ..data.features import Frontend
+from ..families import family_of
 from ..formats.funasr import audio_token_count
 
 SYSTEM = "You are a helpful assistant."  # FunASR's generate_chatml
@@ -68,7 +69,6 @@ class Result:
 class Recognizer:
     """Audio files (or LFR features) -> token ids and text, with a SpeechLLM and its tokenizer."""
 
-    audio_modules = ("audio_encoder", "audio_adaptor")  # Fun-ASR-Nano's audio path (its family's audio_path)
     encoder_dtype: torch.dtype | None = None
     fast_fuse: bool | None = None
     fast_fused = True
@@ -126,7 +126,8 @@ class Recognizer:
 
     def audio_path(self):
         """What encodes the audio: the model, or its encoder and adaptor copied in ``encoder_dtype``."""
-        first = getattr(self.model, self.audio_modules[0])
+        names = family_of(self.model.cfg).audio_path  # the modules training's speed.encoder_dtype copies
+        first = getattr(self.model, names[0])
         if self.encoder_dtype is None or self.encoder_dtype == next(first.parameters()).dtype:
             return self.model
         if self._audio is None:
@@ -134,7 +135,7 @@ class Recognizer:
 
             from ..speed.frozen import AudioPath
 
-            self._audio = AudioPath(self.model, self.encoder_dtype, self.audio_modules)
+            self._audio = AudioPath(self.model, self.encoder_dtype, names)
             logging.getLogger("brisk").info("decoding: the encoder and adaptor run as %s copies",
                                             str(self.encoder_dtype).replace("torch.", ""))
         return self._audio
@@ -161,8 +162,8 @@ class Recognizer:
     # ------------------------------------------------------------------------------------ decoding
     def read(self, paths: list[str]) -> list[torch.Tensor]:
         """The waveforms of ``paths``, in order, read on up to READERS threads: decoding compressed audio (ogg,
-        flac) is CPU work that soundfile does without the GIL, and a batch of 64 files read one by one costs
-        as much as its whole GPU decode."""
+        flac) is CPU work that soundfile does without the GIL, and read one by one a large batch's files can take
+        as long as its GPU decode (bench/decode_bench.py times it)."""
         if len(paths) < 2 or READERS < 2:
             return [read_audio(p, self.fs) for p in paths]
         with ThreadPoolExecutor(min(READERS, len(paths))) as pool:

@@ -49,5 +49,5 @@ FAMILY = register(Family(
     encoder_blocks=encoder_blocks,
     audio_path=("audio_encoder", "audio_adaptor"),
     audio_graphs=True,  # the SANM encoder and adaptor read nothing on the host: one graph per speech bucket
-    graph_examples=Ref("brisk.train.examples:example_batches"),
+    graph_examples=Ref("brisk.data.dataset:graph_examples"),
 ))

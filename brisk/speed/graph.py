@@ -14,23 +14,23 @@ Replaying a graph launches them all at once. What makes the step capturable:
   activations of all graphs come from one shared memory pool;
 - the frozen audio path runs outside the step graph, without autograd, and its rows are copied into the
   graph's static input. Where the model family says its audio work depends on the features' shape alone
-  (``Family.audio_graphs``: Fun-ASR-Nano's encoder and adaptor) it runs in graphs of its own, one per speech
-  bucket, through the graphed step's own copy of the frozen audio provider (``FrozenAudio.with_encoder``);
-  where its inputs' shapes follow from the batch's static layout once the path itself pads them
-  (``Family.audio_static_inputs``: Qwen3-ASR's audio tower, whose attention windows and real rows are worked out
-  on the host from each batch's counts and padded to a fixed number per bucket) it runs in a graph per
-  bucket too (``GraphedAudioInputs``); otherwise it runs eagerly before each replay, which adds no host sync:
+  (``Family.audio_graphs``) it runs in graphs of its own, one per speech bucket, through the graphed step's
+  own copy of the frozen audio provider (``FrozenAudio.with_encoder``); where its inputs' shapes follow from the
+  batch's static layout once the path itself pads them (``Family.audio_static_inputs``: the model class's
+  ``static_audio_inputs``, whose index tensors are worked out on the host from each batch's counts and padded
+  to a fixed number per bucket) it runs in a graph per bucket too (``GraphedAudioInputs``); otherwise it runs eagerly before each replay, which adds no host sync:
   the rows' count is the bucket's fixed number of audio slots;
 - everything is captured inside the run's flag scope (``flags.run_scope``: TF32, SDPA backends), so the
   graphs hold the kernels those flags choose.
 
-Graphs are captured up front for every bucket (``prepare``, from the family's ``graph_examples``), warming each one with lr = 0 and then
-restoring the optimizer state, so the run's numbers are those of the eager step. The graphs read the
-optimizer's lr tensor: after a resume it must be that same device tensor (``load_optimizer_state``). A batch
-longer than every bucket (or than MAX_GRAPH_TOKENS) runs the same step eagerly and is logged. CUDA's embedding
-backward reads a count back to the host above 3,072 indices, so under this switch the LLM's embedding is
-swapped for a ``ChunkedEmbedding`` (same weight) that looks ids up in chunks of 3,072 and longer rows stay
-capturable. Gradient accumulation is not supported (config error).
+Graphs are captured up front for every bucket (``prepare``, from the family's ``graph_examples``), warming
+each one with lr = 0 and then restoring the optimizer state, so the run's numbers are those of the eager step.
+The graphs read the optimizer's lr tensor: after a resume it must be that same device tensor
+(``load_optimizer_state``). A batch longer than every bucket (or than MAX_GRAPH_TOKENS) runs the same step
+eagerly and is logged; its audio rows come from the plain provider too, so no audio graph is captured for a
+one-off shape. CUDA's embedding backward reads a count back to the host above 3,072 indices, so under this
+switch the LLM's embedding is swapped for a ``ChunkedEmbedding`` (same weight) that looks ids up in chunks of
+3,072 and longer rows stay capturable. Gradient accumulation is not supported (config error).
 Under speed.label_head the graphs are keyed by (length, gathered rows): the rows are fixed in a graph, and a
 batch with more labelled positions than its bucket's rows gets a graph of its own (``_key``).
 """
