@@ -72,12 +72,13 @@ class Recognizer:
     encoder_dtype: torch.dtype | None = None
     fast_fuse: bool | None = None
     fast_fused = True
+    fast_multi_step = False
     _audio = None
 
     def __init__(self, model, tokenizer, frontend_cfg, *, device: torch.device | str = "cpu", sys_prompt: bool = True,
                  do_think: bool = True, prompt: str | None = None, max_new_tokens: int = 512, fast: bool = False,
                  fast_compile: str | None = None, prefetch: bool | None = None, device_features: bool = True,
-                 fast_buckets: bool = False, encoder_dtype: torch.dtype | None = None):
+                 fast_buckets: bool = False, encoder_dtype: torch.dtype | None = None, fast_multi_step: bool = False):
         self.model, self.tok = model, tokenizer
         self.device = torch.device(device)
         self.frontend = Frontend(dataclasses.replace(frontend_cfg, dither=0.0))
@@ -92,7 +93,9 @@ class Recognizer:
         eos = list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
         self.stop = sorted({*eos, *([im_end] if isinstance(im_end, int) and im_end >= 0 else [])})
         self.pad = llm_cfg.pad_token_id if llm_cfg.pad_token_id is not None else (self.stop[0] if self.stop else 0)
-        self.fast = fast or bool(fast_compile) or fast_buckets
+        self.fast = fast or bool(fast_compile) or fast_buckets or fast_multi_step
+        # One graph replay makes the tokens of one finished-mask check (brisk.eval.fast_decode, multi_step).
+        self.fast_multi_step = fast_multi_step
         # The encoder and the prefill replayed from graphs per length bucket (brisk.eval.fast_decode, buckets).
         self.fast_buckets = fast_buckets
         self.fast_compile = fast_compile  # a torch.compile backend for the fast decoder's step ("inductor")
@@ -212,7 +215,7 @@ class Recognizer:
 
                 self._fast = FastGreedy(self.model.llm, self.stop, self.pad, dtype, self.device,
                                         compile=self.fast_compile, buckets=self.fast_buckets, fused=self.fast_fused,
-                                        fuse=self.fast_fuse)
+                                        fuse=self.fast_fuse, multi_step=self.fast_multi_step)
             return self._fast.generate(embeds.to(dtype), mask, max_new)
         autocast = torch.autocast(self.device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
         with autocast:

@@ -98,7 +98,8 @@ def evaluate(rec: Recognizer, items: list, out: Path | None, batch_size: int = 8
 
 
 def decoder_name(rec: Recognizer) -> str:
-    extra = [f"step compiled, {rec.fast_compile}"] * bool(rec.fast_compile) + ["length buckets"] * rec.fast_buckets
+    extra = ([f"step compiled, {rec.fast_compile}"] * bool(rec.fast_compile) + ["length buckets"] * rec.fast_buckets
+             + ["several tokens a replay"] * rec.fast_multi_step)
     enc = f", encoder {str(rec.encoder_dtype).replace('torch.', '')}" if rec.encoder_dtype is not None else ""
     if not rec.fast:
         return "generate" + enc
@@ -163,7 +164,7 @@ def eval_main(args) -> int:
     out = Path(args.out) if args.out else (Path(args.model) / "eval" / f"{Path(args.data).stem}.jsonl")
     rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
                      fast_compile=args.fast_compile, device_features=not args.cpu_features,
-                     fast_buckets=args.fast_buckets, **encoder_dtype(args))
+                     fast_buckets=args.fast_buckets, fast_multi_step=args.fast_multi_step, **encoder_dtype(args))
     rows, s = evaluate(rec, items, out, args.batch_size, resume=args.resume, max_utts=args.max_utts,
                        progress=show_progress(args))
     print(f"model: {args.model} ({which}); data: {args.data}")
@@ -221,7 +222,7 @@ def transcribe_main(args) -> int:
     cfg, model, tok, _ = load_run(args.model, args.weights, device)
     rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
                      fast_compile=args.fast_compile, device_features=not args.cpu_features,
-                     fast_buckets=args.fast_buckets, **encoder_dtype(args))
+                     fast_buckets=args.fast_buckets, fast_multi_step=args.fast_multi_step, **encoder_dtype(args))
     items = read_items(args.audio, skip_bad=cfg.data.skip_bad)
     note = audio_note([it.path for it in items], cfg.model.frontend.fs)
     if note:  # on stderr: stdout holds only the transcripts
@@ -255,6 +256,9 @@ def add_verbs(sub) -> None:
         p.add_argument("--fast-buckets", action="store_true",
                        help="--fast with the encoder and the prefill replayed from CUDA graphs per length bucket "
                             "(padded shapes: in bf16 ids may part from generate's at near-ties)")
+        p.add_argument("--fast-multi-step", action="store_true",
+                       help="--fast with one CUDA graph replay making several tokens (those between two checks of "
+                            "the finished rows; the same kernels, the same ids)")
         p.add_argument("--encoder-bf16", action="store_true",
                        help="the audio encoder and adaptor as bf16 copies (several times faster on a GPU; features "
                             "change in the last bits, so a transcript may too)")
