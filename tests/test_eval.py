@@ -107,6 +107,8 @@ def test_load_run_picks_checkpoints_when_asked(tiny_run):
     _, _, _, best = load_run(run, weights="best")
     _, _, _, last = load_run(run, weights="last")
     assert best.parent.name == "checkpoints" and last.name == "ckpt-00000006.pt"
+    _, model, _, _ = load_run(run)
+    assert not model.training and not any(p.requires_grad for p in model.parameters())  # nothing here trains
 
 
 def test_score_counts_empty_hypotheses_as_deletions():

@@ -147,6 +147,22 @@ def test_fused_weights_follow_the_model_and_refusals_fall_back():
                 p.mul_(1.5)
     assert own.generate(embeds, mask, 12).tolist() == after
 
+    # Frozen weights (brisk eval's model: load_run turns gradients off) are copied only when a version moved, not
+    # before every batch: a change no version counter sees leaves the fused copy as it was.
+    llm.requires_grad_(False)
+    frozen = FastGreedy(llm, [], PAD, torch.float32, "cpu", fuse=True)
+    frozen.generate(embeds, mask, 4)
+    copy = frozen.fused.gate_up[1][0].clone()
+    for p in llm.parameters():
+        if p.dim() == 2:
+            p.data.mul_(2.0)
+    frozen.generate(embeds, mask, 4)
+    assert torch.equal(frozen.fused.gate_up[1][0], copy)
+    with torch.no_grad():  # a version moves (a checkpoint loaded in place): copied
+        m.gate_proj.weight.mul_(1.0)
+    frozen.generate(embeds, mask, 4)
+    assert torch.equal(frozen.fused.gate_up[1][0], torch.cat([m.gate_proj.weight, m.up_proj.weight]))
+
     gelu = tiny_llm(hidden_act="gelu")
     dec = FastGreedy(gelu, [], PAD, torch.float32, "cpu")
     assert dec.fused is None

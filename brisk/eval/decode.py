@@ -31,7 +31,7 @@ import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -178,24 +178,29 @@ class Recognizer:
     @torch.no_grad()
     def decode_features(self, feats: list[torch.Tensor], max_new_tokens: int | None = None) -> list[list[int]]:
         """LFR features [F, D] of each utterance -> generated ids of each, decoded together (left padding)."""
-        model = self.model
-        was_training = model.training
-        model.eval()  # no dropout while decoding; the caller's mode is restored below
-        try:
+        with self._eval_mode():
             return self._decode(feats, max_new_tokens)
-        finally:
-            model.train(was_training)
 
     @torch.no_grad()
     def decode_speech(self, speech: torch.Tensor, lengths: torch.Tensor, max_new_tokens: int | None = None) -> list[list[int]]:
         """Padded LFR features [N, F, D] and their lengths [N] -> generated ids of each utterance."""
+        with self._eval_mode():
+            return self._decode((speech, lengths), max_new_tokens)
+
+    @contextmanager
+    def _eval_mode(self):
+        """No dropout while decoding; a training model's mode is restored after. A model already in eval mode
+        (brisk eval, transcribe: load_for_inference put every module there) is left as it is: switching a
+        Fun-ASR-Nano's modules there and back walks its whole module tree twice a batch."""
         model = self.model
-        was_training = model.training
+        if not model.training:
+            yield
+            return
         model.eval()
         try:
-            return self._decode((speech, lengths), max_new_tokens)
+            yield
         finally:
-            model.train(was_training)
+            model.train(True)
 
     def _decode(self, feats, max_new_tokens: int | None) -> list[list[int]]:
         embeds, mask = self.prompt_embeds(feats)

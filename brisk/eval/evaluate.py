@@ -47,6 +47,9 @@ def load_run(path: str | Path, weights: str | None = None, device: str = "cpu"):
 
             load_weights(model, Path(weights))
             w = Path(weights)
+    # Nothing here trains: weights that need no gradient let the fast decoder skip copying its concatenated
+    # weights again before every batch (brisk.eval.decode_step.FusedStep.refresh, which must while they train).
+    model.requires_grad_(False)
     return cfg, model, tokenizer, w
 
 
