@@ -85,7 +85,8 @@ def timed(fn, device: str, repeats: int):
     return statistics.median(times), out
 
 
-def decode_only(rec, paths: list[str], max_new: int, repeats: int, device: str) -> tuple[dict, list[list[int]]]:
+def decode_only(rec, paths: list[str], max_new: int, repeats: int, device: str,
+                kernels: bool = False) -> tuple[dict, list[list[int]]]:
     """Where one batch's time goes, stage by stage (each the median of ``repeats``, after a warm-up that captures
     what the arm captures): the whole batch's transcribe; its audio read (the recognizer's threaded reading);
     features of the batch on the device (Frontend.batch) and, for reference, the CPU path one utterance at a
@@ -110,6 +111,7 @@ def decode_only(rec, paths: list[str], max_new: int, repeats: int, device: str) 
         replays = rec._fast.replays if rec._fast is not None else None
         rec.generate(embeds, mask, max_new)
         replays = rec._fast.replays - replays if replays is not None else None  # of one full generate
+        kern = kernel_profile(lambda: rec.generate(embeds, mask, max_new)) if kernels else None
     rows = out.tolist()
     steps = max(next((j + 1 for j, x in enumerate(r) if x in rec.stop), len(r)) for r in rows)
     stages = t_read + t_feats + t_enc + t_splice + t_all
@@ -118,7 +120,35 @@ def decode_only(rec, paths: list[str], max_new: int, repeats: int, device: str) 
             "prefill_ms": 1000 * t_prefill, "ms_per_token": 1000 * t_all / max(steps, 1),
             "step_ms": 1000 * (t_all - t_prefill) / max(steps - 1, 1), "steps": steps, "batch_ms": 1000 * t_whole,
             "generate_ms": 1000 * t_all, "other_ms": 1000 * (t_whole - stages), "profiled_utts": len(paths),
-            "replays": replays, "gc_ms": gc_clock.ms / repeats, "gc_collections": gc_clock.count / repeats}, rows
+            "replays": replays, "gc_ms": gc_clock.ms / repeats, "gc_collections": gc_clock.count / repeats,
+            **({"kernels": kern} if kern else {})}, rows
+
+
+def kernel_profile(fn, top: int = 15) -> dict:
+    """The GPU kernels of one call (torch.profiler; kernels inside replayed CUDA graphs included), with
+    brisk.bench.profile's measures: how many, the busy share of their span (first kernel's start to last one's
+    end; the rest is the GPU idle between kernels), device ms by kernel class, and the ``top`` kernels by time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from brisk.bench.profile import busy_fraction, is_kernel, kernel_classes
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    events = prof.events()
+    ks = [e for e in events if is_kernel(e)]
+    if not ks:
+        return {"kernels": 0}
+    span = max(e.time_range.end for e in ks) - min(e.time_range.start for e in ks)
+    by: dict[str, list[float]] = {}
+    for e in ks:
+        by.setdefault(e.name[:90], []).append(e.time_range.end - e.time_range.start)
+    best = sorted(by.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {"kernels": len(ks), "span_us": round(span, 1), "busy_share": round(busy_fraction(events), 3),
+            "classes": [[c, k, round(ms, 3)] for c, k, ms in kernel_classes(events, 1)],
+            "top": [[name, len(d), round(sum(d), 1)] for name, d in best]}
 
 
 class GcClock:
@@ -200,7 +230,8 @@ def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: 
         margins.remove()
         profile["margins"] = margins.rows()
     if base != "plain" or str(batch) in a.plain_profile.split(","):  # plain's stage profile costs minutes at 64
-        profile.update(decode_only(rec, paths[:min(batch, n)], a.max_new, a.repeats, device)[0])
+        profile.update(decode_only(rec, paths[:min(batch, n)], a.max_new, a.repeats, device,
+                                   kernels=a.kernel_profile and base != "plain" and device.startswith("cuda"))[0])
         if a.host_profile and base != "plain":
             profile["host_top"] = host_profile(rec, paths[:min(batch, n)], Path(a.out), f"{name}_b{batch}")
     fused = rec._fast is not None and rec._fast.fused is not None
@@ -460,6 +491,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--host-profile", action="store_true", dest="host_profile",
                     help="cProfile one whole batch of each fast arm (host_<arm>_b<batch>.txt in --out)")
+    ap.add_argument("--kernel-profile", action="store_true", dest="kernel_profile",
+                    help="torch.profiler of one full generate of each fast arm's profiled batch: kernels, their busy "
+                         "time against their span (the GPU's idle share), the top kernels (in the json)")
     ap.add_argument("--budget", type=float, default=420, help="seconds; arms not started by then are skipped")
     a = ap.parse_args()
     t_start = time.perf_counter()
@@ -546,6 +580,12 @@ def write(out: Path, rows: list[dict], skipped: dict, meta: dict, t_start: float
     md = table(rows, skipped, meta)
     md += ("\n\nids against the plain decoder at the same batch size (the plain decoder's top-1 - top-2 logit at the "
            "first differing token of each utterance that differs):\n" + "\n".join(agreement_lines(meta["fast_equals_plain"])))
+    kern = [f"- {r['arm']} b{r['batch']}: {r['kernels']['kernels']} kernels in one generate of the cap over "
+            f"{r['kernels']['span_us'] / 1000:.1f} ms, the GPU busy {100 * r['kernels']['busy_share']:.0f}% of it; "
+            "by class (kernels, ms): " + "; ".join(f"{c} {k:.0f} {ms:.1f}" for c, k, ms in r["kernels"]["classes"][:6])
+            for r in rows if r.get("kernels", {}).get("kernels")]
+    if kern:
+        md += "\n\nkernels (torch.profiler, one generate of the profiled batch):\n" + "\n".join(kern)
     (out / "decode_bench.json").write_text(json.dumps({"meta": meta, "rows": rows, "skipped": skipped}, indent=1))
     (out / "decode_bench.md").write_text(md + "\n")
     return md

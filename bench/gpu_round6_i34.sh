@@ -3,12 +3,13 @@
 # (soundfile, cffi, pycparser, jiwer, rapidfuzz, funasr, kaldiio, omegaconf, librosa, lazy_loader, soxr) and
 # bench/tmp/wholerun_data (tools/make_wholerun_data.py) carried:
 #   OUT=$OUT bash bench/gpu_round6_i34.sh
-# 1. GPU tests (<= 95 s): several decode steps a graph replay (--fast-multi-step) against one a replay, bf16, eager
+# 1. GPU tests (<= 85 s): several decode steps a graph replay (--fast-multi-step) against one a replay, bf16, eager
 #    and compiled step, bit for bit and in fewer replays; the Recognizer's fast paths against plain (fp32);
 # 2. bench/decode_bench.py (the rest, >= 120 s): the fastest path (compiled step, length buckets, encoder bf16) at
 #    1, 16 and 64, then the same with several tokens a replay (_multi; its ids against the first arm's: 0 must
 #    differ); the replays a generate, Python's GC time inside a batch, and a cProfile of one whole batch of each
-#    (host_<arm>_b<batch>.txt: what the host does in "rest of the batch").
+#    (host_<arm>_b<batch>.txt: what the host does in "rest of the batch"), and torch.profiler's kernels of one
+#    full generate (how many, the GPU's busy share of their span, device ms by kernel class: where 1.5 ms a step go).
 # Everything lands in $OUT/all.tgz; the table is printed last.
 set -uo pipefail
 T0=$(date +%s)
@@ -21,14 +22,14 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/tmp/pyc
 { date -u; nvidia-smi -L; python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers',
 transformers.__version__)"; } > /tmp/r/machine.txt 2>&1
 
-PT="python3 -m pytest -o addopts= -q -rs -s -p no:warnings -p no:cacheprovider --timeout 90"
-timeout 95 $PT tests/gpu/test_fast_decode_gpu.py -k "multi_step or recognizer_fast" > /tmp/r/gpu_tests_decode.log 2>&1
+PT="python3 -m pytest -o addopts= -q -rs -s -p no:warnings -p no:cacheprovider --timeout 80"
+timeout 85 $PT tests/gpu/test_fast_decode_gpu.py -k "multi_step or recognizer_fast" > /tmp/r/gpu_tests_decode.log 2>&1
 echo "== GPU tests done at $(( $(date +%s) - T0 )) s"
 
 left=$(( 232 - ($(date +%s) - T0) )); [ $left -lt 90 ] && left=90
 timeout "$left" python3 bench/decode_bench.py --out /tmp/r/decode \
     --arms fast_compile_buckets_enc16,fast_compile_buckets_multi_enc16 --batches 1,16,64 --repeats 3 \
-    --host-profile --budget "$(( left - 30 ))" > /tmp/r/decode.log 2>&1
+    --host-profile --kernel-profile --budget "$(( left - 30 ))" > /tmp/r/decode.log 2>&1
 echo "decode_bench exit $?"
 
 tar czf "$OUT/all.tgz" -C /tmp r
