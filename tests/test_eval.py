@@ -95,6 +95,20 @@ def test_transcribe_prints_a_line_per_file(tiny_run):
     assert [x.split("\t", 1)[1] for x in lines] == texts and w.name == "ckpt-00000006.pt"  # the newest weights
 
 
+def test_transcribe_multi_step_prints_the_same_texts(tiny_run, capsys):
+    """--fast-multi-step (several decode steps a replay; eager on the CPU) through the CLI: the plain texts."""
+    run, _, _ = tiny_run
+    wavs = [str(p) for p in sorted((DEMO / "audio" / "valid").glob("*.flac"))[:3]]
+    cfg, model, tok, _ = load_run(run)
+    from brisk.eval.evaluate import recognizer
+
+    texts = [r.text for r in recognizer(cfg, model, tok, max_new_tokens=12).transcribe(wavs)]
+    capsys.readouterr()
+    assert main(["transcribe", str(run), *wavs, "--max-new-tokens", "12", "--fast-multi-step", "--no-progress"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if "\t" in x]
+    assert [x.split("\t", 1)[1] for x in lines] == texts
+
+
 def test_transcribe_missing_file_is_one_line_exit_2(tiny_run, tmp_path, capsys):
     run, _, _ = tiny_run
     assert main(["transcribe", str(run), str(tmp_path / "nope.wav")]) == 2
