@@ -155,6 +155,8 @@ def test_encoder_bf16_copies_and_threaded_reading(models, tokenizer, monkeypatch
     monkeypatch.setattr(decode, "READERS", 3)
     waves = rec.read(paths)
     assert all(torch.equal(w, read_audio(p, rec.fs)) for w, p in zip(waves, paths))
+    pool = rec._readers  # the reading threads are kept for the next batch, and given back by release
+    assert pool is not None and rec.read(paths[::-1])[0].equal(waves[-1]) and rec._readers is pool
     speech, lengths = rec.frontend.batch(waves, "cpu")
     with torch.no_grad():
         ref = ours.encode_audio(speech, lengths)
@@ -166,4 +168,6 @@ def test_encoder_bf16_copies_and_threaded_reading(models, tokenizer, monkeypatch
     rel = (got.float() - ref).norm() / ref.norm()
     assert 0 < rel < 0.05, rel  # bf16 rounding through the encoder, not another computation
     assert len(rec.transcribe(paths[:2], batch_size=2)) == 2
+    rec.release()
+    assert rec._readers is None and pool._shutdown
     assert Recognizer(ours, tokenizer, cfg.frontend).audio_path() is ours  # the default: the model's own modules

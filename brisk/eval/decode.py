@@ -42,7 +42,15 @@ from ..data.features import Frontend
 from ..formats.funasr import audio_token_count
 
 SYSTEM = "You are a helpful assistant."  # FunASR's generate_chatml
-READERS = min(8, os.cpu_count() or 1)  # threads that read one batch's audio files
+
+
+def _cores() -> int:
+    """The cores this process may run on (a container's CPU set, where the OS says it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+# Threads that read one batch's audio files: every core but one (the decoding thread's), at least 2, at most 32.
+READERS = max(2, min(32, _cores() - 1))
 _SPLIT = re.compile(r"(<\|startofspeech\|>.*?<\|endofspeech\|>)")
 
 
@@ -74,6 +82,7 @@ class Recognizer:
     fast_fused = True
     fast_multi_step = False
     _audio = None
+    _readers: ThreadPoolExecutor | None = None  # the threads that read a batch's audio files (``read``)
 
     def __init__(self, model, tokenizer, frontend_cfg, *, device: torch.device | str = "cpu", sys_prompt: bool = True,
                  do_think: bool = True, prompt: str | None = None, max_new_tokens: int = 512, fast: bool = False,
@@ -126,6 +135,9 @@ class Recognizer:
             self._fast = None
         self._encode = None
         self._audio = None
+        if self._readers is not None:
+            self._readers.shutdown(wait=False)
+            self._readers = None
 
     def audio_path(self):
         """What encodes the audio: the model, or its encoder and adaptor copied in ``encoder_dtype``."""
@@ -168,8 +180,9 @@ class Recognizer:
         as much as its whole GPU decode."""
         if len(paths) < 2 or READERS < 2:
             return [read_audio(p, self.fs) for p in paths]
-        with ThreadPoolExecutor(min(READERS, len(paths))) as pool:
-            return list(pool.map(lambda p: read_audio(p, self.fs), paths))
+        if self._readers is None:  # kept for the next batches: no threads started and joined each batch
+            self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="brisk-read")
+        return list(self._readers.map(lambda p: read_audio(p, self.fs), paths))
 
     def features(self, path: str) -> tuple[torch.Tensor, float]:
         wave = read_audio(path, self.fs)
