@@ -527,7 +527,9 @@ def main() -> int:
     from brisk.data.audio import read_audio
 
     audio = [read_audio(p, cfg.model.frontend.fs).numel() / cfg.model.frontend.fs for p in paths]
-    meta.update(utterances=len(paths), audio_s=sum(audio))
+    from brisk.eval.decode import READERS
+
+    meta.update(utterances=len(paths), audio_s=sum(audio), reading_threads=READERS)
     rows, skipped = [], {}
     arms = a.arms.split(",")
     for arm in arms:

@@ -19,7 +19,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $
     $WHL/pycparser*.whl $WHL/jiwer*.whl $WHL/rapidfuzz*.whl $WHL/funasr*.whl $WHL/kaldiio*.whl $WHL/omegaconf*.whl \
     $WHL/librosa*.whl $WHL/lazy_loader*.whl $WHL/soxr*.whl 2>&1 | tail -n 2
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/tmp/pycache TORCHINDUCTOR_CACHE_DIR=/tmp/brisk_inductor
-{ date -u; nvidia-smi -L; python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers',
+{ date -u; nvidia-smi -L; echo "cores $(nproc)"; python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers',
 transformers.__version__)"; } > /tmp/r/machine.txt 2>&1
 
 PT="python3 -m pytest -o addopts= -q -rs -s -p no:warnings -p no:cacheprovider --timeout 80"
