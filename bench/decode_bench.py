@@ -112,6 +112,7 @@ def decode_only(rec, paths: list[str], max_new: int, repeats: int, device: str,
         rec.generate(embeds, mask, max_new)
         replays = rec._fast.replays - replays if replays is not None else None  # of one full generate
         kern = kernel_profile(lambda: rec.generate(embeds, mask, max_new)) if kernels else None
+        kern_prefill = kernel_profile(lambda: rec.generate(embeds, mask, 1)) if kernels else None
     rows = out.tolist()
     steps = max(next((j + 1 for j, x in enumerate(r) if x in rec.stop), len(r)) for r in rows)
     stages = t_read + t_feats + t_enc + t_splice + t_all
@@ -121,7 +122,7 @@ def decode_only(rec, paths: list[str], max_new: int, repeats: int, device: str,
             "step_ms": 1000 * (t_all - t_prefill) / max(steps - 1, 1), "steps": steps, "batch_ms": 1000 * t_whole,
             "generate_ms": 1000 * t_all, "other_ms": 1000 * (t_whole - stages), "profiled_utts": len(paths),
             "replays": replays, "gc_ms": gc_clock.ms / repeats, "gc_collections": gc_clock.count / repeats,
-            **({"kernels": kern} if kern else {})}, rows
+            **({"kernels": kern, "prefill_kernels": kern_prefill} if kern else {})}, rows
 
 
 def kernel_profile(fn, top: int = 15) -> dict:
@@ -586,6 +587,10 @@ def write(out: Path, rows: list[dict], skipped: dict, meta: dict, t_start: float
             f"{r['kernels']['span_us'] / 1000:.1f} ms, the GPU busy {100 * r['kernels']['busy_share']:.0f}% of it; "
             "by class (kernels, ms): " + "; ".join(f"{c} {k:.0f} {ms:.1f}" for c, k, ms in r["kernels"]["classes"][:6])
             for r in rows if r.get("kernels", {}).get("kernels")]
+    kern += [f"- {r['arm']} b{r['batch']} prefill (generate of 1 token): {r['prefill_kernels']['kernels']} kernels "
+             f"over {r['prefill_kernels']['span_us'] / 1000:.1f} ms, busy {100 * r['prefill_kernels']['busy_share']:.0f}%; "
+             "by class: " + "; ".join(f"{c} {k:.0f} {ms:.1f}" for c, k, ms in r["prefill_kernels"]["classes"][:6])
+             for r in rows if (r.get("prefill_kernels") or {}).get("kernels")]
     if kern:
         md += "\n\nkernels (torch.profiler, one generate of the profiled batch):\n" + "\n".join(kern)
     (out / "decode_bench.json").write_text(json.dumps({"meta": meta, "rows": rows, "skipped": skipped}, indent=1))
