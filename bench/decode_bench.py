@@ -111,7 +111,8 @@ def decode_only(rec, paths: list[str], max_new: int, repeats: int, device: str,
         replays = rec._fast.replays if rec._fast is not None else None
         rec.generate(embeds, mask, max_new)
         replays = rec._fast.replays - replays if replays is not None else None  # of one full generate
-        kern = kernel_profile(lambda: rec.generate(embeds, mask, max_new)) if kernels else None
+        # 17 tokens: the prefill's and two checks of 8 steps (a full generate's events would take long to gather).
+        kern = kernel_profile(lambda: rec.generate(embeds, mask, min(17, max_new))) if kernels else None
         kern_prefill = kernel_profile(lambda: rec.generate(embeds, mask, 1)) if kernels else None
     rows = out.tolist()
     steps = max(next((j + 1 for j, x in enumerate(r) if x in rec.stop), len(r)) for r in rows)
@@ -493,8 +494,8 @@ def main() -> int:
     ap.add_argument("--host-profile", action="store_true", dest="host_profile",
                     help="cProfile one whole batch of each fast arm (host_<arm>_b<batch>.txt in --out)")
     ap.add_argument("--kernel-profile", action="store_true", dest="kernel_profile",
-                    help="torch.profiler of one full generate of each fast arm's profiled batch: kernels, their busy "
-                         "time against their span (the GPU's idle share), the top kernels (in the json)")
+                    help="torch.profiler of one generate of 17 tokens (and of 1) of each fast arm's profiled "
+                         "batch: kernels, the GPU's busy share of their span, ms by kernel class, the top kernels")
     ap.add_argument("--budget", type=float, default=420, help="seconds; arms not started by then are skipped")
     a = ap.parse_args()
     t_start = time.perf_counter()
@@ -576,6 +577,13 @@ def main() -> int:
     return 0
 
 
+def kernel_line(r: dict, key: str, what: str) -> str:
+    k = r[key]
+    return (f"- {r['arm']} b{r['batch']}, {what}: {k['kernels']} kernels over {k['span_us'] / 1000:.1f} ms, the GPU "
+            f"busy {100 * k['busy_share']:.0f}% of it; by class (kernels, ms): "
+            + "; ".join(f"{c} {n:.0f} {ms:.1f}" for c, n, ms in k["classes"][:6]))
+
+
 def write(out: Path, rows: list[dict], skipped: dict, meta: dict, t_start: float) -> str:
     """decode_bench.json and decode_bench.md of the rows so far; returns the table."""
     meta["fast_equals_plain"] = agreement(rows)
@@ -583,14 +591,9 @@ def write(out: Path, rows: list[dict], skipped: dict, meta: dict, t_start: float
     md = table(rows, skipped, meta)
     md += ("\n\nids against the plain decoder at the same batch size (the plain decoder's top-1 - top-2 logit at the "
            "first differing token of each utterance that differs):\n" + "\n".join(agreement_lines(meta["fast_equals_plain"])))
-    kern = [f"- {r['arm']} b{r['batch']}: {r['kernels']['kernels']} kernels in one generate of the cap over "
-            f"{r['kernels']['span_us'] / 1000:.1f} ms, the GPU busy {100 * r['kernels']['busy_share']:.0f}% of it; "
-            "by class (kernels, ms): " + "; ".join(f"{c} {k:.0f} {ms:.1f}" for c, k, ms in r["kernels"]["classes"][:6])
-            for r in rows if r.get("kernels", {}).get("kernels")]
-    kern += [f"- {r['arm']} b{r['batch']} prefill (generate of 1 token): {r['prefill_kernels']['kernels']} kernels "
-             f"over {r['prefill_kernels']['span_us'] / 1000:.1f} ms, busy {100 * r['prefill_kernels']['busy_share']:.0f}%; "
-             "by class: " + "; ".join(f"{c} {k:.0f} {ms:.1f}" for c, k, ms in r["prefill_kernels"]["classes"][:6])
-             for r in rows if (r.get("prefill_kernels") or {}).get("kernels")]
+    kern = [kernel_line(r, key, what) for key, what in (("kernels", "a generate of 17 tokens"),
+                                                           ("prefill_kernels", "the prefill (a generate of 1)"))
+            for r in rows if (r.get(key) or {}).get("kernels")]
     if kern:
         md += "\n\nkernels (torch.profiler, one generate of the profiled batch):\n" + "\n".join(kern)
     (out / "decode_bench.json").write_text(json.dumps({"meta": meta, "rows": rows, "skipped": skipped}, indent=1))

@@ -9,7 +9,8 @@
 #    1, 16 and 64, then the same with several tokens a replay (_multi; its ids against the first arm's: 0 must
 #    differ); the replays a generate, Python's GC time inside a batch, and a cProfile of one whole batch of each
 #    (host_<arm>_b<batch>.txt: what the host does in "rest of the batch"), and torch.profiler's kernels of one
-#    full generate (how many, the GPU's busy share of their span, device ms by kernel class: where 1.5 ms a step go).
+#    generate of 17 tokens and of the prefill alone (how many, the GPU's busy share of their span, device ms by
+#    kernel class: where the 1.5 ms a step and the prefill go).
 # Everything lands in $OUT/all.tgz; the table is printed last.
 set -uo pipefail
 T0=$(date +%s)
