@@ -201,7 +201,7 @@ def test_recognizer_fast_equals_plain_on_cuda_fp32(tmp_path, tokenizer):
     multi = Recognizer(model, tokenizer, cfg.frontend, device="cuda", max_new_tokens=16, fast_buckets=True,
                        fast_multi_step=True)  # several tokens a replay
     assert [r.ids for r in multi.transcribe(paths, batch_size=6)] == expected
-    assert multi._fast.multi_step and multi._fast.replays < 16
+    assert multi._fast.multi_step and multi._fast.replays <= 2  # 15 steps: checks of 8 and 7 (one a token: 15)
     multi.release()
     assert buckets._encode.graphs and all(p.graph is not None for r in buckets._fast.rooms.values()
                                           for p in r.prefills.values())
