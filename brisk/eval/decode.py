@@ -136,7 +136,7 @@ class Recognizer:
         self._encode = None
         self._audio = None
         if self._readers is not None:
-            self._readers.shutdown(wait=False)
+            self._readers.shutdown()  # idle threads: joined at once, none left when training forks its loaders
             self._readers = None
 
     def audio_path(self):
