@@ -27,10 +27,10 @@ PT="python3 -m pytest -o addopts= -q -rs -s -p no:warnings -p no:cacheprovider -
 timeout 85 $PT tests/gpu/test_fast_decode_gpu.py -k "multi_step or recognizer_fast" > /tmp/r/gpu_tests_decode.log 2>&1
 echo "== GPU tests done at $(( $(date +%s) - T0 )) s"
 
-left=$(( 232 - ($(date +%s) - T0) )); [ $left -lt 90 ] && left=90
+left=$(( 236 - ($(date +%s) - T0) )); [ $left -lt 90 ] && left=90
 timeout "$left" python3 bench/decode_bench.py --out /tmp/r/decode \
-    --arms fast_compile_buckets_enc16,fast_compile_buckets_multi_enc16 --batches 1,16,64 --repeats 3 \
-    --host-profile --kernel-profile --budget "$(( left - 30 ))" > /tmp/r/decode.log 2>&1
+    --arms fast_compile_buckets_enc16,fast_compile_buckets_multi_enc16 --batches 1,16,64 --repeats 2 \
+    --host-profile --kernel-profile --budget "$(( left - 20 ))" > /tmp/r/decode.log 2>&1
 echo "decode_bench exit $?"
 
 tar czf "$OUT/all.tgz" -C /tmp r
