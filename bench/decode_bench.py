@@ -202,7 +202,7 @@ def host_profile(rec, paths: list[str], out: Path, name: str, top: int = 25) -> 
 
 def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: list[float], batch: int, a) -> dict:
     from brisk.eval.decode import timed_transcribe
-    from brisk.eval.evaluate import recognizer
+    from brisk.eval.evaluate import frozen_gc, recognizer
 
     import torch
 
@@ -220,22 +220,24 @@ def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: 
         rec.fast_fuse = True
     if base == "fast_eos":  # a model that stops: one more stop token, one the random model emits mid-utterance
         rec.stop = sorted({*rec.stop, a.eos_token})
-    n = a.slow_utts if (base == "plain" and batch == 1) else len(paths)
-    t0 = time.perf_counter()
-    if base != "plain":  # warm-up over the very batches timed: every bucket's capture (and compile) done here
-        timed_transcribe(rec, paths[:n], batch, a.max_new)
-    warm = time.perf_counter() - t0
-    margins = Margins(rec.model.llm) if base == "plain" else None  # plain's top-1 - top-2 logit at each token
-    results, seconds = timed_transcribe(rec, paths[:n], batch, a.max_new)
-    profile, ids = {}, []
-    if margins is not None:
-        margins.remove()
-        profile["margins"] = margins.rows()
-    if base != "plain" or str(batch) in a.plain_profile.split(","):  # plain's stage profile costs minutes at 64
-        profile.update(decode_only(rec, paths[:min(batch, n)], a.max_new, a.repeats, device,
-                                   kernels=a.kernel_profile and base != "plain" and device.startswith("cuda"))[0])
-        if a.host_profile and base != "plain":
-            profile["host_top"] = host_profile(rec, paths[:min(batch, n)], Path(a.out), f"{name}_b{batch}")
+    # As `brisk eval --fast` decodes: the objects alive now left out of Python's collections (frozen_gc).
+    with frozen_gc(rec.fast):
+        n = a.slow_utts if (base == "plain" and batch == 1) else len(paths)
+        t0 = time.perf_counter()
+        if base != "plain":  # warm-up over the very batches timed: every bucket's capture (and compile) done here
+            timed_transcribe(rec, paths[:n], batch, a.max_new)
+        warm = time.perf_counter() - t0
+        margins = Margins(rec.model.llm) if base == "plain" else None  # plain's top-1 - top-2 logit at each token
+        results, seconds = timed_transcribe(rec, paths[:n], batch, a.max_new)
+        profile, ids = {}, []
+        if margins is not None:
+            margins.remove()
+            profile["margins"] = margins.rows()
+        if base != "plain" or str(batch) in a.plain_profile.split(","):  # plain's stage profile costs minutes at 64
+            profile.update(decode_only(rec, paths[:min(batch, n)], a.max_new, a.repeats, device,
+                                       kernels=a.kernel_profile and base != "plain" and device.startswith("cuda"))[0])
+            if a.host_profile and base != "plain":
+                profile["host_top"] = host_profile(rec, paths[:min(batch, n)], Path(a.out), f"{name}_b{batch}")
     fused = rec._fast is not None and rec._fast.fused is not None
     fuse = fused and rec._fast.fused.fuse
     rec.release()

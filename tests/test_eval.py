@@ -158,3 +158,26 @@ def test_transcribe_a_folder_streams_a_jsonl(tiny_run, tmp_path):
 
     texts = [r.text for r in recognizer(cfg, model, tok, max_new_tokens=12).transcribe([str(w) for w in wavs])]
     assert [r["key"] for r in rows] == [w.stem for w in wavs] and [r["text"] for r in rows] == texts
+
+
+def test_fast_decoding_freezes_the_collector_only_while_it_decodes(tiny_run, monkeypatch, capsys):
+    """--fast: the objects alive when the decode starts are left out of Python's collections during it (gc.freeze)
+    and given back after; the plain decoder leaves the collector alone."""
+    import gc
+
+    import brisk.eval.testset as testset
+
+    run, _, _ = tiny_run
+    wav = str(sorted((DEMO / "audio" / "valid").glob("*.flac"))[0])
+    seen, real = [], testset.run_items
+
+    def spy(*a, **kw):
+        seen.append(gc.get_freeze_count())
+        return real(*a, **kw)
+
+    monkeypatch.setattr(testset, "run_items", spy)
+    before = gc.get_freeze_count()
+    for flag in (["--fast"], []):
+        assert main(["transcribe", str(run), wav, "--max-new-tokens", "4", "--no-progress", *flag]) == 0
+        assert gc.get_freeze_count() == before
+    assert seen[0] > before and seen[1] == before, seen

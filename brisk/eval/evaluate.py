@@ -8,9 +8,11 @@ reference against its first assistant answer.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -51,6 +53,24 @@ def load_run(path: str | Path, weights: str | None = None, device: str = "cpu"):
     # weights again before every batch (brisk.eval.decode_step.FusedStep.refresh, which must while they train).
     model.requires_grad_(False)
     return cfg, model, tokenizer, w
+
+
+@contextmanager
+def frozen_gc(on: bool):
+    """With a fast decoder (``on``), the decode of `brisk eval` / `brisk transcribe`: every object alive when it
+    starts (torch, transformers, the model) is left out of Python's collections until it ends (``gc.freeze``), so
+    a full collection, which would walk them all and land on an arbitrary batch, stays short; the batches' own
+    garbage is still collected. Undone after, for in-process callers."""
+    if not on:
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    log.info("decoding: %d objects left out of Python's garbage collections while decoding", gc.get_freeze_count())
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def recognizer(cfg: Config, model, tokenizer, device: str = "cpu", **kw) -> Recognizer:
@@ -168,8 +188,9 @@ def eval_main(args) -> int:
     rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
                      fast_compile=args.fast_compile, device_features=not args.cpu_features,
                      fast_buckets=args.fast_buckets, fast_multi_step=args.fast_multi_step, **encoder_dtype(args))
-    rows, s = evaluate(rec, items, out, args.batch_size, resume=args.resume, max_utts=args.max_utts,
-                       progress=show_progress(args))
+    with frozen_gc(rec.fast):
+        rows, s = evaluate(rec, items, out, args.batch_size, resume=args.resume, max_utts=args.max_utts,
+                           progress=show_progress(args))
     print(f"model: {args.model} ({which}); data: {args.data}")
     print(summary_table(s))
     if len(rows) < len(items):
@@ -237,8 +258,9 @@ def transcribe_main(args) -> int:
         return {"key": item.key, "audio": item.path, "text": result.text}
 
     out = Path(args.out) if args.out else None
-    rows, _ = run_items(rec, items, out, row_of, args.batch_size, None, args.resume, args.max_utts,
-                        show_progress(args))
+    with frozen_gc(rec.fast):
+        rows, _ = run_items(rec, items, out, row_of, args.batch_size, None, args.resume, args.max_utts,
+                            show_progress(args))
     if out is None or args.print:
         for row in rows:
             print(f"{row['audio']}\t{row['text']}")
