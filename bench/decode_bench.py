@@ -21,7 +21,8 @@ Arms (each warmed once on its first batch: graph capture and compile are reporte
 - fast_buckets: ``fast_buckets=True`` (also the encoder and the prefill replayed from graphs per length bucket);
 - fast_compile, fast_compile_buckets, fast_compile_llm: those with the step compiled by Inductor before capture
   (the compiled step concatenates the GEMMs);
-- any arm with the suffix _enc16: the encoder and adaptor as bf16 copies (``--encoder-bf16``);
+- any arm with the suffix _enc16: the encoder and adaptor as bf16 copies (``--encoder-bf16``); with _multi
+  (before _enc16): ``--fast-multi-step``, one graph replay a check's tokens (its ids must equal the arm's without);
 - fast_eos: ``fast_compile`` with one more stop token, picked from the batch-1 ids of fast_compile (else fast,
   else fast_buckets; a token most rows emit first mid-utterance), so rows stop at different lengths as a
   trained model's do; its ids are compared with that arm's cut at that token.
@@ -84,7 +85,8 @@ def timed(fn, device: str, repeats: int):
     return statistics.median(times), out
 
 
-def decode_only(rec, paths: list[str], max_new: int, repeats: int, device: str) -> tuple[dict, list[list[int]]]:
+def decode_only(rec, paths: list[str], max_new: int, repeats: int, device: str,
+                kernels: bool = False) -> tuple[dict, list[list[int]]]:
     """Where one batch's time goes, stage by stage (each the median of ``repeats``, after a warm-up that captures
     what the arm captures): the whole batch's transcribe; its audio read (the recognizer's threaded reading);
     features of the batch on the device (Frontend.batch) and, for reference, the CPU path one utterance at a
@@ -94,7 +96,8 @@ def decode_only(rec, paths: list[str], max_new: int, repeats: int, device: str) 
     import torch
 
     t_read, waves = timed(lambda: rec.read(paths), "cpu", repeats)  # the recognizer's own (threaded) reading
-    t_whole, _ = timed(lambda: rec.transcribe(paths, len(paths)), device, repeats)  # the batch end to end
+    with GcClock() as gc_clock:  # Python's garbage collections inside the whole batch: host time in no stage
+        t_whole, _ = timed(lambda: rec.transcribe(paths, len(paths)), device, repeats)  # the batch end to end
     with torch.no_grad():
         t_cpu, _ = timed(lambda: [rec.frontend(w) for w in waves], "cpu", 1)
         speech, lengths = rec.frontend.batch(waves, device)  # warm-up: constants on the device
@@ -105,6 +108,12 @@ def decode_only(rec, paths: list[str], max_new: int, repeats: int, device: str) 
         rec.generate(embeds, mask, max_new)  # warm-up: the room at its full length, prefill and step captured
         t_prefill, _ = timed(lambda: rec.generate(embeds, mask, 1), device, repeats)
         t_all, out = timed(lambda: rec.generate(embeds, mask, max_new), device, repeats)
+        replays = rec._fast.replays if rec._fast is not None else None
+        rec.generate(embeds, mask, max_new)
+        replays = rec._fast.replays - replays if replays is not None else None  # of one full generate
+        # 17 tokens: the prefill's and two checks of 8 steps (a full generate's events would take long to gather).
+        kern = kernel_profile(lambda: rec.generate(embeds, mask, min(17, max_new))) if kernels else None
+        kern_prefill = kernel_profile(lambda: rec.generate(embeds, mask, 1)) if kernels else None
     rows = out.tolist()
     steps = max(next((j + 1 for j, x in enumerate(r) if x in rec.stop), len(r)) for r in rows)
     stages = t_read + t_feats + t_enc + t_splice + t_all
@@ -112,40 +121,123 @@ def decode_only(rec, paths: list[str], max_new: int, repeats: int, device: str) 
             "encoder_ms": 1000 * t_enc, "splice_ms": 1000 * t_splice, "embeds_ms": 1000 * (t_enc + t_splice),
             "prefill_ms": 1000 * t_prefill, "ms_per_token": 1000 * t_all / max(steps, 1),
             "step_ms": 1000 * (t_all - t_prefill) / max(steps - 1, 1), "steps": steps, "batch_ms": 1000 * t_whole,
-            "generate_ms": 1000 * t_all, "other_ms": 1000 * (t_whole - stages), "profiled_utts": len(paths)}, rows
+            "generate_ms": 1000 * t_all, "other_ms": 1000 * (t_whole - stages), "profiled_utts": len(paths),
+            "replays": replays, "gc_ms": gc_clock.ms / repeats, "gc_collections": gc_clock.count / repeats,
+            **({"kernels": kern, "prefill_kernels": kern_prefill} if kern else {})}, rows
+
+
+def kernel_profile(fn, top: int = 15) -> dict:
+    """The GPU kernels of one call (torch.profiler; kernels inside replayed CUDA graphs included), with
+    brisk.bench.profile's measures: how many, the busy share of their span (first kernel's start to last one's
+    end; the rest is the GPU idle between kernels), device ms by kernel class, and the ``top`` kernels by time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from brisk.bench.profile import busy_fraction, is_kernel, kernel_classes
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    events = prof.events()
+    ks = [e for e in events if is_kernel(e)]
+    if not ks:
+        return {"kernels": 0}
+    span = max(e.time_range.end for e in ks) - min(e.time_range.start for e in ks)
+    by: dict[str, list[float]] = {}
+    for e in ks:
+        by.setdefault(e.name[:90], []).append(e.time_range.end - e.time_range.start)
+    best = sorted(by.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {"kernels": len(ks), "span_us": round(span, 1), "busy_share": round(busy_fraction(events), 3),
+            "classes": [[c, k, round(ms, 3)] for c, k, ms in kernel_classes(events, 1)],
+            "top": [[name, len(d), round(sum(d), 1)] for name, d in best]}
+
+
+class GcClock:
+    """Milliseconds and count of Python's garbage collections while inside (gc.callbacks)."""
+
+    def __enter__(self):
+        import gc
+
+        self.ms, self.count, self._t = 0.0, 0, None
+        gc.callbacks.append(self._cb)
+        return self
+
+    def _cb(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        elif self._t is not None:
+            self.ms += 1000 * (time.perf_counter() - self._t)
+            self.count += 1
+
+    def __exit__(self, *exc) -> None:
+        import gc
+
+        gc.callbacks.remove(self._cb)
+
+
+def host_profile(rec, paths: list[str], out: Path, name: str, top: int = 25) -> list[list]:
+    """cProfile of one whole-batch transcribe (the main thread's Python: where the host waits and what it does
+    between the stages); the ``top`` functions by their own time into ``out``/host_<name>.txt, and returned."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    rec.transcribe(paths, len(paths))
+    if rec.device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(rec.device)
+    prof.disable()
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf).sort_stats("tottime")
+    stats.print_stats(top)
+    (out / f"host_{name}.txt").write_text(buf.getvalue())
+    rows = sorted(((f"{Path(f).name}:{line}({fn})", round(1000 * v[2], 2), v[1]) for (f, line, fn), v in
+                   stats.stats.items()), key=lambda r: -r[1])
+    return [list(r) for r in rows[:top]]
 
 
 def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: list[float], batch: int, a) -> dict:
     from brisk.eval.decode import timed_transcribe
-    from brisk.eval.evaluate import recognizer
+    from brisk.eval.evaluate import frozen_gc, recognizer
 
     import torch
 
-    base = name.removesuffix("_enc16")
+    base = name.removesuffix("_enc16").removesuffix("_multi")
     kw = {"fast": base != "plain",
           "fast_compile": a.compile if base.startswith("fast_compile") or base == "fast_eos" else None,
           "fast_buckets": base in ("fast_buckets", "fast_compile_buckets")}
     if name.endswith("_enc16"):  # --encoder-bf16
         kw["encoder_dtype"] = torch.bfloat16
+    if name.removesuffix("_enc16").endswith("_multi"):  # --fast-multi-step
+        kw["fast_multi_step"] = True
     rec = recognizer(cfg, model, tok, device, max_new_tokens=a.max_new, **kw)
     rec.fast_fused = not base.endswith("_llm")
     if base == "fast_concat":  # the eager step with concatenated q/k/v and gate/up GEMMs
         rec.fast_fuse = True
     if base == "fast_eos":  # a model that stops: one more stop token, one the random model emits mid-utterance
         rec.stop = sorted({*rec.stop, a.eos_token})
-    n = a.slow_utts if (base == "plain" and batch == 1) else len(paths)
-    t0 = time.perf_counter()
-    if base != "plain":  # warm-up over the very batches timed: every bucket's capture (and compile) done here
-        timed_transcribe(rec, paths[:n], batch, a.max_new)
-    warm = time.perf_counter() - t0
-    margins = Margins(rec.model.llm) if base == "plain" else None  # plain's top-1 - top-2 logit at each token
-    results, seconds = timed_transcribe(rec, paths[:n], batch, a.max_new)
-    profile, ids = {}, []
-    if margins is not None:
-        margins.remove()
-        profile["margins"] = margins.rows()
-    if base != "plain" or str(batch) in a.plain_profile.split(","):  # plain's stage profile costs minutes at 64
-        profile.update(decode_only(rec, paths[:min(batch, n)], a.max_new, a.repeats, device)[0])
+    # As `brisk eval --fast` decodes: the objects alive now left out of Python's collections (frozen_gc).
+    with frozen_gc(rec.fast):
+        n = a.slow_utts if (base == "plain" and batch == 1) else len(paths)
+        t0 = time.perf_counter()
+        if base != "plain":  # warm-up over the very batches timed: every bucket's capture (and compile) done here
+            timed_transcribe(rec, paths[:n], batch, a.max_new)
+        warm = time.perf_counter() - t0
+        margins = Margins(rec.model.llm) if base == "plain" else None  # plain's top-1 - top-2 logit at each token
+        results, seconds = timed_transcribe(rec, paths[:n], batch, a.max_new)
+        profile, ids = {}, []
+        if margins is not None:
+            margins.remove()
+            profile["margins"] = margins.rows()
+        if base != "plain" or str(batch) in a.plain_profile.split(","):  # plain's stage profile costs minutes at 64
+            profile.update(decode_only(rec, paths[:min(batch, n)], a.max_new, a.repeats, device,
+                                       kernels=a.kernel_profile and base != "plain" and device.startswith("cuda"))[0])
+            if a.host_profile and base != "plain":
+                profile["host_top"] = host_profile(rec, paths[:min(batch, n)], Path(a.out), f"{name}_b{batch}")
     fused = rec._fast is not None and rec._fast.fused is not None
     fuse = fused and rec._fast.fused.fuse
     rec.release()
@@ -303,6 +395,12 @@ def agreement(rows: list[dict]) -> dict:
                     "compared": len(pairs), "differ": sum(x != y for x, y in pairs)}
         elif r["arm"].startswith("fast") and r["batch"] in plains:
             out[f"{r['arm']} b{r['batch']}"] = divergence(plains[r["batch"]], r["ids"])
+    for r in rows:  # several tokens a replay against one a replay: the same kernels, so the same ids (0 differ)
+        if "_multi" in r["arm"]:
+            one = next((p for p in rows if p["arm"] == r["arm"].replace("_multi", "") and p["batch"] == r["batch"]), None)
+            if one is not None:
+                out[f"{r['arm']} b{r['batch']} vs {one['arm']}"] = {
+                    "compared": len(r["ids"]), "differ": sum(x != y for x, y in zip(one["ids"], r["ids"]))}
     for b, p in plains.items():  # plain at another batch size: its own near-ties (padding changes its shapes)
         for b2, q in plains.items():
             if b2 > b:
@@ -331,8 +429,9 @@ def table(rows: list[dict], skipped: dict, meta: dict) -> str:
              f"transformers {meta['transformers']}", "",
              "| decoder | batch | utterances | utterances/s | RTF | tokens / utt | ms / generated token (decode only) | "
              "decode step ms | prefill ms | encoder ms | splice ms | features ms (device, batch) | read audio ms | "
-             "one batch ms | rest of the batch ms | features ms (CPU, one by one) | warm-up s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "one batch ms | rest of the batch ms | GC ms in the batch | replays a generate | "
+             "features ms (CPU, one by one) | warm-up s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     names = {"funasr": "FunASR FunASRNano.inference (AutoModel.generate, batch 1)", "plain": "brisk plain (generate)",
              "fast": "brisk fast (brisk's step, the LLM's GEMMs, graphs a span)",
              "fast_concat": "brisk fast, concatenated q/k/v and gate/up GEMMs",
@@ -344,18 +443,19 @@ def table(rows: list[dict], skipped: dict, meta: dict) -> str:
              "fast_eos": "brisk fast + compiled step, stopping at an EOS token"}
     for r in rows:
         tok = (f"{r['ms_per_token']:.2f}" if "ms_per_token" in r else "-") + (" (whole call)" if r["arm"] == "funasr" else "")
-        prof = " | ".join(f"{r[k]:.1f}" if k in r else "-" for k in
+        prof = " | ".join(f"{r[k]:.{0 if k == 'replays' else 1}f}" if r.get(k) is not None else "-" for k in
                           ("step_ms", "prefill_ms", "encoder_ms", "splice_ms", "features_ms", "read_ms", "batch_ms",
-                           "other_ms", "features_cpu_ms"))
-        base = r["arm"].removesuffix("_enc16")
-        name = names[base] + (", encoder bf16" if r["arm"].endswith("_enc16") else "")
+                           "other_ms", "gc_ms", "replays", "features_cpu_ms"))
+        base = r["arm"].removesuffix("_enc16").removesuffix("_multi")
+        name = names[base] + (", several tokens a replay" if r["arm"].removesuffix("_enc16").endswith("_multi")
+                              else "") + (", encoder bf16" if r["arm"].endswith("_enc16") else "")
         if r.get("fused_step") is False and base != "plain" and not base.endswith("_llm"):
             name += " [fused step refused: the LLM's forward]"
         lines.append(f"| {name} | {r['batch']} | {r['utterances']} | {r['utts_per_s']:.2f} | {r['rtf']:.4f} | "
                      f"{r.get('tokens_per_utt', 0):.1f} | {tok} | {prof} | {r['warmup_s']:.1f} |")
     for arm, why in skipped.items():
-        lines.append(f"| {names.get(arm.split()[0].removesuffix('_enc16'), arm)} | "
-                     f"{arm.split()[1][1:] if ' ' in arm else '-'} | - | not run: {why} | | | | | | | | | | | | | |")
+        lines.append(f"| {names.get(arm.split()[0].removesuffix('_enc16').removesuffix('_multi'), arm)} | "
+                     f"{arm.split()[1][1:] if ' ' in arm else '-'} | - | not run: {why} | | | | | | | | | | | | | | | |")
     lines += ["", "utterances/s: the whole transcribe of the utterances (audio reading, features, encoder, decode), "
               "batches sorted as given, after a warm-up over the same batches (every bucket captured and compiled "
               "before the timing); the stage columns profile the first batch (the whole set at 64): decode step ms: "
@@ -363,7 +463,9 @@ def table(rows: list[dict], skipped: dict, meta: dict) -> str:
               "encoder + adaptor of the batch; splice: the prompt embeddings; features: fbank + LFR of the batch on "
               "the device (Frontend.batch); read audio: the recognizer's threaded read of the batch's files; one "
               "batch: its whole transcribe; rest: one batch less read, features, encoder, splice and the full "
-              "generate (host work); the CPU features one utterance at a time for reference."]
+              "generate (host work); GC: Python's garbage collections during one batch; replays: the decode "
+              "step's graph replays in one generate of the cap (one a token, or one a check with _multi); the CPU "
+              "features one utterance at a time for reference."]
     return "\n".join(lines)
 
 
@@ -391,6 +493,11 @@ def main() -> int:
     ap.add_argument("--compile", default="inductor", help="the compiled arms' torch.compile backend (eager: a CPU "
                     "check of the script)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--host-profile", action="store_true", dest="host_profile",
+                    help="cProfile one whole batch of each fast arm (host_<arm>_b<batch>.txt in --out)")
+    ap.add_argument("--kernel-profile", action="store_true", dest="kernel_profile",
+                    help="torch.profiler of one generate of 17 tokens (and of 1) of each fast arm's profiled "
+                         "batch: kernels, the GPU's busy share of their span, ms by kernel class, the top kernels")
     ap.add_argument("--budget", type=float, default=420, help="seconds; arms not started by then are skipped")
     a = ap.parse_args()
     t_start = time.perf_counter()
@@ -424,7 +531,9 @@ def main() -> int:
     from brisk.data.audio import read_audio
 
     audio = [read_audio(p, cfg.model.frontend.fs).numel() / cfg.model.frontend.fs for p in paths]
-    meta.update(utterances=len(paths), audio_s=sum(audio))
+    from brisk.eval.decode import READERS
+
+    meta.update(utterances=len(paths), audio_s=sum(audio), reading_threads=READERS)
     rows, skipped = [], {}
     arms = a.arms.split(",")
     for arm in arms:
@@ -470,6 +579,13 @@ def main() -> int:
     return 0
 
 
+def kernel_line(r: dict, key: str, what: str) -> str:
+    k = r[key]
+    return (f"- {r['arm']} b{r['batch']}, {what}: {k['kernels']} kernels over {k['span_us'] / 1000:.1f} ms, the GPU "
+            f"busy {100 * k['busy_share']:.0f}% of it; by class (kernels, ms): "
+            + "; ".join(f"{c} {n:.0f} {ms:.1f}" for c, n, ms in k["classes"][:6]))
+
+
 def write(out: Path, rows: list[dict], skipped: dict, meta: dict, t_start: float) -> str:
     """decode_bench.json and decode_bench.md of the rows so far; returns the table."""
     meta["fast_equals_plain"] = agreement(rows)
@@ -477,6 +593,11 @@ def write(out: Path, rows: list[dict], skipped: dict, meta: dict, t_start: float
     md = table(rows, skipped, meta)
     md += ("\n\nids against the plain decoder at the same batch size (the plain decoder's top-1 - top-2 logit at the "
            "first differing token of each utterance that differs):\n" + "\n".join(agreement_lines(meta["fast_equals_plain"])))
+    kern = [kernel_line(r, key, what) for key, what in (("kernels", "a generate of 17 tokens"),
+                                                           ("prefill_kernels", "the prefill (a generate of 1)"))
+            for r in rows if (r.get(key) or {}).get("kernels")]
+    if kern:
+        md += "\n\nkernels (torch.profiler, one generate of the profiled batch):\n" + "\n".join(kern)
     (out / "decode_bench.json").write_text(json.dumps({"meta": meta, "rows": rows, "skipped": skipped}, indent=1))
     (out / "decode_bench.md").write_text(md + "\n")
     return md

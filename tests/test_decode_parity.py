@@ -109,6 +109,31 @@ def test_greedy_ids_match_funasr_inference(models, tokenizer, kwargs):
     per_utt = Recognizer(ours, tokenizer, cfg.frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW,
                          device_features=False)
     assert [r.ids for r in per_utt.transcribe(paths, batch_size=len(paths))] == expected
+    # Several decode steps a replay (eager on the CPU: the same steps, grouped as the graphs group them).
+    multi = Recognizer(ours, tokenizer, cfg.frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW,
+                       fast_buckets=True, fast_multi_step=True)
+    assert [r.ids for r in multi.transcribe(paths, batch_size=4)] == expected
+    assert multi._fast.multi_step and multi._fast.replays < buckets._fast.replays
+
+
+def test_decoding_a_training_model_switches_it_to_eval_and_back(models, tokenizer):
+    """Validation decodes a model in train mode: every module is in eval mode during the decode (no dropout) and
+    in train mode after; a model in eval mode (brisk eval) is decoded as it is and stays so."""
+    _, ours, cfg = models
+    paths = _paths()[:2]
+    rec = Recognizer(ours, tokenizer, cfg.frontend, max_new_tokens=4)
+    expected = [r.ids for r in rec.transcribe(paths, batch_size=2)]
+    assert not any(m.training for m in ours.modules())
+    seen = []
+    hook = ours.llm.register_forward_pre_hook(lambda m, a: seen.append([x.training for x in ours.modules()]))
+    try:
+        ours.train()
+        assert [r.ids for r in rec.transcribe(paths, batch_size=2)] == expected
+        assert seen and not any(any(s) for s in seen)
+        assert all(m.training for m in ours.modules())
+    finally:
+        hook.remove()
+        ours.eval()
 
 
 def test_prompt_is_funasr_get_prompt(models):
@@ -130,6 +155,8 @@ def test_encoder_bf16_copies_and_threaded_reading(models, tokenizer, monkeypatch
     monkeypatch.setattr(decode, "READERS", 3)
     waves = rec.read(paths)
     assert all(torch.equal(w, read_audio(p, rec.fs)) for w, p in zip(waves, paths))
+    pool = rec._readers  # the reading threads are kept for the next batch, and given back by release
+    assert pool is not None and rec.read(paths[::-1])[0].equal(waves[-1]) and rec._readers is pool
     speech, lengths = rec.frontend.batch(waves, "cpu")
     with torch.no_grad():
         ref = ours.encode_audio(speech, lengths)
@@ -141,4 +168,6 @@ def test_encoder_bf16_copies_and_threaded_reading(models, tokenizer, monkeypatch
     rel = (got.float() - ref).norm() / ref.norm()
     assert 0 < rel < 0.05, rel  # bf16 rounding through the encoder, not another computation
     assert len(rec.transcribe(paths[:2], batch_size=2)) == 2
+    rec.release()
+    assert rec._readers is None and pool._shutdown
     assert Recognizer(ours, tokenizer, cfg.frontend).audio_path() is ours  # the default: the model's own modules

@@ -95,6 +95,20 @@ def test_transcribe_prints_a_line_per_file(tiny_run):
     assert [x.split("\t", 1)[1] for x in lines] == texts and w.name == "ckpt-00000006.pt"  # the newest weights
 
 
+def test_transcribe_multi_step_prints_the_same_texts(tiny_run, capsys):
+    """--fast-multi-step (several decode steps a replay; eager on the CPU) through the CLI: the plain texts."""
+    run, _, _ = tiny_run
+    wavs = [str(p) for p in sorted((DEMO / "audio" / "valid").glob("*.flac"))[:3]]
+    cfg, model, tok, _ = load_run(run)
+    from brisk.eval.evaluate import recognizer
+
+    texts = [r.text for r in recognizer(cfg, model, tok, max_new_tokens=12).transcribe(wavs)]
+    capsys.readouterr()
+    assert main(["transcribe", str(run), *wavs, "--max-new-tokens", "12", "--fast-multi-step", "--no-progress"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if "\t" in x]
+    assert [x.split("\t", 1)[1] for x in lines] == texts
+
+
 def test_transcribe_missing_file_is_one_line_exit_2(tiny_run, tmp_path, capsys):
     run, _, _ = tiny_run
     assert main(["transcribe", str(run), str(tmp_path / "nope.wav")]) == 2
@@ -107,6 +121,8 @@ def test_load_run_picks_checkpoints_when_asked(tiny_run):
     _, _, _, best = load_run(run, weights="best")
     _, _, _, last = load_run(run, weights="last")
     assert best.parent.name == "checkpoints" and last.name == "ckpt-00000006.pt"
+    _, model, _, _ = load_run(run)
+    assert not model.training and not any(p.requires_grad for p in model.parameters())  # nothing here trains
 
 
 def test_score_counts_empty_hypotheses_as_deletions():
@@ -142,3 +158,26 @@ def test_transcribe_a_folder_streams_a_jsonl(tiny_run, tmp_path):
 
     texts = [r.text for r in recognizer(cfg, model, tok, max_new_tokens=12).transcribe([str(w) for w in wavs])]
     assert [r["key"] for r in rows] == [w.stem for w in wavs] and [r["text"] for r in rows] == texts
+
+
+def test_fast_decoding_freezes_the_collector_only_while_it_decodes(tiny_run, monkeypatch, capsys):
+    """--fast: the objects alive when the decode starts are left out of Python's collections during it (gc.freeze)
+    and given back after; the plain decoder leaves the collector alone."""
+    import gc
+
+    import brisk.eval.testset as testset
+
+    run, _, _ = tiny_run
+    wav = str(sorted((DEMO / "audio" / "valid").glob("*.flac"))[0])
+    seen, real = [], testset.run_items
+
+    def spy(*a, **kw):
+        seen.append(gc.get_freeze_count())
+        return real(*a, **kw)
+
+    monkeypatch.setattr(testset, "run_items", spy)
+    before = gc.get_freeze_count()
+    for flag in (["--fast"], []):
+        assert main(["transcribe", str(run), wav, "--max-new-tokens", "4", "--no-progress", *flag]) == 0
+        assert gc.get_freeze_count() == before
+    assert seen[0] > before and seen[1] == before, seen

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from brisk.eval.fast_decode import FastGreedy, bucket, cache_argument
+from brisk.eval.fast_decode import FastGreedy, bucket, cache_argument, replays
 
 from .conftest import TINY_QWEN3
 
@@ -157,6 +157,22 @@ def test_fused_weights_follow_the_model_and_refusals_fall_back():
                 p.mul_(1.5)
     assert own.generate(embeds, mask, 12).tolist() == after
 
+    # Frozen weights (brisk eval's model: load_run turns gradients off) are copied only when a version moved, not
+    # before every batch: a change no version counter sees leaves the fused copy as it was.
+    llm.requires_grad_(False)
+    frozen = FastGreedy(llm, [], PAD, torch.float32, "cpu", fuse=True)
+    frozen.generate(embeds, mask, 4)
+    copy = frozen.fused.gate_up[1][0].clone()
+    for p in llm.parameters():
+        if p.dim() == 2:
+            p.data.mul_(2.0)
+    frozen.generate(embeds, mask, 4)
+    assert torch.equal(frozen.fused.gate_up[1][0], copy)
+    with torch.no_grad():  # a version moves (a checkpoint loaded in place): copied
+        m.gate_proj.weight.mul_(1.0)
+    frozen.generate(embeds, mask, 4)
+    assert torch.equal(frozen.fused.gate_up[1][0], torch.cat([m.gate_proj.weight, m.up_proj.weight]))
+
     gelu = tiny_llm(hidden_act="gelu")
     dec = FastGreedy(gelu, [], PAD, torch.float32, "cpu")
     assert dec.fused is None
@@ -271,3 +287,40 @@ def test_fused_step_traced_under_bf16_autocast():
     traced = FastGreedy(llm, [], PAD, torch.bfloat16, "cpu", compile="aot_eager").generate(embeds, mask, 70)
     torch._dynamo.reset()
     assert torch.equal(eager, traced)
+
+
+def test_replays_cut_a_check_where_the_span_changes():
+    """Several steps a replay: each run of equal spans in a check is one replay, in order, covering every step
+    once; without multi_step a replay a step."""
+    spans = [64, 64, 64, 128, 128, 128, 128, 256]
+    assert replays(spans, True) == [(64, 3), (128, 4), (256, 1)]
+    assert replays(spans, False) == [(s, 1) for s in spans]
+    assert replays([64] * 8, True) == [(64, 8)] and replays([], True) == []
+    for multi in (True, False):  # the steps, expanded back, are the spans given
+        assert [s for s, n in replays(spans, multi) for _ in range(n)] == spans
+
+
+@pytest.mark.parametrize("buckets", [False, True], ids=["exact", "buckets"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "llm_step"])
+def test_multi_step_replays_give_the_same_ids_in_fewer_replays(fused, buckets):
+    """A replay of several steps (eager here: the same steps in the same order) gives the one-step-a-replay ids
+    and generate's, across the span boundaries at 64 and 128 filled slots and with rows stopping early; the
+    host runs one replay a check (two where a span boundary cuts it) instead of one a token."""
+    llm = tiny_llm()
+    embeds, mask = prompts(llm, [20, 13, 7], seed=9)
+    stop = stop_tokens(llm, embeds, mask)
+    one = FastGreedy(llm, stop, PAD, torch.float32, "cpu", fused=fused, buckets=buckets)
+    multi = FastGreedy(llm, stop, PAD, torch.float32, "cpu", fused=fused, buckets=buckets, multi_step=True)
+    a, b = one.generate(embeds, mask, 120), multi.generate(embeds, mask, 120)
+    assert torch.equal(a, b)
+    assert cut(b.tolist(), stop) == reference_ids(llm, embeds, mask, stop, 120)
+    checks = -(-int(one.rooms[4].step - 1) // one.check_every)  # the checks the host made (rows may stop early)
+    assert one.replays == int(one.rooms[4].step) - 1  # a replay a token after the prefill's
+    boundaries = 2 if fused else 0  # the fused step's spans 64 -> 128 -> 192 may cut a check in two
+    assert checks <= multi.replays <= checks + boundaries < one.replays
+    # Without a stop token every row runs to the cap: 119 steps, 15 checks of 8 (the last of 7).
+    free = FastGreedy(llm, [], PAD, torch.float32, "cpu", fused=fused, buckets=buckets, multi_step=True)
+    assert torch.equal(free.generate(embeds, mask, 120),
+                       FastGreedy(llm, [], PAD, torch.float32, "cpu", fused=fused, buckets=buckets).generate(
+                           embeds, mask, 120))
+    assert 15 <= free.replays <= 15 + boundaries

@@ -31,7 +31,7 @@ import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -43,7 +43,15 @@ from ..families import family_of
 from ..formats.funasr import audio_token_count
 
 SYSTEM = "You are a helpful assistant."  # FunASR's generate_chatml
-READERS = min(8, os.cpu_count() or 1)  # threads that read one batch's audio files
+
+
+def _cores() -> int:
+    """The cores this process may run on (a container's CPU set, where the OS says it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+# Threads that read one batch's audio files: every core but one (the decoding thread's), at least 2, at most 32.
+READERS = max(2, min(32, _cores() - 1))
 _SPLIT = re.compile(r"(<\|startofspeech\|>.*?<\|endofspeech\|>)")
 
 
@@ -72,12 +80,14 @@ class Recognizer:
     encoder_dtype: torch.dtype | None = None
     fast_fuse: bool | None = None
     fast_fused = True
+    fast_multi_step = False
     _audio = None
+    _readers: ThreadPoolExecutor | None = None  # the threads that read a batch's audio files (``read``)
 
     def __init__(self, model, tokenizer, frontend_cfg, *, device: torch.device | str = "cpu", sys_prompt: bool = True,
                  do_think: bool = True, prompt: str | None = None, max_new_tokens: int = 512, fast: bool = False,
                  fast_compile: str | None = None, prefetch: bool | None = None, device_features: bool = True,
-                 fast_buckets: bool = False, encoder_dtype: torch.dtype | None = None):
+                 fast_buckets: bool = False, encoder_dtype: torch.dtype | None = None, fast_multi_step: bool = False):
         self.model, self.tok = model, tokenizer
         self.device = torch.device(device)
         self.frontend = Frontend(dataclasses.replace(frontend_cfg, dither=0.0))
@@ -92,7 +102,9 @@ class Recognizer:
         eos = list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
         self.stop = sorted({*eos, *([im_end] if isinstance(im_end, int) and im_end >= 0 else [])})
         self.pad = llm_cfg.pad_token_id if llm_cfg.pad_token_id is not None else (self.stop[0] if self.stop else 0)
-        self.fast = fast or bool(fast_compile) or fast_buckets
+        self.fast = fast or bool(fast_compile) or fast_buckets or fast_multi_step
+        # One graph replay makes the tokens of one finished-mask check (brisk.eval.fast_decode, multi_step).
+        self.fast_multi_step = fast_multi_step
         # The encoder and the prefill replayed from graphs per length bucket (brisk.eval.fast_decode, buckets).
         self.fast_buckets = fast_buckets
         self.fast_compile = fast_compile  # a torch.compile backend for the fast decoder's step ("inductor")
@@ -123,6 +135,9 @@ class Recognizer:
             self._fast = None
         self._encode = None
         self._audio = None
+        if self._readers is not None:
+            self._readers.shutdown()  # idle threads: joined at once, none left when training forks its loaders
+            self._readers = None
 
     def audio_path(self):
         """What encodes the audio: the model, or its encoder and adaptor copied in ``encoder_dtype``."""
@@ -166,8 +181,9 @@ class Recognizer:
         as long as its GPU decode (bench/decode_bench.py times it)."""
         if len(paths) < 2 or READERS < 2:
             return [read_audio(p, self.fs) for p in paths]
-        with ThreadPoolExecutor(min(READERS, len(paths))) as pool:
-            return list(pool.map(lambda p: read_audio(p, self.fs), paths))
+        if self._readers is None:  # kept for the next batches: no threads started and joined each batch
+            self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="brisk-read")
+        return list(self._readers.map(lambda p: read_audio(p, self.fs), paths))
 
     def features(self, path: str) -> tuple[torch.Tensor, float]:
         wave = read_audio(path, self.fs)
@@ -176,24 +192,29 @@ class Recognizer:
     @torch.no_grad()
     def decode_features(self, feats: list[torch.Tensor], max_new_tokens: int | None = None) -> list[list[int]]:
         """LFR features [F, D] of each utterance -> generated ids of each, decoded together (left padding)."""
-        model = self.model
-        was_training = model.training
-        model.eval()  # no dropout while decoding; the caller's mode is restored below
-        try:
+        with self._eval_mode():
             return self._decode(feats, max_new_tokens)
-        finally:
-            model.train(was_training)
 
     @torch.no_grad()
     def decode_speech(self, speech: torch.Tensor, lengths: torch.Tensor, max_new_tokens: int | None = None) -> list[list[int]]:
         """Padded LFR features [N, F, D] and their lengths [N] -> generated ids of each utterance."""
+        with self._eval_mode():
+            return self._decode((speech, lengths), max_new_tokens)
+
+    @contextmanager
+    def _eval_mode(self):
+        """No dropout while decoding; a training model's mode is restored after. A model already in eval mode
+        (brisk eval, transcribe: load_for_inference put every module there) is left as it is: switching a
+        Fun-ASR-Nano's modules there and back walks its whole module tree twice a batch."""
         model = self.model
-        was_training = model.training
+        if not model.training:
+            yield
+            return
         model.eval()
         try:
-            return self._decode((speech, lengths), max_new_tokens)
+            yield
         finally:
-            model.train(was_training)
+            model.train(True)
 
     def _decode(self, feats, max_new_tokens: int | None) -> list[list[int]]:
         embeds, mask = self.prompt_embeds(feats)
@@ -213,7 +234,7 @@ class Recognizer:
 
                 self._fast = FastGreedy(self.model.llm, self.stop, self.pad, dtype, self.device,
                                         compile=self.fast_compile, buckets=self.fast_buckets, fused=self.fast_fused,
-                                        fuse=self.fast_fuse)
+                                        fuse=self.fast_fuse, multi_step=self.fast_multi_step)
             return self._fast.generate(embeds.to(dtype), mask, max_new)
         autocast = torch.autocast(self.device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
         with autocast:

@@ -8,9 +8,11 @@ reference against its first assistant answer.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -47,7 +49,28 @@ def load_run(path: str | Path, weights: str | None = None, device: str = "cpu"):
 
             load_weights(model, Path(weights))
             w = Path(weights)
+    # Nothing here trains: weights that need no gradient let the fast decoder skip copying its concatenated
+    # weights again before every batch (brisk.eval.decode_step.FusedStep.refresh, which must while they train).
+    model.requires_grad_(False)
     return cfg, model, tokenizer, w
+
+
+@contextmanager
+def frozen_gc(on: bool):
+    """With a fast decoder (``on``), the decode of `brisk eval` / `brisk transcribe`: every object alive when it
+    starts (torch, transformers, the model) is left out of Python's collections until it ends (``gc.freeze``), so
+    a full collection, which would walk them all and land on an arbitrary batch, stays short; the batches' own
+    garbage is still collected. Undone after, for in-process callers."""
+    if not on:
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    log.info("decoding: %d objects left out of Python's garbage collections while decoding", gc.get_freeze_count())
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def recognizer(cfg: Config, model, tokenizer, device: str = "cpu", **kw) -> Recognizer:
@@ -98,7 +121,8 @@ def evaluate(rec: Recognizer, items: list, out: Path | None, batch_size: int = 8
 
 
 def decoder_name(rec: Recognizer) -> str:
-    extra = [f"step compiled, {rec.fast_compile}"] * bool(rec.fast_compile) + ["length buckets"] * rec.fast_buckets
+    extra = ([f"step compiled, {rec.fast_compile}"] * bool(rec.fast_compile) + ["length buckets"] * rec.fast_buckets
+             + ["several tokens a replay"] * rec.fast_multi_step)
     enc = f", encoder {str(rec.encoder_dtype).replace('torch.', '')}" if rec.encoder_dtype is not None else ""
     if not rec.fast:
         return "generate" + enc
@@ -163,9 +187,10 @@ def eval_main(args) -> int:
     out = Path(args.out) if args.out else (Path(args.model) / "eval" / f"{Path(args.data).stem}.jsonl")
     rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
                      fast_compile=args.fast_compile, device_features=not args.cpu_features,
-                     fast_buckets=args.fast_buckets, **encoder_dtype(args))
-    rows, s = evaluate(rec, items, out, args.batch_size, resume=args.resume, max_utts=args.max_utts,
-                       progress=show_progress(args))
+                     fast_buckets=args.fast_buckets, fast_multi_step=args.fast_multi_step, **encoder_dtype(args))
+    with frozen_gc(rec.fast):
+        rows, s = evaluate(rec, items, out, args.batch_size, resume=args.resume, max_utts=args.max_utts,
+                           progress=show_progress(args))
     print(f"model: {args.model} ({which}); data: {args.data}")
     print(summary_table(s))
     if len(rows) < len(items):
@@ -221,7 +246,7 @@ def transcribe_main(args) -> int:
     cfg, model, tok, _ = load_run(args.model, args.weights, device)
     rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
                      fast_compile=args.fast_compile, device_features=not args.cpu_features,
-                     fast_buckets=args.fast_buckets, **encoder_dtype(args))
+                     fast_buckets=args.fast_buckets, fast_multi_step=args.fast_multi_step, **encoder_dtype(args))
     items = read_items(args.audio, skip_bad=cfg.data.skip_bad)
     note = audio_note([it.path for it in items], cfg.model.frontend.fs)
     if note:  # on stderr: stdout holds only the transcripts
@@ -233,8 +258,9 @@ def transcribe_main(args) -> int:
         return {"key": item.key, "audio": item.path, "text": result.text}
 
     out = Path(args.out) if args.out else None
-    rows, _ = run_items(rec, items, out, row_of, args.batch_size, None, args.resume, args.max_utts,
-                        show_progress(args))
+    with frozen_gc(rec.fast):
+        rows, _ = run_items(rec, items, out, row_of, args.batch_size, None, args.resume, args.max_utts,
+                            show_progress(args))
     if out is None or args.print:
         for row in rows:
             print(f"{row['audio']}\t{row['text']}")
@@ -255,6 +281,9 @@ def add_verbs(sub) -> None:
         p.add_argument("--fast-buckets", action="store_true",
                        help="--fast with the encoder and the prefill replayed from CUDA graphs per length bucket "
                             "(padded shapes: in bf16 ids may part from generate's at near-ties)")
+        p.add_argument("--fast-multi-step", action="store_true",
+                       help="--fast with one CUDA graph replay making several tokens (those between two checks of "
+                            "the finished rows; the same kernels, the same ids)")
         p.add_argument("--encoder-bf16", action="store_true",
                        help="the audio encoder and adaptor as bf16 copies (several times faster on a GPU; features "
                             "change in the last bits, so a transcript may too)")

@@ -16,6 +16,9 @@ batch 1 the host, not the GPU, sets the pace. Here:
   buffer updated in place, so on CUDA the step is captured once a bucket and replayed; on the CPU (or with
   ``graphs=False``) the same function runs eagerly;
 - the host reads the finished mask only every ``check_every`` steps;
+- with ``multi_step`` (``--fast-multi-step``) one graph holds several consecutive steps (those of one check, cut
+  where the span changes: ``replays``), so one replay makes several tokens: the same kernels in the same order
+  on the same buffers, so the same ids, with a graph launch (and its gap on the GPU) a check instead of a token;
 - for Qwen3, Qwen2 and Llama LLMs (without LoRA layers) the step is brisk's own (``fused``,
   brisk.eval.decode_step.FusedStep): grouped-query attention without repeating the cache, attention over the
   filled slots rounded up to SPAN_MIN x a power of two (one graph a span, the span picked by the host, which
@@ -112,7 +115,7 @@ class _Room:
     mask: torch.Tensor  # [B, L] bool, the slots each row attends to
     finished: torch.Tensor  # [B] bool
     out: torch.Tensor  # [B, L] generated ids
-    graphs: dict = field(default_factory=dict)  # attention span -> the step's graph
+    graphs: dict = field(default_factory=dict)  # (attention span, steps) -> the graph of that many steps
     counters: list = field(default_factory=list)  # the cache layers' write positions
     kv: list = field(default_factory=list)  # the fused step's views of the cache tensors (FusedStep.kv_views)
     prefills: dict = field(default_factory=dict)  # padded prompt length -> _Prefill
@@ -141,13 +144,17 @@ class FastGreedy:
 
     def __init__(self, llm: torch.nn.Module, stop: list[int], pad: int, dtype: torch.dtype, device: torch.device | str,
                  *, graphs: bool | None = None, check_every: int = 8, compile: str | None = None, buckets: bool = False,
-                 fused: bool = True, fuse: bool | None = None):
+                 fused: bool = True, fuse: bool | None = None, multi_step: bool = False):
         self.llm, self.pad, self.dtype = llm, pad, dtype
         self.device = torch.device(device)
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         if self.graphs and self.device.type != "cuda":
             raise ValueError("fast decode: CUDA graphs need a CUDA device")
         self.check_every = max(1, check_every)
+        # multi_step: a graph (or eager run) of the consecutive steps one check covers that share a span, so a
+        # replay makes several tokens; off: a replay a token. The same kernels either way.
+        self.multi_step = multi_step
+        self.replays = 0  # graph replays (or eager runs of a replay's steps) of the decode steps, for tests and benches
         # buckets: prompts left padded to a multiple of PROMPT_ROUND and the prefill replayed from a graph per
         # room and padded length. Other shapes than generate's (and a mask built here): in bf16 the ids can part
         # from generate's at near-ties. Off: the prefill runs eagerly at the prompt's own length with the mask
@@ -237,9 +244,9 @@ class FastGreedy:
                                use_cache=True, logits_to_keep=1, **{self.cache_kw: r.cache}).logits[:, -1].argmax(-1)
         self.advance(nxt, r.finished, r.out, r.step, self.stop, r.tok, r.pos, r.slot, self.pad)
 
-    def _capture(self, r: _Room, span: int, saved: list[torch.Tensor]) -> None:
-        """Warm the step up on a side stream, put its state back (``saved``), then capture it (capture runs
-        nothing)."""
+    def _capture(self, r: _Room, span: int, steps: int, saved: list[torch.Tensor]) -> None:
+        """Warm the step up on a side stream, put its state back (``saved``), then capture ``steps`` of it in one
+        graph (capture runs nothing)."""
         side = _capture_stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -251,17 +258,19 @@ class FastGreedy:
             buf.copy_(old)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
-            self.run_step(r, span)
-        r.graphs[span] = graph
+            for _ in range(steps):
+                self.run_step(r, span)
+        r.graphs[span, steps] = graph
 
-    def _graph(self, r: _Room, span: int) -> torch.cuda.CUDAGraph | None:
-        """The room's step graph for ``span``, captured on first use; None where the step runs eagerly."""
+    def _graph(self, r: _Room, span: int, steps: int = 1) -> torch.cuda.CUDAGraph | None:
+        """The room's graph of ``steps`` steps over ``span``, captured on first use; None where the step runs
+        eagerly."""
         if not self.graphs:
             return None
-        if span not in r.graphs:
+        if (span, steps) not in r.graphs:
             saved = [buf.clone() for buf in r.state()]
             try:
-                self._capture(r, span, saved)
+                self._capture(r, span, steps, saved)
             except RuntimeError as e:  # a capture CUDA refuses: the same step, eagerly, is still correct
                 log.warning("fast decode: capturing the decode step failed (%s); it runs eagerly from here",
                             str(e).splitlines()[0] if str(e) else type(e).__name__)
@@ -269,7 +278,7 @@ class FastGreedy:
                 for buf, old in zip(r.state(), saved):
                     buf.copy_(old)
                 return None
-        return r.graphs[span]
+        return r.graphs[span, steps]
 
     def _prefill_mask(self, r: _Room, t: int):
         """[B, 1, T, L]: each prompt position sees the real slots up to its own (causal + padding); a padded
@@ -367,13 +376,15 @@ class FastGreedy:
         done, todo = 0, max_new - 1
         while done < todo and not bool(r.finished.all()):  # the host looks every check_every tokens
             k = min(self.check_every, todo - done)
-            for j in range(done, done + k):  # step j writes slot tp + j: the host knows the span without a read
-                span = self.span(r, tp + j + 1)
-                graph = self._graph(r, span)
+            # Step j writes slot tp + j: the host knows each step's span without a read.
+            for span, steps in replays([self.span(r, tp + j + 1) for j in range(done, done + k)], self.multi_step):
+                graph = self._graph(r, span, steps)
                 if graph is not None:
                     graph.replay()
                 else:
-                    self.run_step(r, span)
+                    for _ in range(steps):
+                        self.run_step(r, span)
+                self.replays += 1
             done += k
         return r.out[:n, :max_new].clone()
 
@@ -383,6 +394,20 @@ class FastGreedy:
         if self.fused is not None:  # its weight copies go too: nothing of this decoder waits for the garbage collector
             self.fused.release()
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
+
+
+def replays(spans: list[int], multi_step: bool) -> list[tuple[int, int]]:
+    """The consecutive steps of one check, by their spans, as (span, steps) replays in order: with ``multi_step``
+    each run of equal spans is one replay; else a replay a step."""
+    if not multi_step:
+        return [(span, 1) for span in spans]
+    out: list[tuple[int, int]] = []
+    for span in spans:
+        if out and out[-1][0] == span:
+            out[-1] = (span, out[-1][1] + 1)
+        else:
+            out.append((span, 1))
+    return out
 
 
 def advance(nxt, finished, out, step, stop, tok, pos, slot, pad: int) -> None:

@@ -19,7 +19,7 @@ class Qwen3ASRRecognizer(Recognizer):
     def __init__(self, model, processor, *, device: torch.device | str = "cpu", language: str | None = None,
                  max_new_tokens: int = 512, fast: bool = False, fast_compile: str | None = None,
                  prefetch: bool | None = None, device_features: bool = False, fast_buckets: bool = False,
-                 encoder_dtype: torch.dtype | None = None):
+                 encoder_dtype: torch.dtype | None = None, fast_multi_step: bool = False):
         if encoder_dtype is not None:
             from ..config import ConfigError
 
@@ -40,8 +40,8 @@ class Qwen3ASRRecognizer(Recognizer):
         eos = list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
         self.stop = sorted({*eos, *([self.tok.eos_token_id] if self.tok.eos_token_id is not None else [])})
         self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.stop[0]
-        self.fast = fast or bool(fast_compile)
-        self.fast_compile = fast_compile
+        self.fast = fast or bool(fast_compile) or fast_multi_step
+        self.fast_compile, self.fast_multi_step = fast_compile, fast_multi_step
         self._fast = None
         self.prefetch = self.device.type == "cuda" if prefetch is None else prefetch
         self.asr_text = self.tok.convert_tokens_to_ids(ASR_TEXT)

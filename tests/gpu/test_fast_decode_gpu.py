@@ -62,8 +62,41 @@ def test_fused_step_a_graph_per_span_gives_generates_ids(compile):
     for i, lengths in enumerate(([20, 13], [7])):
         embeds, mask = prompts(llm, lengths, seed=20 + i)
         assert dec.generate(embeds, mask, 120).tolist() == reference_ids(llm, embeds, mask, [], 120), lengths
-    assert dec.fused is not None and {n: sorted(r.graphs) for n, r in dec.rooms.items()} == {
+    assert dec.fused is not None and {n: sorted(s for s, _ in r.graphs) for n, r in dec.rooms.items()} == {
         2: [64, 128, 192], 1: [64, 128]}  # rooms of 192 and 128 slots
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("compile", [None, "inductor"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "llm_step"])
+def test_multi_step_graphs_give_the_one_step_graphs_ids(fused, compile):
+    """bf16, length buckets, rows stopping early, across the span boundaries at 64 and 128: a graph of a check's
+    steps (cut where the span changes) replays the very kernels of the one-step graphs, so the ids are equal bit
+    for bit, in fewer replays. One decoder runs both ways (the same compiled code, room and cache); its graphs
+    are keyed (span, steps)."""
+    torch._dynamo.reset()
+    llm = tiny_llm("sdpa", "cuda").to(torch.bfloat16)
+    embeds, mask = prompts(llm, BATCHES[2], seed=11)
+    embeds = embeds.to(torch.bfloat16)
+
+    def both(dec, max_new):
+        out, replays = [], []
+        for multi in (False, True):
+            dec.multi_step, before = multi, dec.replays
+            out.append(dec.generate(embeds, mask, max_new))
+            replays.append(dec.replays - before)
+        return out, replays
+
+    for stop in (stop_tokens(llm, embeds, mask), []):  # rows stopping early; every row to the cap
+        dec = FastGreedy(llm, stop, PAD, torch.bfloat16, "cuda", buckets=True, fused=fused, compile=compile)
+        for max_new in (120, 40):  # the second batch replays the graphs the first captured
+            (a, b), (one, multi) = both(dec, max_new)
+            assert torch.equal(a, b), (stop, max_new)
+            assert dec.graphs and multi < one, (multi, one)
+            if not stop:  # 119 (39) steps: 15 (5) checks, a span boundary may cut one or two; one replay a token
+                assert one == max_new - 1 and -(-one // 8) <= multi <= -(-one // 8) + 2, (one, multi)
+        steps = {n for r in dec.rooms.values() for _, n in r.graphs}
+        assert 1 in steps and dec.check_every in steps, steps
     torch._dynamo.reset()
 
 
@@ -165,6 +198,11 @@ def test_recognizer_fast_equals_plain_on_cuda_fp32(tmp_path, tokenizer):
     buckets = Recognizer(model, tokenizer, cfg.frontend, device="cuda", max_new_tokens=16, fast_buckets=True)
     for batch_size in (1, 6):
         assert [r.ids for r in buckets.transcribe(paths, batch_size=batch_size)] == expected, batch_size
+    multi = Recognizer(model, tokenizer, cfg.frontend, device="cuda", max_new_tokens=16, fast_buckets=True,
+                       fast_multi_step=True)  # several tokens a replay
+    assert [r.ids for r in multi.transcribe(paths, batch_size=6)] == expected
+    assert multi._fast.multi_step and multi._fast.replays <= 2  # 15 steps: checks of 8 and 7 (one a token: 15)
+    multi.release()
     assert buckets._encode.graphs and all(p.graph is not None for r in buckets._fast.rooms.values()
                                           for p in r.prefills.values())
     buckets.release()
