@@ -200,12 +200,12 @@ def test_peft_adapter_folder_holds_fp32_adapters(tmp_path):
 
 
 def test_checkpoint_and_resume_keep_fp32_adapters(tmp_path):
-    """A bf16 chat run with fp32 adapters (fused AdamW): the checkpoint holds fp32 adapters and fp32 moments, and a
-    run resumed from it takes the same steps as one that did not stop."""
+    """A bf16 chat run with fp32 adapters (fused AdamW): the checkpoint holds fp32 adapters and fp32 moments, a
+    run resumed from it takes the same steps as one that did not stop, and resuming with bf16 adapters is refused."""
     from brisk.train.run import train
 
-    def run(folder: Path, *extra: str):
-        train(chat_cfg("fp32", f"train.output_dir={folder}", "train.val_every=0", "diagnose.report=false",
+    def run(folder: Path, *extra: str, dtype: str = "fp32"):
+        train(chat_cfg(dtype, f"train.output_dir={folder}", "train.val_every=0", "diagnose.report=false",
                        "train.tensorboard=false", "train.export=none", "optim.lr=1e-4", "speed.fused_adamw=true",
                        *extra))
 
@@ -223,3 +223,5 @@ def test_checkpoint_and_resume_keep_fp32_adapters(tmp_path):
         return [json.loads(x)["loss"] for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
     assert len(losses(tmp_path / "whole")) == 4 and losses(tmp_path / "whole") == losses(tmp_path / "split")
+    with pytest.raises(ConfigError, match=r"model.llm.lora.dtype: 'fp32' -> ''"):  # the numbers would change
+        run(tmp_path / "split", "train.max_steps=6", "train.resume=true", dtype="")
