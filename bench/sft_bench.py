@@ -262,8 +262,8 @@ def trains(model) -> str:
     """How much of the model trains: the row's evidence that LoRA (or the full model) is what ran."""
     params = list({id(p): p for p in model.parameters()}.values())
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params if p.requires_grad})
-    return (f"trainable in {'+'.join(dtypes)}; "
-            f"{sum(p.numel() for p in params if p.requires_grad):,} of {sum(p.numel() for p in params):,} parameters train")
+    trained = sum(p.numel() for p in params if p.requires_grad)
+    return f"trainable in {'+'.join(dtypes)}; {trained:,} of {sum(p.numel() for p in params):,} parameters train"
 
 
 def oom_text(batch_tokens: int | None) -> str:
