@@ -24,7 +24,7 @@ weight of the whole model, as FunASR's ``lora_only`` (``mark_only_lora_as_traina
 
 The adapters' dtype (``model.llm.lora.dtype``): by default the base weight's, as loralib makes them, so over a
 bf16 LLM the adapters, their gradients and AdamW's moments are bf16 and an update below half a bf16 step of a
-weight (8 mantissa bits) is rounded away. ``fp32`` does what PEFT (peft 0.21) does for TRL's users:
+weight (8 significant bits) is rounded away. ``fp32`` does what PEFT (peft 0.21) does for TRL's users:
 ``get_peft_model(..., autocast_adapter_dtype=True)``, the default, upcasts bf16/fp16 adapters to fp32
 (peft/tuners/tuners_utils.py, ``cast_adapter_dtype``), and ``peft.tuners.lora.layer.Linear.forward`` computes
 ``result = base_layer(x)``, casts ``x`` to ``lora_A``'s dtype (``BaseTunerLayer._cast_input_dtype``), adds
@@ -32,7 +32,8 @@ weight (8 mantissa bits) is rounded away. ``fp32`` does what PEFT (peft 0.21) do
 with ``dtype`` set computes exactly that. Under the bf16 autocast a bf16 brisk LLM runs in (and accelerate's
 autocast, TRL's ``bf16=True``, runs PEFT's layers in) the two small GEMMs take bf16 inputs either way; the
 input is then not cast to fp32 first, which gives the same GEMM inputs without an fp32 copy of every adapted
-layer's input kept for the backward.
+layer's input kept for the backward (with lora.dropout > 0 the dropout then runs in the input's dtype, not
+PEFT's fp32: the same distribution, not the same bits).
 """
 
 from __future__ import annotations
