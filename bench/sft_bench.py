@@ -8,7 +8,10 @@ same model (random init), the same data (ultrachat-like lengths) and the same GP
 
 LoRA models (qwen3_5_9b, qwen3_5_27b_lora; or any model with --set model.llm.lora.*): brisk's arms train its
 adapters; the loop arms add peft's adapters on the same layers (and transformers' gradient checkpointing where
-the config checkpoints), TRL gets them as its peft_config. Each row says how many parameters trained. An arm
+the config checkpoints), TRL gets them as its peft_config. The adapters' dtype follows model.llm.lora.dtype
+(peft's autocast_adapter_dtype: fp32 adapters for dtype=fp32, the configs' setting; bf16 ones for ""); the loop
+arms run without autocast, so peft computes their LoRA path in fp32 where brisk's and TRL's bf16 autocast
+give its two GEMMs bf16 inputs. Each row says how many parameters trained. An arm
 that runs out of device memory is one row, "out of memory at N tokens a batch", with its peak.
 
 Arms (each a fresh process; real tokens/s = non-pad tokens of the timed steps over their time):
@@ -217,8 +220,14 @@ def hf_model(cfg):
     if cfg.model.llm.lora.enabled:
         from peft import get_peft_model
 
-        model = get_peft_model(model, peft_lora(cfg))
+        model = get_peft_model(model, peft_lora(cfg), autocast_adapter_dtype=fp32_adapters(cfg))
     return model
+
+
+def fp32_adapters(cfg) -> bool:
+    """peft's autocast_adapter_dtype for brisk's model.llm.lora.dtype: True (peft's default) upcasts the adapters
+    of the bf16 model to fp32, as brisk's dtype=fp32 makes them; False leaves them bf16, as brisk's default does."""
+    return cfg.model.llm.lora.dtype == "fp32"
 
 
 def peft_lora(cfg):
@@ -252,7 +261,9 @@ def worker(args) -> dict:
 def trains(model) -> str:
     """How much of the model trains: the row's evidence that LoRA (or the full model) is what ran."""
     params = list({id(p): p for p in model.parameters()}.values())
-    return f"{sum(p.numel() for p in params if p.requires_grad):,} of {sum(p.numel() for p in params):,} parameters train"
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params if p.requires_grad})
+    trained = sum(p.numel() for p in params if p.requires_grad)
+    return f"trainable in {'+'.join(dtypes)}; {trained:,} of {sum(p.numel() for p in params):,} parameters train"
 
 
 def oom_text(batch_tokens: int | None) -> str:
@@ -377,8 +388,15 @@ def trl_arm(args, cfg, sample_groups, checkpointing: bool = True):
                       learning_rate=1e-5, logging_steps=1000, save_strategy="no", report_to=[],
                       gradient_checkpointing=checkpointing,  # True is TRL's own default
                       dataloader_num_workers=0, use_cpu=DEVICE == "cpu")
-    peft = {"peft_config": peft_lora(cfg)} if cfg.model.llm.lora.enabled else {}  # TRL's LoRA: peft, as its docs show
-    trainer = Counting(model=model, args=targs, train_dataset=ds, processing_class=tok, callbacks=[Clock()], **peft)
+    peft = cfg.model.llm.lora.enabled
+    kwargs = {}
+    if peft and fp32_adapters(cfg):  # TRL's LoRA: peft, as its docs show (peft upcasts the adapters to fp32)
+        kwargs["peft_config"] = peft_lora(cfg)
+    elif peft:  # bf16 adapters, as brisk's model.llm.lora.dtype="" makes them: TRL's own get_peft_model call
+        from peft import get_peft_model  # would upcast them, so the model comes wrapped already
+
+        model = get_peft_model(model, peft_lora(cfg), autocast_adapter_dtype=False)
+    trainer = Counting(model=model, args=targs, train_dataset=ds, processing_class=tok, callbacks=[Clock()], **kwargs)
     trainer.train()
     times = [marks[2 * i + 1] - marks[2 * i] for i in range(len(marks) // 2)][args.warmup:]
     return times, counts[args.warmup:len(times) + args.warmup], ("the other arms' batches (padding_free row), gradient "

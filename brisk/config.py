@@ -112,6 +112,7 @@ class CTCConfig:
 
 
 LORA_BIAS = ("none", "all", "lora_only")
+LORA_DTYPES = ("", "fp32")  # model.llm.lora.dtype: "" keeps the base weight's dtype
 
 
 @dataclass
@@ -126,6 +127,7 @@ class LoraConfig:
     only: bool = False  # FunASR lora_only: train nothing but the adapters (every other weight frozen, encoder and adaptor too)
     bias: str = "none"  # FunASR lora_bias, with only=true: none | all (every bias trains) | lora_only (biases of adapted layers train)
     init_path: str | None = None  # FunASR lora_conf.init_param_path: a file whose lora_A/lora_B tensors start the adapters
+    dtype: str = ""  # the adapters' dtype: "" the base weight's (FunASR loralib's) | fp32 (PEFT's default: fp32 adapters, gradients and AdamW moments over a bf16 base; see docs/sft.md)
 
     def __post_init__(self):
         if self.r < 1:
@@ -141,6 +143,9 @@ class LoraConfig:
                               "adapters here (tied weights; FunASR adapts linear layers); use projection names such as q_proj")
         if self.bias not in LORA_BIAS:
             raise ConfigError(f"model.llm.lora.bias={self.bias!r}: use none, all or lora_only")
+        if self.dtype not in LORA_DTYPES:
+            raise ConfigError(f"model.llm.lora.dtype={self.dtype!r}: use fp32 (adapters in fp32, as PEFT keeps them) "
+                              "or \"\" (the base weight's dtype, FunASR's)")
 
 
 @dataclass

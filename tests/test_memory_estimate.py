@@ -21,7 +21,7 @@ def tiny(*extra: str):
     return load_config(ROOT / "configs/sft_demo.yaml", ["model.llm.dtype=bf16", *extra])
 
 
-@pytest.mark.parametrize("extra", [[], LORA])
+@pytest.mark.parametrize("extra", [[], LORA, [*LORA, "model.llm.lora.dtype=fp32"]])
 def test_meta_count_equals_a_real_build(extra):
     cfg = tiny(*extra)
     est = estimate(cfg, 1024)
@@ -30,7 +30,8 @@ def test_meta_count_equals_a_real_build(extra):
     assert all(p.device.type == "cpu" for p in params)
     frozen = sum(p.numel() * p.element_size() for p in params if not p.requires_grad)
     trainable = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
-    assert est.weights.get("bfloat16 frozen", 0) == frozen and est.weights.get("bfloat16 trainable", 0) == trainable
+    adapters = "float32" if "model.llm.lora.dtype=fp32" in extra else "bfloat16"
+    assert est.weights.get("bfloat16 frozen", 0) == frozen and est.weights.get(f"{adapters} trainable", 0) == trainable
     assert est.grads == trainable and est.optimizer == 2 * trainable
     assert est.trainable == sum(p.numel() for p in params if p.requires_grad)
 
@@ -40,6 +41,17 @@ def test_lora_leaves_gradients_and_moments_to_the_adapters():
     assert full.trainable == full.params and lora.trainable < full.params / 10
     assert lora.params == full.params + lora.trainable  # the base plus the adapters
     assert lora.optimizer == 2 * lora.grads < full.optimizer
+
+
+def test_fp32_adapters_count_four_bytes_and_fp32_moments():
+    """model.llm.lora.dtype=fp32 over the bf16 base: the adapters' weights, gradients and AdamW moments double;
+    the frozen base and everything else stay."""
+    bf16, fp32 = estimate(tiny(*LORA), 1024), estimate(tiny(*LORA, "model.llm.lora.dtype=fp32"), 1024)
+    n = fp32.trainable
+    assert n == bf16.trainable and fp32.weights["float32 trainable"] == 4 * n == 2 * bf16.weights["bfloat16 trainable"]
+    assert fp32.weights["bfloat16 frozen"] == bf16.weights["bfloat16 frozen"]
+    assert fp32.grads == 4 * n and fp32.optimizer == 8 * n
+    assert fp32.floor - bf16.floor == (4 + 4 + 8 - 2 - 2 - 4) * n
 
 
 def test_checkpointed_inputs_grow_with_tokens_and_the_head_chunks():
@@ -61,8 +73,10 @@ def test_big_lora_configs_count_on_meta(name, layers, billions):
     cfg = load_config(ROOT / "configs" / f"{name}.yaml", ["speed.label_head=true"])
     est = estimate(cfg, 8192)
     assert est.params / 1e9 == pytest.approx(billions, abs=0.01)
-    assert set(est.weights) == {"bfloat16 frozen", "bfloat16 trainable"}  # the base frozen in bf16, no fp32 copy
+    # the base frozen in bf16 (no fp32 copy), the adapters in fp32 (model.llm.lora.dtype, PEFT's default)
+    assert set(est.weights) == {"bfloat16 frozen", "float32 trainable"}
     assert 0 < est.trainable < est.params / 100  # only the adapters train
+    assert est.weights["float32 trainable"] == est.grads == 4 * est.trainable and est.optimizer == 8 * est.trainable
     assert est.checkpointed == est.layers == layers
     assert est.weights["bfloat16 frozen"] == 2 * (est.params - est.trainable)
     assert est.floor < 0.45 * 139 * 2**30 if "27b" in name else est.floor < 22e9  # fits: one H200; Unsloth's 22 GB
@@ -72,4 +86,5 @@ def test_meta_build_allocates_nothing():
     cfg = load_config(ROOT / "configs/sft_qwen3_5_27b_lora.yaml", [])
     model = family_of(cfg).build(cfg.model, "meta")
     assert {p.device.type for p in model.parameters()} == {"meta"}
-    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.parameters() if not p.requires_grad} == {torch.bfloat16}
+    assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.float32}  # the adapters

@@ -65,14 +65,16 @@ def test_estimate_flag_prints_the_floor(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_lora_arms_train_adapters_only(tmp_path):
-    """brisk fast and the seed's loop (peft) on the tiny model with LoRA and checkpointing: both rows trained only
-    the adapters (the same count), so a LoRA row in the table is a LoRA run."""
+    """brisk fast and the seed's loop (peft) on the tiny model (bf16, as the loop's model) with fp32 LoRA and
+    checkpointing: both rows trained only the adapters (the same count, both in fp32: peft's
+    autocast_adapter_dtype follows model.llm.lora.dtype), so a LoRA row in the table is a LoRA run."""
     work, out = tmp_path / "work", tmp_path / "out"
     proc = subprocess.run([sys.executable, str(ROOT / "bench/sft_bench.py"), "--models", "tiny", "--device", "cpu",
                            "--arms", "a_loop,d_brisk_fast", "--steps", "1", "--warmup", "1", "--no-profile",
                            "--conversations", "40", "--work", str(work), "--out", str(out), "--set",
-                           "model.llm.lora.enabled=true", "model.llm.lora.only=true",
-                           "model.llm.activation_checkpoint=1"], capture_output=True, text=True, timeout=240)
+                           "model.llm.lora.enabled=true", "model.llm.lora.only=true", "model.llm.dtype=bf16",
+                           "model.llm.lora.dtype=fp32", "model.llm.activation_checkpoint=1"],
+                          capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {r["arm"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
     assert set(rows) == {"a_loop", "d_brisk_fast"} and all("tokens_per_s" in r for r in rows.values())
@@ -80,6 +82,7 @@ def test_tiny_lora_arms_train_adapters_only(tmp_path):
     trained, _, total = counts["d_brisk_fast"].partition(" of ")
     assert counts["a_loop"] == counts["d_brisk_fast"]  # peft's adapters and brisk's: same layers, same rank
     assert 0 < int(trained.replace(",", "")) < int(total.split()[0].replace(",", "")) / 5
+    assert all("; trainable in float32; " in r["note"] for r in rows.values()), [r["note"] for r in rows.values()]
 
 
 def test_kernel_groups_of_the_op_table(bench):

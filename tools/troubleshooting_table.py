@@ -225,6 +225,8 @@ def main_table() -> None:
     case("chat: a FunASR export of a chat model", ["train", sft, "train.export=funasr"])
     case("chat: a LoRA target the model does not have", ["train", sft, f"train.output_dir={tmp}/lt", "train.max_steps=1",
                                                           "model.llm.lora.enabled=true", "model.llm.lora.target_modules=[qkv]"])
+    case("chat: an adapter dtype other than fp32 or the base's", ["train", sft, "model.llm.lora.enabled=true",
+                                                                  "model.llm.lora.dtype=bf16"])
     norole = list(chat)
     norole[2] = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"content": "hello"}]})
     case("chat: a turn without a role", ["train", sft, f"train.output_dir={tmp}/cr", f"data.train={jsonl(tmp, 'norole.jsonl', norole)}"],

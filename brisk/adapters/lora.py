@@ -21,6 +21,19 @@ Two differences from loralib, both on purpose:
 Frozen base: the base weights keep the trainability ``model.llm.freeze`` gave them (FunASR's behaviour:
 with ``freeze: false`` the base trains too); the adapters always train. ``only`` freezes every non-adapter
 weight of the whole model, as FunASR's ``lora_only`` (``mark_only_lora_as_trainable``) does.
+
+The adapters' dtype (``model.llm.lora.dtype``): by default the base weight's, as loralib makes them, so over a
+bf16 LLM the adapters, their gradients and AdamW's moments are bf16 and an update below half a bf16 step of a
+weight (8 significant bits) is rounded away. ``fp32`` does what PEFT (peft 0.21) does for TRL's users:
+``get_peft_model(..., autocast_adapter_dtype=True)``, the default, upcasts bf16/fp16 adapters to fp32
+(peft/tuners/tuners_utils.py, ``cast_adapter_dtype``), and ``peft.tuners.lora.layer.Linear.forward`` computes
+``result = base_layer(x)``, casts ``x`` to ``lora_A``'s dtype (``BaseTunerLayer._cast_input_dtype``), adds
+``lora_B(lora_A(dropout(x))) * scaling`` and casts the sum back to the base output's dtype. ``LoraLinear``
+with ``dtype`` set computes exactly that. Under the bf16 autocast a bf16 brisk LLM runs in (and accelerate's
+autocast, TRL's ``bf16=True``, runs PEFT's layers in) the two small GEMMs take bf16 inputs either way; the
+input is then not cast to fp32 first, which gives the same GEMM inputs without an fp32 copy of every adapted
+layer's input kept for the backward (with lora.dropout > 0 the dropout then runs in the input's dtype, not
+PEFT's fp32: the same distribution, not the same bits).
 """
 
 from __future__ import annotations
@@ -38,30 +51,47 @@ from ..config import ConfigError, LoraConfig
 log = logging.getLogger("brisk")
 
 LORA_TENSORS = ("lora_A", "lora_B")
+ADAPTER_DTYPES = {"": None, "fp32": torch.float32}  # model.llm.lora.dtype -> LoraLinear's dtype (None: the base's)
 
 
 class LoraLinear(nn.Module):
     """A linear layer with a low-rank update, holding the base layer's own weight and bias tensors."""
 
-    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float):
+    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float, dtype: torch.dtype | None = None):
+        """``dtype``: the adapters' (model.llm.lora.dtype); None keeps the base weight's and loralib's arithmetic,
+        a dtype gives PEFT's (the module docstring)."""
         super().__init__()
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight = base.weight  # the same Parameter: state dict name and trainability unchanged
         self.bias = base.bias
         w = base.weight
+        self.peft_arithmetic = dtype is not None
+        dtype = dtype or w.dtype
         # loralib's initialisation: A as nn.Linear's default, B zero (the adapted layer starts as the base one).
-        self.lora_A = nn.Parameter(torch.empty(r, self.in_features, dtype=w.dtype, device=w.device))
-        self.lora_B = nn.Parameter(torch.zeros(self.out_features, r, dtype=w.dtype, device=w.device))
+        self.lora_A = nn.Parameter(torch.empty(r, self.in_features, dtype=dtype, device=w.device))
+        self.lora_B = nn.Parameter(torch.zeros(self.out_features, r, dtype=dtype, device=w.device))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
         self.scaling = alpha / r
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.peft_arithmetic:
+            return self._peft_forward(x)
         # Same order of operations as loralib (x A^T first, then B^T, then the scale).
         return F.linear(x, self.weight, self.bias) + (self.lora_dropout(x) @ self.lora_A.T @ self.lora_B.T) * self.scaling
 
+    def _peft_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """peft.tuners.lora.layer.Linear.forward for one adapter: the base output, plus B(A(dropout(x))) * scaling
+        computed from ``x`` in the adapters' dtype, the sum cast to the base output's dtype."""
+        result = F.linear(x, self.weight, self.bias)
+        if not torch.is_autocast_enabled(x.device.type):  # under autocast the GEMMs cast x to its dtype anyway
+            x = x.to(self.lora_A.dtype)
+        delta = F.linear(F.linear(self.lora_dropout(x), self.lora_A), self.lora_B) * self.scaling
+        return (result + delta).to(result.dtype)
+
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, r={self.lora_A.shape[0]}, scaling={self.scaling}"
+        return (f"in={self.in_features}, out={self.out_features}, r={self.lora_A.shape[0]}, scaling={self.scaling}"
+                + (f", adapters {str(self.lora_A.dtype).removeprefix('torch.')}" if self.peft_arithmetic else ""))
 
 
 def _targets(llm: nn.Module, names: list[str]) -> list[tuple[str, nn.Linear]]:
@@ -82,12 +112,13 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> str:
     for name, linear in found:
         parent_name, _, child = name.rpartition(".")
         parent = model.llm.get_submodule(parent_name) if parent_name else model.llm
-        setattr(parent, child, LoraLinear(linear, cfg.r, cfg.alpha, cfg.dropout))
+        setattr(parent, child, LoraLinear(linear, cfg.r, cfg.alpha, cfg.dropout, ADAPTER_DTYPES[cfg.dtype]))
     if cfg.only:
         mark_only_lora_trainable(model, cfg.bias)
     n = sum(p.numel() for name, p in model.named_parameters() if name.rpartition(".")[2] in LORA_TENSORS)
     return (f"lora: {len(found)} linear layers of the LLM ({', '.join(cfg.target_modules)}), r={cfg.r}, "
             f"alpha={cfg.alpha:g}, dropout={cfg.dropout:g}, {n:,} adapter parameters"
+            + (f" in {cfg.dtype} (PEFT's arithmetic)" if cfg.dtype else "")
             + (f"; only the adapters train (bias={cfg.bias})" if cfg.only else "")
             + (f"; started from {cfg.init_path} (loaded after the model's weights)" if cfg.init_path else ""))
 
@@ -130,7 +161,9 @@ def load_lora_weights(model: nn.Module, state: dict[str, torch.Tensor], path: Pa
 
 def fold_lora(state: dict[str, torch.Tensor], cfg: LoraConfig) -> dict[str, torch.Tensor]:
     """A state dict without adapters: each adapted weight becomes W + (alpha / r) B A (what loralib's eval()
-    computes), in fp32, then back to W's dtype. Tensors are not changed in place."""
+    computes, and PEFT's ``merge_and_unload``), in fp32, then back to W's dtype: with fp32 adapters
+    (model.llm.lora.dtype=fp32) over a bf16 W, the one rounding is that of the sum. Tensors are not changed in
+    place."""
     out = {k: v for k, v in state.items() if not is_lora_key(k)}
     scaling = cfg.alpha / cfg.r
     for k in state:

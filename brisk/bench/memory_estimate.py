@@ -7,7 +7,9 @@ a 27B config is counted on a laptop in a second. From that:
 - weights: every parameter's bytes in its own dtype, frozen and trainable apart;
 - gradients: one tensor per trainable parameter, in its dtype (frozen weights get none);
 - optimizer: AdamW's two moments per trainable parameter, in the parameter's dtype (torch's AdamW and its fused
-  variant keep ``exp_avg`` and ``exp_avg_sq`` like the parameter);
+  variant keep ``exp_avg`` and ``exp_avg_sq`` like the parameter). LoRA adapters made in fp32 over a bf16 base
+  (model.llm.lora.dtype=fp32) therefore count 4 bytes each for the weight, 4 for the gradient and 8 for the
+  moments;
 - checkpointed layer inputs: a checkpointed decoder layer keeps only its input ([tokens, hidden] in the
   decoder's dtype) until the backward recomputes it;
 - the LM head and loss: with speed.label_head or speed.liger_loss the logits live in chunks of rows (label_head's

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from ..adapters.lora import is_lora_key
 from ..config import Config, ConfigError
 from ..families import get as get_family
 from ..formats.brisk_keys import CMVN_NAME, FILE_KEYS, KEYS_FILE, inference_keys
@@ -77,13 +78,16 @@ def export_folder(model, cfg: Config, out: str | Path, fmt: str = "funasr", dtyp
 
 def _converted_state(model, dtype: torch.dtype, state: dict | None = None) -> dict[str, torch.Tensor]:
     """model.state_dict() on the CPU in ``dtype``; tensors that share storage (a tied lm_head) stay shared, so
-    torch.save writes them once, as FunASR's own model.pt does."""
+    torch.save writes them once, as FunASR's own model.pt does. LoRA adapters wider than ``dtype``
+    (model.llm.lora.dtype=fp32) stay as they are: folding them (fold_lora) then rounds once, to the weight's
+    ``dtype``; a writer that keeps them casts them itself."""
     done: dict[tuple, torch.Tensor] = {}
     out = {}
     for k, v in (state if state is not None else model.state_dict()).items():
         key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), tuple(v.stride()))
         if key not in done:
-            done[key] = v.detach().to("cpu", dtype).contiguous()
+            wider = is_lora_key(k) and v.dtype.itemsize > dtype.itemsize
+            done[key] = v.detach().to("cpu", v.dtype if wider else dtype).contiguous()
         out[k] = done[key]
     return out
 
@@ -188,6 +192,8 @@ def _write_funasr(model, cfg: Config, state: dict, out: Path, dtype: str, tokeni
     if cfg.model.frontend.cmvn_file:  # FunASR resolves the folder's files named here against the folder
         conf["file_path_metas"]["frontend_conf"] = {"cmvn_file": CMVN_NAME}
     (out / "configuration.json").write_text(json.dumps(conf, indent=2) + "\n", encoding="utf-8")
+    # FunASR builds its own LoRA layers and loads the adapters unfolded: every tensor in the export's dtype
+    state = {k: v.to(DTYPES[dtype]) if is_lora_key(k) else v for k, v in state.items()}
     torch.save({"state_dict": state}, out / "model.pt")
     llm = out / LLM_DIR
     llm.mkdir()

@@ -44,6 +44,18 @@ def test_graphed_compiled_lora_step_matches_eager(checks):
     assert fast[2]["flags_unchanged"]
 
 
+def test_graphed_compiled_fp32_lora_step_matches_eager(checks):
+    """fp32 adapters over the bf16 LLM (model.llm.lora.dtype=fp32, PEFT's arithmetic): the captured, compiled step
+    with the fused, capturable AdamW over fp32 parameters trains them as the eager step does."""
+    lora = LORA + ["model.llm.lora.dtype=fp32"]
+    eager = checks.run_steps(EAGER + lora, 8)
+    fast = checks.run_steps(FAST + lora, 8)
+    assert fast[1] and all(k.endswith(("lora_A", "lora_B")) for k in fast[1])
+    cmp = checks.compare(eager, fast)
+    assert cmp["loss_max_rel"] < 1e-3 and cmp["param_max_rel_l2"] < LORA_PARAM_TOL, cmp
+    assert fast[2]["flags_unchanged"]
+
+
 def test_graphed_compiled_lora_with_activation_checkpointing_matches_eager(checks):
     """Recomputed layers inside a captured, compiled step (every second layer checkpointed)."""
     eager = checks.run_steps(EAGER + LORA, 8)
