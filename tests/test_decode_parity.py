@@ -136,6 +136,23 @@ def test_decoding_a_training_model_switches_it_to_eval_and_back(models, tokenize
         ours.eval()
 
 
+def test_decoding_keeps_a_frozen_module_of_a_training_model_in_eval_mode(models, tokenizer):
+    """Training with speed.frozen_eval keeps its frozen encoder in eval mode inside a model in train mode
+    (brisk.speed.frozen.training_mode); validation's decode gives every module back the mode it had, so the
+    next training steps do not run the frozen encoder with dropout."""
+    _, ours, cfg = models
+    rec = Recognizer(ours, tokenizer, cfg.frontend, max_new_tokens=4)
+    try:
+        ours.train()
+        ours.audio_encoder.eval()
+        before = {n: m.training for n, m in ours.named_modules()}
+        rec.transcribe(_paths()[:2], batch_size=2)
+        assert {n: m.training for n, m in ours.named_modules()} == before
+        assert ours.training and not ours.audio_encoder.training
+    finally:
+        ours.eval()
+
+
 def test_prompt_is_funasr_get_prompt(models):
     ref = models[0]
     for kw in ({"hotwords": []}, {"hotwords": ["fox", "cup"], "language": "英文"}, {"hotwords": [], "itn": False}):

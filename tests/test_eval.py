@@ -181,3 +181,25 @@ def test_fast_decoding_freezes_the_collector_only_while_it_decodes(tiny_run, mon
         assert main(["transcribe", str(run), wav, "--max-new-tokens", "4", "--no-progress", *flag]) == 0
         assert gc.get_freeze_count() == before
     assert seen[0] > before and seen[1] == before, seen
+
+
+def test_frozen_gc_leaves_a_callers_own_freeze_as_it_was():
+    """An in-process caller that froze objects itself (gc.freeze, e.g. before forking workers) gets them back
+    frozen: the decode's unfreeze must not thaw them; an exception inside restores the same state."""
+    import gc
+
+    from brisk.eval.evaluate import frozen_gc
+
+    keep = [object() for _ in range(10)]  # noqa: F841 - alive while frozen
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        assert before > 0
+        with frozen_gc(True):
+            assert gc.get_freeze_count() >= before
+        assert gc.get_freeze_count() == before
+        with pytest.raises(KeyError), frozen_gc(True):
+            raise KeyError("x")
+        assert gc.get_freeze_count() == before
+    finally:
+        gc.unfreeze()

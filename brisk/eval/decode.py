@@ -203,18 +203,21 @@ class Recognizer:
 
     @contextmanager
     def _eval_mode(self):
-        """No dropout while decoding; a training model's mode is restored after. A model already in eval mode
-        (brisk eval, transcribe: load_for_inference put every module there) is left as it is: switching a
-        Fun-ASR-Nano's modules there and back walks its whole module tree twice a batch."""
+        """No dropout while decoding; a training model's modes are restored after, module by module (training's
+        speed.frozen_eval keeps frozen modules in eval mode inside a model in train mode). A model already in
+        eval mode (brisk eval, transcribe: load_for_inference put every module there) is left as it is: switching
+        a Fun-ASR-Nano's modules there and back walks its whole module tree twice a batch."""
         model = self.model
         if not model.training:
             yield
             return
+        modes = [(m, m.training) for m in model.modules()]
         model.eval()
         try:
             yield
         finally:
-            model.train(True)
+            for m, training in modes:
+                m.training = training
 
     def _decode(self, feats, max_new_tokens: int | None) -> list[list[int]]:
         embeds, mask = self.prompt_embeds(feats)

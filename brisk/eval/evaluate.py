@@ -60,8 +60,9 @@ def frozen_gc(on: bool):
     """With a fast decoder (``on``), the decode of `brisk eval` / `brisk transcribe`: every object alive when it
     starts (torch, transformers, the model) is left out of Python's collections until it ends (``gc.freeze``), so
     a full collection, which would walk them all and land on an arbitrary batch, stays short; the batches' own
-    garbage is still collected. Undone after, for in-process callers."""
-    if not on:
+    garbage is still collected. Undone after, for in-process callers; a caller that froze objects itself is left
+    as it is (gc.unfreeze would thaw its objects too)."""
+    if not on or gc.get_freeze_count():
         yield
         return
     gc.collect()
