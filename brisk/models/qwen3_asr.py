@@ -169,11 +169,9 @@ def audio_windows(counts: list[int], chunks: int, config, device) -> tuple[torch
     utterance's output row count: the attention windows' boundaries (cu_seqlens, int32, as its
     get_audio_cu_seqlens), the longest window, and the flat indices of the real rows among the convolutions'
     [N * chunks * rows-per-chunk] output (its valid_indices), for a batch padded to ``chunks`` chunks."""
-    per_chunk, window = rows_after_convs(2 * config.n_window), _window(counts, config)
-    bounds, valid = [0], []
+    per_chunk = rows_after_convs(2 * config.n_window)
+    bounds, valid = [0, *window_lengths(counts, _window(counts, config))], []
     for i, count in enumerate(counts):
-        full, rest = divmod(count, window) if window else (0, 0)
-        bounds += [window] * full + ([rest] if rest else [])
         base = i * chunks * per_chunk
         for start in range(0, count, per_chunk):  # chunk j holds rows j*per_chunk.. of the utterance
             valid.extend(range(base + start, base + min(start + per_chunk, count)))
@@ -216,6 +214,16 @@ def tower_layers(tower: nn.Module, hidden: torch.Tensor, cu_seqlens: torch.Tenso
     return tower.ln_post(hidden)
 
 
+def window_lengths(counts: list[int], window: int) -> list[int]:
+    """The attention windows' lengths in rows, utterance after utterance: each utterance of ``count`` rows cut into
+    windows of ``window`` rows and a shorter last one."""
+    out = []
+    for count in counts:
+        whole, rest = divmod(count, window) if window else (0, 0)
+        out += [window] * whole + ([rest] if rest else [])
+    return out
+
+
 def _window(counts: list[int], config, full: bool = False) -> int:
     """transformers' attention window in rows: the longest chunk's rows (a full chunk's unless every utterance is
     shorter; ``full``: a full chunk's) times the chunks in an inference window."""
@@ -233,10 +241,7 @@ def static_windows(counts: list[int], slots: int, room: int, config) -> torch.Te
     full, window = _window(counts, config, full=True), _window(counts, config)
     if len(counts) > room:
         raise ValueError(f"{len(counts)} utterances do not fit a static layout of {room}")
-    bounds = [0]
-    for count in counts:
-        whole, rest = divmod(count, window) if window else (0, 0)
-        bounds += [window] * whole + ([rest] if rest else [])
+    bounds = [0, *window_lengths(counts, window)]
     pad = slots - sum(bounds)
     bounds += [full] * (pad // full) + ([pad % full] if pad % full else [])
     bounds += [0] * (2 * -(-slots // full) + room + 2 - len(bounds))
