@@ -77,11 +77,15 @@ class Result:
 class Recognizer:
     """Audio files (or LFR features) -> token ids and text, with a SpeechLLM and its tokenizer."""
 
+    # Defaults here, not only in __init__: a family's recognizer may build itself without Recognizer.__init__.
     encoder_dtype: torch.dtype | None = None
-    fast_fuse: bool | None = None
+    # The fast decoder's own step (fused projections, attention over the filled slots) where the LLM allows it;
+    # False: the LLM's forward a token (the reference arm of bench/decode_bench.py).
     fast_fused = True
+    # Concatenated q/k/v and gate/up GEMMs in that step: None, only when compiled (brisk.eval.fast_decode).
+    fast_fuse: bool | None = None
     fast_multi_step = False
-    _audio = None
+    _audio = None  # the encoder and adaptor copied in encoder_dtype (``audio_path``), made on first use
     _readers: ThreadPoolExecutor | None = None  # the threads that read a batch's audio files (``read``)
 
     def __init__(self, model, tokenizer, frontend_cfg, *, device: torch.device | str = "cpu", sys_prompt: bool = True,
@@ -108,18 +112,12 @@ class Recognizer:
         # The encoder and the prefill replayed from graphs per length bucket (brisk.eval.fast_decode, buckets).
         self.fast_buckets = fast_buckets
         self.fast_compile = fast_compile  # a torch.compile backend for the fast decoder's step ("inductor")
-        # The fast decoder's own step (fused projections, attention over the filled slots) where the LLM allows
-        # it; False: the LLM's forward a token (the reference arm of bench/decode_bench.py).
-        self.fast_fused = True
-        # Concatenated q/k/v and gate/up GEMMs in that step: None, only when compiled (brisk.eval.fast_decode).
-        self.fast_fuse: bool | None = None
         self._fast = None  # the FastGreedy decoder, built on first use
         self._encode = None  # fast on CUDA: the encoder's graphs (brisk.eval.fast_decode.GraphedEncode)
         # The encoder and adaptor as copies in another dtype (--encoder-bf16: the LLM's bf16, as training's
         # speed.encoder_dtype runs them; its features change in the last bits, so transcripts may too); None:
         # the model's own modules.
         self.encoder_dtype = encoder_dtype
-        self._audio = None
         self._prompts: dict[int, tuple[list[int], int]] = {}  # prompt ids and first audio slot, by audio slot count
         # Features of the next batches on a thread while this one decodes; by default on CUDA only (on the CPU
         # the thread would take the cores the decoder uses).
@@ -249,7 +247,6 @@ class Recognizer:
         """LFR features of each utterance (a list of [F_i, D], or padded [N, F, D] with lengths [N]) -> the
         prompts' embeddings [B, T, D] with the audio spliced in, left padded with zeros, and their mask [B, T]
         (long)."""
-        model = self.model
         if isinstance(feats, tuple):
             speech, lengths = feats[0].to(self.device), feats[1].to(self.device)
         else:
