@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 31's last check, for the first device call of the next session (one H200, <= 6 minutes). Round 5 changed
 # the graphed step (brisk/speed/graph.py: the family's audio_graphs / audio_static_inputs, the eager fallback's
-# audio rows) after the last GPU run of Fun-ASR-Nano's graphed path. From the repo root, soundfile/cffi/pycparser
+# audio rows) after the last GPU run of Fun-ASR-Nano's graphed path. From the repo root, soundfile/cffi/pycparser/jiwer/rapidfuzz
 # wheels in .whl/:
 #   OUT=$OUT bash bench/gpu_round6_first.sh
 # 1. tests/gpu/test_gpu_state.py: Fun-ASR-Nano's graphed step against the eager one, resume of a graphed run, tf32
@@ -15,7 +15,7 @@ OUT=${OUT:-bench/tmp/gpu_out}; WHL=${WHL:-.whl}
 mkdir -p "$OUT" /tmp/site
 left() { local s=$(( $1 - ($(date +%s) - T0) )); echo $(( s > 10 ? s : 10 )); }
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $WHL/soundfile*.whl $WHL/cffi*.whl \
-    $WHL/pycparser*.whl 2>&1 | tail -n 2
+    $WHL/pycparser*.whl $WHL/jiwer*.whl $WHL/rapidfuzz*.whl 2>&1 | tail -n 2
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/tmp/pycache TORCHINDUCTOR_CACHE_DIR=/tmp/brisk_inductor
 { date -u; nvidia-smi -L; python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers',
 transformers.__version__)"; } > "$OUT/machine.txt" 2>&1
