@@ -23,6 +23,8 @@ Arms (each warmed once on its first batch: graph capture and compile are reporte
   (the compiled step concatenates the GEMMs);
 - any arm with the suffix _enc16: the encoder and adaptor as bf16 copies (``--encoder-bf16``); with _multi
   (before _enc16): ``--fast-multi-step``, one graph replay a check's tokens (its ids must equal the arm's without);
+  with _tuned (before _multi): a compiled arm's step compiled in Inductor's max-autotune-no-cudagraphs mode
+  (``--fast-compile-mode``: GEMM templates timed against cuBLAS per shape, epilogues fused; longer compile);
 - fast_eos: ``fast_compile`` with one more stop token, picked from the batch-1 ids of fast_compile (else fast,
   else fast_buckets; a token most rows emit first mid-utterance), so rows stop at different lengths as a
   trained model's do; its ids are compared with that arm's cut at that token.
@@ -200,19 +202,29 @@ def host_profile(rec, paths: list[str], out: Path, name: str, top: int = 25) -> 
     return [list(r) for r in rows[:top]]
 
 
+def arm_parts(name: str) -> tuple[str, bool, bool, bool]:
+    """An arm's name -> (base arm, _tuned, _multi, _enc16), the suffixes in that order."""
+    enc16 = name.endswith("_enc16")
+    name = name.removesuffix("_enc16")
+    multi = name.endswith("_multi")
+    name = name.removesuffix("_multi")
+    return name.removesuffix("_tuned"), name.endswith("_tuned"), multi, enc16
+
+
 def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: list[float], batch: int, a) -> dict:
     from brisk.eval.decode import timed_transcribe
     from brisk.eval.evaluate import frozen_gc, recognizer
 
     import torch
 
-    base = name.removesuffix("_enc16").removesuffix("_multi")
+    base, tuned, multi, enc16 = arm_parts(name)
+    spec = f"{a.compile}:max-autotune-no-cudagraphs" if tuned else a.compile  # --fast-compile-mode
     kw = {"fast": base != "plain",
-          "fast_compile": a.compile if base.startswith("fast_compile") or base == "fast_eos" else None,
+          "fast_compile": spec if base.startswith("fast_compile") or base == "fast_eos" else None,
           "fast_buckets": base in ("fast_buckets", "fast_compile_buckets")}
-    if name.endswith("_enc16"):  # --encoder-bf16
+    if enc16:  # --encoder-bf16
         kw["encoder_dtype"] = torch.bfloat16
-    if name.removesuffix("_enc16").endswith("_multi"):  # --fast-multi-step
+    if multi:  # --fast-multi-step
         kw["fast_multi_step"] = True
     rec = recognizer(cfg, model, tok, device, max_new_tokens=a.max_new, **kw)
     rec.fast_fused = not base.endswith("_llm")
@@ -446,15 +458,15 @@ def table(rows: list[dict], skipped: dict, meta: dict) -> str:
         prof = " | ".join(f"{r[k]:.{0 if k == 'replays' else 1}f}" if r.get(k) is not None else "-" for k in
                           ("step_ms", "prefill_ms", "encoder_ms", "splice_ms", "features_ms", "read_ms", "batch_ms",
                            "other_ms", "gc_ms", "replays", "features_cpu_ms"))
-        base = r["arm"].removesuffix("_enc16").removesuffix("_multi")
-        name = names[base] + (", several tokens a replay" if r["arm"].removesuffix("_enc16").endswith("_multi")
-                              else "") + (", encoder bf16" if r["arm"].endswith("_enc16") else "")
+        base, tuned, multi, enc16 = arm_parts(r["arm"])
+        name = names[base] + (", max-autotune" if tuned else "") + (", several tokens a replay" if multi else "") \
+            + (", encoder bf16" if enc16 else "")
         if r.get("fused_step") is False and base != "plain" and not base.endswith("_llm"):
             name += " [fused step refused: the LLM's forward]"
         lines.append(f"| {name} | {r['batch']} | {r['utterances']} | {r['utts_per_s']:.2f} | {r['rtf']:.4f} | "
                      f"{r.get('tokens_per_utt', 0):.1f} | {tok} | {prof} | {r['warmup_s']:.1f} |")
     for arm, why in skipped.items():
-        lines.append(f"| {names.get(arm.split()[0].removesuffix('_enc16').removesuffix('_multi'), arm)} | "
+        lines.append(f"| {names.get(arm_parts(arm.split()[0])[0], arm)} | "
                      f"{arm.split()[1][1:] if ' ' in arm else '-'} | - | not run: {why} | | | | | | | | | | | | | | | |")
     lines += ["", "utterances/s: the whole transcribe of the utterances (audio reading, features, encoder, decode), "
               "batches sorted as given, after a warm-up over the same batches (every bucket captured and compiled "

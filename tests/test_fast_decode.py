@@ -324,3 +324,26 @@ def test_multi_step_replays_give_the_same_ids_in_fewer_replays(fused, buckets):
                        FastGreedy(llm, [], PAD, torch.float32, "cpu", fused=fused, buckets=buckets).generate(
                            embeds, mask, 120))
     assert 15 <= free.replays <= 15 + boundaries
+
+
+def test_compile_spec_carries_an_inductor_mode(monkeypatch):
+    """--fast-compile-mode MODE compiles the fused step's pieces with that Inductor mode ("inductor:MODE");
+    a mode that would capture CUDA graphs inside the decoder's own (reduce-overhead) is refused."""
+    from brisk.cli import build_parser
+    from brisk.eval import decode_step
+    from brisk.eval.evaluate import compile_spec
+
+    p = build_parser()
+    assert compile_spec(p.parse_args(["eval", "run", "d.jsonl"])) is None
+    assert compile_spec(p.parse_args(["eval", "run", "d.jsonl", "--fast-compile"])) == "inductor"
+    args = p.parse_args(["transcribe", "run", "a.wav", "--fast-compile-mode", "max-autotune-no-cudagraphs"])
+    assert compile_spec(args) == "inductor:max-autotune-no-cudagraphs"
+    with pytest.raises(SystemExit):
+        p.parse_args(["eval", "run", "d.jsonl", "--fast-compile-mode", "reduce-overhead"])
+
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
+    FastGreedy(tiny_llm(), [], PAD, torch.float32, "cpu", compile="inductor:max-autotune-no-cudagraphs")
+    assert seen and all(kw == {"backend": "inductor", "mode": "max-autotune-no-cudagraphs"} for kw in seen)
+    with pytest.raises(ValueError, match="reduce-overhead"):
+        decode_step.compiled(len, "inductor:reduce-overhead")

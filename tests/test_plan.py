@@ -157,3 +157,5 @@ def test_a_preset_leaves_off_what_this_machine_cannot_run(tmp_path, monkeypatch)
     assert "fla_kernels" not in plan.on
     assert {"packing", "label_head", "fused_adamw", "linear_attention_batched"} <= set(plan.on)
     assert "left off fla_kernels (fla refuses Triton 3.6 on Hopper)" in plan.notes[0]
+    # fla's fused gated norm is another kernel than the refused backward: it stays on
+    assert "fla_gated_norm" in plan.on

@@ -82,9 +82,9 @@ class FusedStep:
         # compile: one graph for a layer (every layer's tensors are its arguments), one for the prologue and one
         # for the tail, so Inductor compiles one layer, not the unrolled stack. Module-level functions: Dynamo's
         # compiled code is shared by every FusedStep (a bound method would compile again for each instance).
-        self.layer = torch.compile(layer_step, backend=compile) if compile else layer_step
-        self.tail = torch.compile(tail_step, backend=compile) if compile else tail_step
-        self.prologue = torch.compile(prologue, backend=compile) if compile else prologue
+        self.layer = compiled(layer_step, compile)
+        self.tail = compiled(tail_step, compile)
+        self.prologue = compiled(prologue, compile)
 
     def _build(self) -> None:
         """The fused weight copies (or, unfused, the modules' own weights as lists) and each layer's arguments to
@@ -175,6 +175,24 @@ class FusedStep:
         for w, (keys, values) in zip(self.weights, kv):
             x = self.layer(x, cos, sin, add, slot, keys, values, span, *w, **self.shape)
         return self.tail(x, self.norm.weight, self.norm.variance_epsilon, self.head.weight, self.head.bias)
+
+
+# Inductor's modes that leave the capture to the fast decoder (its own CUDA graph a bucket): "reduce-overhead"
+# would capture graphs of its own inside ours.
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+
+
+def compiled(fn, spec: str | None):
+    """``fn`` under torch.compile as ``spec`` says: None (not compiled), a backend ("inductor"; "eager" and
+    "aot_eager" trace without Inductor, as the CPU tests do), or "inductor:MODE" with MODE one of
+    COMPILE_MODES (max-autotune-no-cudagraphs: Inductor times its GEMM templates against cuBLAS for each
+    shape and may fuse the residual add into the GEMM; compiling takes longer)."""
+    if not spec:
+        return fn
+    backend, _, mode = spec.partition(":")
+    if mode and mode not in COMPILE_MODES:
+        raise ValueError(f"fast decode compile mode {mode!r}: use one of {', '.join(COMPILE_MODES)}")
+    return torch.compile(fn, backend=backend, mode=mode or None)
 
 
 def prologue(embed, rotary, tok, pos, slot, mask, span: int, dtype: torch.dtype):

@@ -22,6 +22,7 @@ from ..config import Config, ConfigError
 from ..errors import DataError
 from ..families import family_of
 from .decode import Recognizer
+from .decode_step import COMPILE_MODES
 from .metrics import corpus_rates, errors
 
 log = logging.getLogger("brisk")
@@ -187,7 +188,7 @@ def eval_main(args) -> int:
     print(which, flush=True)
     out = Path(args.out) if args.out else (Path(args.model) / "eval" / f"{Path(args.data).stem}.jsonl")
     rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
-                     fast_compile=args.fast_compile, device_features=not args.cpu_features,
+                     fast_compile=compile_spec(args), device_features=not args.cpu_features,
                      fast_buckets=args.fast_buckets, fast_multi_step=args.fast_multi_step, **encoder_dtype(args))
     with frozen_gc(rec.fast):
         rows, s = evaluate(rec, items, out, args.batch_size, resume=args.resume, max_utts=args.max_utts,
@@ -238,6 +239,14 @@ def show_progress(args) -> bool:
     return not args.no_progress and sys.stderr.isatty()
 
 
+def compile_spec(args) -> str | None:
+    """The fast decoder's torch.compile spec from --fast-compile and --fast-compile-mode (which implies it)."""
+    mode = getattr(args, "fast_compile_mode", None)
+    if mode:
+        return f"inductor:{mode}"
+    return args.fast_compile
+
+
 def transcribe_main(args) -> int:
     from ..config import data_path
     from .testset import read_items, run_items
@@ -246,7 +255,7 @@ def transcribe_main(args) -> int:
     args.audio = [data_path(a) for a in args.audio]
     cfg, model, tok, _ = load_run(args.model, args.weights, device)
     rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
-                     fast_compile=args.fast_compile, device_features=not args.cpu_features,
+                     fast_compile=compile_spec(args), device_features=not args.cpu_features,
                      fast_buckets=args.fast_buckets, fast_multi_step=args.fast_multi_step, **encoder_dtype(args))
     items = read_items(args.audio, skip_bad=cfg.data.skip_bad)
     note = audio_note([it.path for it in items], cfg.model.frontend.fs)
@@ -279,6 +288,9 @@ def add_verbs(sub) -> None:
                        help="static KV cache; on CUDA each batch bucket's decode step is a CUDA graph (same ids)")
         p.add_argument("--fast-compile", action="store_const", const="inductor", default=None,
                        help="--fast with the decode step compiled by torch.compile before capture (CUDA; compiles once)")
+        p.add_argument("--fast-compile-mode", choices=COMPILE_MODES, default=None,
+                       help="--fast-compile with this Inductor mode (max-autotune-no-cudagraphs: GEMM kernels timed "
+                            "against cuBLAS for each shape; compiles for minutes)")
         p.add_argument("--fast-buckets", action="store_true",
                        help="--fast with the encoder and the prefill replayed from CUDA graphs per length bucket "
                             "(padded shapes: in bf16 ids may part from generate's at near-ties)")

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import ConfigError
-from .decode_step import FusedStep, refusal
+from .decode_step import FusedStep, compiled, refusal
 
 log = logging.getLogger("brisk")
 
@@ -186,10 +186,11 @@ class FastGreedy:
                 log.info("fast decode: the LLM's own forward for each token (%s)", why)
         self.rooms: dict[int, _Room] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
-        # compile: a torch.compile backend for the step ("inductor"; "eager" traces it with Dynamo alone).
+        # compile: a torch.compile backend for the step ("inductor", "inductor:MODE"; "eager" traces it with
+        # Dynamo alone; brisk.eval.decode_step.compiled).
         # With the fused step, FusedStep compiles one layer and the tail instead (brisk.eval.decode_step).
-        self.run_step = torch.compile(self._step, backend=compile) if compile and self.fused is None else self._step
-        self.advance = torch.compile(advance, backend=compile) if compile and self.fused is not None else advance
+        self.run_step = compiled(self._step, compile) if self.fused is None else self._step
+        self.advance = compiled(advance, compile) if self.fused is not None else advance
 
     # ------------------------------------------------------------------------------------------- rooms
     def _room(self, rows: int, length: int) -> _Room:

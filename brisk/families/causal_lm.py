@@ -11,8 +11,10 @@ FAMILY = register(Family(
     task="chat",
     switches=frozenset({"compile", "fuse_projections", "packing", "label_head", "sdpa_backends", "fused_adamw", "tf32",
                         "linear_attention_batched", "fla_kernels", "fla_gated_norm", "liger", "liger_loss"}),
+    # linear_attention_batched: the Gated DeltaNet path where fla is left off; fla_gated_norm joined when it paid
+    # on the hybrid's step (bench/results/2026-12-02-h200-round6)
     presets={"fast": {"packing": True, "fused_adamw": True, "label_head": True, "fla_kernels": True,
-                      "linear_attention_batched": True}},  # the Gated DeltaNet path where fla is left off
+                      "linear_attention_batched": True, "fla_gated_norm": True}},
     labelled="assistant",
     refused=("task chat: {bad} act on the audio path or the speech fast path's graphs; set them false "
              "(model.family={family} takes {takes})"),
