@@ -40,6 +40,8 @@ Arms (each a fresh process; real tokens/s = non-pad tokens of the timed steps ov
   d4_brisk_fast_compile  d_brisk_fast's switches without liger, + speed.compile (each decoder layer, dynamic
                   shapes; fla's calls eager between a layer's graphs): Inductor fuses the norms, SwiGLU, RoPE and
                   residual adds itself. Timed steps start after the warm-up steps, which compile
+  d5_brisk_fast_compile_oib  d4 + speed.optimizer_in_backward: each decoder layer's fused AdamW update on a
+                  side stream under the rest of the backward (optim.grad_clip by the previous step's norm)
 Every arm, TRL too, trains on the same batches in the same order (groups of whole conversations under a
 padded-token budget; data.overlong=skip): TRL tokenises the same messages itself and its loader is handed the
 groups.
@@ -67,18 +69,19 @@ REPO = Path(__file__).resolve().parent.parent
 # Run in this order (every model's arm before the next arm), so a short time budget keeps the main comparison.
 ARMS = ("a_loop", "d_brisk_fast", "d2_brisk_fast_batched", "b_trl_liger", "b2_trl_liger_nockpt", "k_loop_kernels",
         "p_loop_packed",
-        "c_brisk_default", "d1_brisk_fast_per_sequence", "d3_brisk_fast_norms", "d4_brisk_fast_compile")
+        "c_brisk_default", "d1_brisk_fast_per_sequence", "d3_brisk_fast_norms", "d4_brisk_fast_compile",
+        "d5_brisk_fast_compile_oib")
 BRISK_ARMS = {"c_brisk_default", "d_brisk_fast", "d2_brisk_fast_batched", "d1_brisk_fast_per_sequence",
-              "d3_brisk_fast_norms", "d4_brisk_fast_compile"}
+              "d3_brisk_fast_norms", "d4_brisk_fast_compile", "d5_brisk_fast_compile_oib"}
 TRL_ARMS = {"b_trl_liger", "b2_trl_liger_nockpt"}
 FLA_ARMS = {"k_loop_kernels", "p_loop_packed", "d_brisk_fast", "d1_brisk_fast_per_sequence", "d3_brisk_fast_norms",
-            "d4_brisk_fast_compile"} | TRL_ARMS
+            "d4_brisk_fast_compile", "d5_brisk_fast_compile_oib"} | TRL_ARMS
 MODELS = {"qwen3_5_2b": "configs/sft_qwen3_5_2b.yaml", "qwen3_1p7b": "configs/sft_qwen3_1p7b.yaml",
           "qwen3_5_9b": "configs/sft_qwen3_5_9b.yaml", "qwen3_8b": "configs/sft_qwen3_8b.yaml",
           "qwen3_5_27b_lora": "configs/sft_qwen3_5_27b_lora.yaml",  # 9b and 27b_lora: LoRA, every layer checkpointed
           "tiny": "configs/sft_demo.yaml"}  # tiny: a smoke test of this script (--device cpu)
 DEVICE = "cuda"
-PROFILED = {"a_loop", "d_brisk_fast", "d3_brisk_fast_norms", "d4_brisk_fast_compile"}
+PROFILED = {"a_loop", "d_brisk_fast", "d3_brisk_fast_norms", "d4_brisk_fast_compile", "d5_brisk_fast_compile_oib"}
 
 
 # ------------------------------------------------------------------------------------------ worker
@@ -318,13 +321,15 @@ def run_arm(args, cfg, sample_groups, prof):
         fast = ["speed.packing=true", "speed.label_head=true", "speed.fused_adamw=true", "speed.pack_buckets=[1024]"]
         if DEVICE == "cuda":  # Triton kernels (the CPU smoke test runs the rest)
             no_fla = os.environ.get("SFT_BENCH_NO_FLA") or arm == "d2_brisk_fast_batched"
-            fast += ([] if arm == "d4_brisk_fast_compile" else ["speed.liger=true"]) \
+            fast += ([] if arm.startswith(("d4_", "d5_")) else ["speed.liger=true"]) \
                 + ([] if no_fla else ["speed.fla_kernels=true"]) \
                 + (["speed.fla_gated_norm=true"] if arm == "d3_brisk_fast_norms" and not no_fla else [])
         if arm not in ("c_brisk_default", "d1_brisk_fast_per_sequence"):  # GDN layers where fla is off (fla wins when on)
             fast += ["speed.linear_attention_batched=true"]
-        if arm == "d4_brisk_fast_compile":  # each decoder layer, dynamic shapes (the CPU: nothing compiled, said)
+        if arm.startswith(("d4_", "d5_")):  # each decoder layer, dynamic shapes (the CPU: nothing compiled, said)
             fast += ["speed.compile=true", "speed.compile_on_error=raise"]
+        if arm == "d5_brisk_fast_compile_oib":  # clipping (optim.grad_clip) by the previous step's norm
+            fast += ["speed.optimizer_in_backward=true", "speed.clip_by_previous_norm=true"]
         cfg = load_cfg(args.model, Path(args.data), [] if arm == "c_brisk_default" else fast)
         runner = build_runner(cfg)  # the run's parts as `brisk train` assembles them
         batches = [(runner.collate(g).to(DEVICE), sum(len(s.tokens.input_ids) for s in g)) for g in sample_groups]

@@ -10,7 +10,8 @@ FAMILY = register(Family(
     summary="a causal LM on chat jsonl (assistant-only loss)",
     task="chat",
     switches=frozenset({"compile", "fuse_projections", "packing", "label_head", "sdpa_backends", "fused_adamw", "tf32",
-                        "linear_attention_batched", "fla_kernels", "fla_gated_norm", "liger", "liger_loss"}),
+                        "linear_attention_batched", "fla_kernels", "fla_gated_norm", "liger", "liger_loss",
+                        "optimizer_in_backward"}),
     # linear_attention_batched: the Gated DeltaNet path where fla is left off; fla_gated_norm joined when it paid
     # on the hybrid's step (bench/results/2026-12-02-h200-round6)
     presets={"fast": {"packing": True, "fused_adamw": True, "label_head": True, "fla_kernels": True,
