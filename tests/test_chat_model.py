@@ -181,11 +181,14 @@ def fake_fla(monkeypatch):
     import torch.nn.functional as F
     from transformers.models.qwen3_5 import modeling_qwen3_5 as q35
 
+    calls: list = []  # (entry, cu_seqlens, cu_seqlens_cpu) of every call
+
     def segments(t, cu):
         bounds = cu.tolist() if cu is not None else [0, t]
         return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
     def causal_conv1d(x, weight, bias=None, activation=None, cu_seqlens=None, **kw):
+        calls.append(("conv", cu_seqlens, kw.get("cu_seqlens_cpu")))
         out = []
         for a, b in segments(x.shape[1], cu_seqlens):
             seg = x[:, a:b].transpose(1, 2)
@@ -195,6 +198,7 @@ def fake_fla(monkeypatch):
         return (F.silu(y) if activation == "silu" else y), None
 
     def chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kw):
+        calls.append(("delta", cu_seqlens, kw.get("cu_seqlens_cpu")))
         reference = getattr(q35.torch_chunk_gated_delta_rule, "__wrapped__", q35.torch_chunk_gated_delta_rule)
         out = [reference(q[:, a:b], k[:, a:b], v[:, a:b], g=g[:, a:b], beta=beta[:, a:b],
                          use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)[0] for a, b in segments(q.shape[1], cu_seqlens)]
@@ -208,6 +212,7 @@ def fake_fla(monkeypatch):
     mods["fla.ops.gated_delta_rule"].chunk_gated_delta_rule = chunk_gated_delta_rule
     for name, mod in mods.items():
         monkeypatch.setitem(sys.modules, name, mod)
+    return calls
 
 
 def test_fla_swap_computes_the_layer_on_packed_and_padded_rows(samples, monkeypatch):
@@ -277,3 +282,26 @@ def test_liger_swaps_find_every_norm_and_mlp_and_keep_the_numbers(arch, samples,
     l0, g0, _ = loss_and_grads(ref, batch)
     l1, g1, _ = loss_and_grads(fast, batch)
     assert torch.allclose(l0, l1, rtol=1e-6) and all(torch.allclose(g0[n], g1[n], atol=1e-6) for n in g0)
+
+
+def test_fla_gets_one_cu_seqlens_a_step_and_its_host_copy(samples, monkeypatch):
+    """Every Gated DeltaNet layer of a step hands fla the same int64 cu_seqlens object and its host copy (fla
+    memoises its chunk indices by identity and reads host counts without a sync); the next batch gets new ones."""
+    from brisk.speed.llm_kernels import apply_fla_linear_attention
+
+    calls = fake_fla(monkeypatch)
+    fast = build_model(chat_cfg(QWEN3_5).model, task="chat")
+    apply_fla_linear_attention(fast)
+    packed = Collator(packed=True, token_buckets=(512,))(samples)
+    loss_and_grads(fast, packed)
+    assert len(calls) == 4  # 2 Gated DeltaNet layers x (conv, delta rule)
+    cu, host = calls[0][1], calls[0][2]
+    assert all(c[1] is cu and c[2] is host for c in calls)
+    assert cu.dtype == torch.int64 and host.device.type == "cpu" and torch.equal(host, cu.cpu())
+    assert torch.equal(cu, packed.cu_seqlens.long())
+    again = Collator(packed=True, token_buckets=(512,))(samples[:3])
+    loss_and_grads(fast, again)
+    assert calls[-1][1] is not cu and torch.equal(calls[-1][2], again.cu_seqlens.long())
+    calls.clear()
+    loss_and_grads(fast, Collator()(samples))  # padded rows: no cu_seqlens
+    assert all(c[1] is None and c[2] is None for c in calls)

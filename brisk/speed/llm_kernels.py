@@ -158,13 +158,38 @@ class FlaVarlen:
         if mask is not None and cu is None:
             hidden_states = hidden_states * mask[:, :, None].to(hidden_states.dtype)
         b, t, _ = hidden_states.shape
-        cu = cu.long() if cu is not None else None
         beta = self.in_proj_b(hidden_states).sigmoid()
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(hidden_states).float() + self.dt_bias)
         out = _fla_mix(self, self.in_proj_qkv(hidden_states), beta, g, cu)
         z = self.in_proj_z(hidden_states).reshape(-1, self.head_v_dim)
         out = self.norm(out.reshape(-1, self.head_v_dim), z).reshape(b, t, -1)
         return self.out_proj(out)
+
+
+_STEP_CU: list = [None, None, None, None]  # the packed row's cu_seqlens as the layers get it, its version, int64 copy, host copy
+
+
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor keeps no version counter
+        return None
+
+
+def step_cu_seqlens(cu: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The packed row's cu_seqlens for fla: one int64 tensor on the device and one on the host, the same objects
+    for every Gated DeltaNet layer of a step, forward and backward. fla memoises its chunk indices by the identity
+    of the tensor it is given (fla.utils tensor_cache) and reads the counts from ``cu_seqlens_cpu`` when given
+    one; a new int64 copy a layer misses that memo, and each miss reads the device from the host (a sync) inside
+    the layer. Keyed on the incoming tensor's identity and version: a new batch, or one rewritten in place,
+    gets its own copies (one host read a step)."""
+    if cu is None:
+        return None, None
+    version = _version(cu)
+    if _STEP_CU[0] is not cu or version is None or _STEP_CU[1] != version:
+        wide = cu.long()
+        _STEP_CU[:] = [cu, version, wide, wide.cpu()]
+    return _STEP_CU[2], _STEP_CU[3]
 
 
 @torch.compiler.disable
@@ -177,8 +202,9 @@ def _fla_mix(layer: nn.Module, mixed_qkv: torch.Tensor, beta: torch.Tensor, g: t
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     b, t, _ = mixed_qkv.shape
+    cu, cu_cpu = step_cu_seqlens(cu)
     qkv, _ = causal_conv1d(mixed_qkv, weight=layer.conv1d.weight.squeeze(1), bias=layer.conv1d.bias,
-                           activation=layer.activation, cu_seqlens=cu)
+                           activation=layer.activation, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
     q, k, v = torch.split(qkv, [layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
     q = q.reshape(b, t, -1, layer.head_k_dim)
     k = k.reshape(b, t, -1, layer.head_k_dim)
@@ -186,7 +212,8 @@ def _fla_mix(layer: nn.Module, mixed_qkv: torch.Tensor, beta: torch.Tensor, g: t
     if layer.num_v_heads > layer.num_k_heads:
         q = q.repeat_interleave(layer.num_v_heads // layer.num_k_heads, dim=2)
         k = k.repeat_interleave(layer.num_v_heads // layer.num_k_heads, dim=2)
-    out, _ = chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    out, _ = chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+                                    cu_seqlens_cpu=cu_cpu)
     return out
 
 

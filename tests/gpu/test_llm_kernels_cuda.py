@@ -130,3 +130,34 @@ def test_liger_kernels_and_fused_loss(arch, batches):
     want = loss_grads(ref, padded)
     close(loss_grads(fast, padded), want, 1e-4)
     close(loss_grads(fast, padded, K.liger_loss()), want, 1e-4)
+
+
+def _syncs(m, batch) -> int:
+    """Host reads of the device (synchronizing CUDA calls) during one forward + backward."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            loss_grads(m, batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in seen)
+
+
+def test_fla_syncs_a_step_do_not_grow_with_the_layers(batches):
+    """fla gets one cu_seqlens object (and its host copy) for every Gated DeltaNet layer of a step, so its chunk
+    indices are made once a step: a model with twice the layers reads the device from the host as often."""
+    needs_fla()
+    _, packed = batches
+    eight = [QWEN3_5[0].replace("num_hidden_layers: 4", "num_hidden_layers: 8").replace(
+        "layer_types: [linear_attention, full_attention, linear_attention, full_attention]",
+        "layer_types: [linear_attention, full_attention, linear_attention, full_attention, linear_attention, "
+        "full_attention, linear_attention, full_attention]")]
+    four, more = model(QWEN3_5), model(eight)
+    for m in (four, more):
+        assert "Gated DeltaNet" in K.apply_fla_linear_attention(m)
+        loss_grads(m, packed)  # fla's autotuning and first launches
+    assert _syncs(more, packed) == _syncs(four, packed)
