@@ -258,7 +258,27 @@ def worker(args) -> dict:
     per_s = [k / t for k, t in zip(tokens, times)]
     return {"model": args.model, "arm": arm, "steps": len(times), "tokens_per_s": sum(tokens) / sum(times),
             "tps_steps": per_s, "ms_per_step": 1000 * statistics.mean(times), "tokens_per_step": statistics.mean(tokens),
-            "peak_gib": peak_gib(), "note": note}
+            "peak_gib": peak_gib(), "note": note, "flops_per_token": flops_per_token(cfg, sample_groups[args.warmup:]),
+            "peak_tflops": matmul_peak()}
+
+
+def flops_per_token(cfg, timed_groups) -> float:
+    """Model FLOPs of a training token on the timed batches (brisk.bench.flops: PaLM's convention), counted on
+    the config's model built on the meta device: the same count for every arm of a model."""
+    from brisk.bench.flops import training_flops
+    from brisk.families import family_of
+
+    lens = [len(s.tokens.input_ids) for g in timed_groups for s in g]
+    return training_flops(family_of(cfg).build(cfg.model, "meta").llm, lens) / sum(lens)
+
+
+def matmul_peak() -> float | None:
+    """This GPU's measured bf16 matmul TFLOP/s, after the arm (the GPU otherwise idle); None on the CPU."""
+    if DEVICE != "cuda":
+        return None
+    from brisk.bench.flops import measured_peak_tflops
+
+    return measured_peak_tflops()
 
 
 def trains(model) -> str:
@@ -437,23 +457,27 @@ def install(wheels: Path, target: Path, names: list[str]) -> Path:
 
 def table(rows: list[dict]) -> str:
     """Real tokens/s of the timed steps (all tokens over all time), the per-step spread, and the median step's
-    tokens/s (steadier when a few steps are much slower than the rest), each against the model's a_loop."""
+    tokens/s (steadier when a few steps are much slower than the rest), each against the model's a_loop; the
+    model FLOPs a second at the all-steps rate and their share of the GPU's measured bf16 matmul peak (MFU)."""
     out = ["| model | arm | real tokens/s (all steps; sd over steps) | vs a_loop | median step tokens/s | vs a_loop "
-           "| ms/step | tokens/step | peak GiB |", "|---|---|---|---|---|---|---|---|---|"]
+           "| ms/step | tokens/step | peak GiB | model TFLOP/s | MFU |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     base = {r["model"]: r for r in rows if r["arm"] == "a_loop" and "tokens_per_s" in r}
     for r in rows:
         if "error" in r:
             oom = r["error"].startswith("out of memory")
             peak = f"{r['peak_gib']:.1f} when it ran out" if oom and r.get("peak_gib") else ""
-            out.append(f"| {r['model']} | {r['arm']} | {'' if oom else 'failed: '}{r['error'][:80]} | | | | | | {peak} |")
+            out.append(f"| {r['model']} | {r['arm']} | {'' if oom else 'failed: '}{r['error'][:80]} | | | | | | {peak} | | |")
             continue
         sd = statistics.pstdev(r["tps_steps"]) if len(r["tps_steps"]) > 1 else 0.0
         med = statistics.median(r["tps_steps"])
         b = base.get(r["model"])
         ratio = f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x" if b else "-"
         med_ratio = f"{med / statistics.median(b['tps_steps']):.2f}x" if b else "-"
+        tflops = r["tokens_per_s"] * r["flops_per_token"] / 1e12 if r.get("flops_per_token") else None
+        mfu = f"{tflops / r['peak_tflops']:.1%}" if tflops and r.get("peak_tflops") else "-"
         out.append(f"| {r['model']} | {r['arm']} | {r['tokens_per_s']:,.0f} ± {sd:,.0f} | {ratio} | {med:,.0f} | "
-                   f"{med_ratio} | {r['ms_per_step']:.0f} | {r['tokens_per_step']:,.0f} | {r['peak_gib']:.1f} |")
+                   f"{med_ratio} | {r['ms_per_step']:.0f} | {r['tokens_per_step']:,.0f} | {r['peak_gib']:.1f} | "
+                   f"{'-' if tflops is None else f'{tflops:,.1f}'} | {mfu} |")
     return "\n".join(out)
 
 
