@@ -15,7 +15,9 @@ modules' weights with:
 - attention over the first ``span`` slots only (the caller picks a bucket of the filled length), the mask
   prepared once a step;
 - the keys and values written straight into transformers' static cache tensors (the prefill, which is still
-  the LLM's own forward, fills the same tensors), at the step's slot held on the device.
+  the LLM's own forward, fills the same tensors), at the step's slot held on the device;
+- a layer's MLP output added to the residual at the start of the next layer (``layer_step``'s ``delta``), so
+  that compiled, the add and that layer's first norm are one kernel (each layer is a graph of its own).
 
 The norms, the rotary embedding and the embedding are the LLM's own modules, so the arithmetic is the LLM's
 own up to the GEMMs' partition. ``fuse=False`` keeps that partition too: the q, k, v, gate and up GEMMs run
@@ -171,10 +173,10 @@ class FusedStep:
         """tok, pos [B, 1]; slot [1] (where this token's key and value go); mask [B, L] bool (the slots each row
         sees; this token's is marked here); kv: ``kv_views`` of the static cache ([B, kv heads, L, D] each);
         attention over slots [0, span) -> the greedy token of each row [B]."""
-        x, cos, sin, add = self.prologue(self.embed, self.rotary, tok, pos, slot, mask, span, self.dtype)
+        x, delta, cos, sin, add = self.prologue(self.embed, self.rotary, tok, pos, slot, mask, span, self.dtype)
         for w, (keys, values) in zip(self.weights, kv):
-            x = self.layer(x, cos, sin, add, slot, keys, values, span, *w, **self.shape)
-        return self.tail(x, self.norm.weight, self.norm.variance_epsilon, self.head.weight, self.head.bias)
+            x, delta = self.layer(x, delta, cos, sin, add, slot, keys, values, span, *w, **self.shape)
+        return self.tail(x, delta, self.norm.weight, self.norm.variance_epsilon, self.head.weight, self.head.bias)
 
 
 # Inductor's modes that leave the capture to the fast decoder (its own CUDA graph a bucket): "reduce-overhead"
@@ -196,14 +198,15 @@ def compiled(fn, spec: str | None):
 
 
 def prologue(embed, rotary, tok, pos, slot, mask, span: int, dtype: torch.dtype):
-    """The fed token's slot marked in ``mask``; its embedding [B, 1, H], rotary cos and sin [B, 1, D] and the
-    additive mask of the span [B, 1, 1, span], shared by every layer."""
+    """The fed token's slot marked in ``mask``; its embedding [B, 1, H] and a zero residual delta for the first
+    layer (layer_step), rotary cos and sin [B, 1, D] and the additive mask of the span [B, 1, 1, span], shared
+    by every layer."""
     mask.scatter_(1, slot.expand(mask.shape[0], 1), True)
     x = embed(tok)
     cos, sin = rotary(x, pos)
     m = mask[:, None, None, :span]
     add = torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, torch.finfo(dtype).min)
-    return x, cos, sin, add
+    return x, torch.zeros_like(x), cos, sin, add
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -214,14 +217,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(dtype)
 
 
-def layer_step(x, cos, sin, add, slot, keys, values, span: int, ln1, eps1, wqkv, bqkv, qn, kn, eps_qk, wo, bo, ln2,
-               eps2, wgu, bgu, wd, bd, *, head_dim: int, kv_heads: int, q_width: int, kv_width: int, scaling: float,
-               eager: bool) -> torch.Tensor:
-    """One decoder layer for one token a row: x [B, 1, H] -> [B, 1, H]; the token's key and value written at
-    ``slot`` of ``keys``/``values`` [B, kv heads, L, D], attention over their first ``span`` slots. Every
-    weight an argument, so that one compiled graph serves every layer. ``wqkv``/``wgu`` (and their biases): one
-    concatenated weight, or lists of the q, k, v (gate, up) weights (unfused)."""
+def layer_step(x, delta, cos, sin, add, slot, keys, values, span: int, ln1, eps1, wqkv, bqkv, qn, kn, eps_qk, wo, bo,
+               ln2, eps2, wgu, bgu, wd, bd, *, head_dim: int, kv_heads: int, q_width: int, kv_width: int,
+               scaling: float, eager: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoder layer for one token a row: (x, delta) [B, 1, H] each -> (x, delta) of the next layer; the
+    token's key and value written at ``slot`` of ``keys``/``values`` [B, kv heads, L, D], attention over their
+    first ``span`` slots. The layer's input is x + delta: the previous layer's MLP output is added here, not at
+    its own end, so that the residual add and this layer's norm are one fused kernel when compiled (a layer
+    boundary is a graph boundary); eagerly the same operations in the same order. Every weight an argument, so
+    that one compiled graph serves every layer. ``wqkv``/``wgu`` (and their biases): one concatenated weight, or
+    lists of the q, k, v (gate, up) weights (unfused)."""
     b = x.shape[0]
+    x = x + delta
     h = rms_norm(x, ln1, eps1)
     if isinstance(wqkv, torch.Tensor):  # one GEMM for q, k, v
         q, k, v = F.linear(h, wqkv, bqkv).split([q_width, kv_width, kv_width], dim=-1)
@@ -249,12 +256,13 @@ def layer_step(x, cos, sin, add, slot, keys, values, span: int, ln1, eps1, wqkv,
         gate, up = F.linear(h, wgu, bgu).chunk(2, dim=-1)
     else:
         gate, up = (F.linear(h, w, bias) for w, bias in zip(wgu, bgu))
-    return x + F.linear(F.silu(gate) * up, wd, bd)
+    return x, F.linear(F.silu(gate) * up, wd, bd)
 
 
-def tail_step(x, norm_w, eps, head_w, head_b) -> torch.Tensor:
-    """The last norm, the head and the greedy pick: x [B, 1, H] -> token ids [B]."""
-    return F.linear(rms_norm(x, norm_w, eps), head_w, head_b)[:, -1].argmax(-1)
+def tail_step(x, delta, norm_w, eps, head_w, head_b) -> torch.Tensor:
+    """The last layer's residual add, the last norm, the head and the greedy pick: x, delta [B, 1, H] -> token
+    ids [B]."""
+    return F.linear(rms_norm(x + delta, norm_w, eps), head_w, head_b)[:, -1].argmax(-1)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
