@@ -14,9 +14,9 @@
 #    d4_brisk_fast_compile (round 6: 43,304 tokens/s, median 43,171) and d5_brisk_fast_compile_oib (+ each
 #    decoder layer's AdamW update under the backward; predicted 5-11 ms off the 176 ms step: 2.3-2.4x the seed
 #    loop's median step, against the goal's 2.5x), each with its grouped op table;
-# 4. if time is left: TRL + Liger on Qwen3.5 2B with fla on its path (fla's own entry; expect fla's
-#    refusal of its gated backward on Hopper with Triton 3.6, one row saying so: the goal's TRL + fla arm;
-#    without --no-fla sft_bench puts fla on the TRL arms' path).
+# 4. if time is left: TRL + Liger on Qwen3.5 2B with fla on its path and brisk's launcher of fla's gated backward
+#    registered in fla's backend registry (b3_trl_liger_fla: fla alone refuses that backward here), the goal's
+#    "TRL + Liger with fla" arm (brisk fast >= 1.5x it); its gradient checkpointing on, as TRL's default.
 # Everything lands in $OUT/all.tgz; the summary is printed last.
 set -uo pipefail
 T0=$(date +%s)
@@ -58,10 +58,10 @@ timeout "$(( $(left 520) + 15 ))" $B --models qwen3_1p7b --arms d4_brisk_fast_co
     --steps 6 --warmup 2 --out $R/timed --budget-s "$(( $(left 520) > 66 ? $(left 520) - 65 : 1 ))" > $R/timed.log 2>&1
 echo "== timed arms exit $? at $(( $(date +%s) - T0 )) s"; grep '^{' $R/timed.log | cut -c1-300
 
-# 4. TRL + Liger with fla on its path (expect fla's refusal on Hopper with Triton 3.6)
-timeout "$(( $(left 565) + 10 ))" $B --models qwen3_5_2b --arms b_trl_liger --steps 2 --warmup 1 \
+# 4. TRL + Liger with fla on its path (fla's gated backward through brisk's launcher)
+timeout "$(( $(left 565) + 10 ))" $B --models qwen3_5_2b --arms b3_trl_liger_fla --steps 2 --warmup 1 \
     --no-profile --out $R/trl_fla --budget-s "$(( $(left 565) > 66 ? $(left 565) - 65 : 1 ))" > $R/trl_fla.log 2>&1
-echo "== TRL + fla exit $? at $(( $(date +%s) - T0 )) s"; grep '^{' $R/trl_fla.log | cut -c1-400
+echo "== TRL + Liger + fla exit $? at $(( $(date +%s) - T0 )) s"; grep '^{' $R/trl_fla.log | cut -c1-400
 
 tar czf "$OUT/all.tgz" -C /tmp r7 2>/dev/null
 { cat $R/machine.txt; grep -E "PASSED|FAILED|ERROR|passed|failed" $R/gpu_tests.log | tail -n 8

@@ -26,6 +26,9 @@ Arms (each a fresh process; real tokens/s = non-pad tokens of the timed steps ov
   b_trl_liger     TRL SFTTrainer as its users run it: assistant_only_loss, padding_free=True,
                   use_liger_kernel=True, bf16 (fla importable), TRL's default gradient checkpointing
   b2_trl_liger_nockpt  the same without gradient checkpointing (TRL tuned by a user with the memory)
+  b3_trl_liger_fla  b_trl_liger with brisk's launcher of fla's gated backward registered in fla's backend
+                  registry (brisk.speed.fla_hopper): on Hopper with Triton 3.4-3.7.0 fla alone refuses that
+                  backward, so this is TRL + Liger with fla on its path where fla trains only through brisk
   c_brisk_default brisk's step with every switch off (padded, eager)
   d1_brisk_fast_per_sequence  d_brisk_fast with each packed conversation through the Gated DeltaNet layers on
                   its own (the reference path) instead of one padded batch: that lever's before/after
@@ -67,13 +70,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # Run in this order (every model's arm before the next arm), so a short time budget keeps the main comparison.
-ARMS = ("a_loop", "d_brisk_fast", "d2_brisk_fast_batched", "b_trl_liger", "b2_trl_liger_nockpt", "k_loop_kernels",
+ARMS = ("a_loop", "d_brisk_fast", "d2_brisk_fast_batched", "b_trl_liger", "b2_trl_liger_nockpt", "b3_trl_liger_fla",
+        "k_loop_kernels",
         "p_loop_packed",
         "c_brisk_default", "d1_brisk_fast_per_sequence", "d3_brisk_fast_norms", "d4_brisk_fast_compile",
         "d5_brisk_fast_compile_oib")
 BRISK_ARMS = {"c_brisk_default", "d_brisk_fast", "d2_brisk_fast_batched", "d1_brisk_fast_per_sequence",
               "d3_brisk_fast_norms", "d4_brisk_fast_compile", "d5_brisk_fast_compile_oib"}
-TRL_ARMS = {"b_trl_liger", "b2_trl_liger_nockpt"}
+TRL_ARMS = {"b_trl_liger", "b2_trl_liger_nockpt", "b3_trl_liger_fla"}
 FLA_ARMS = {"k_loop_kernels", "p_loop_packed", "d_brisk_fast", "d1_brisk_fast_per_sequence", "d3_brisk_fast_norms",
             "d4_brisk_fast_compile", "d5_brisk_fast_compile_oib"} | TRL_ARMS
 MODELS = {"qwen3_5_2b": "configs/sft_qwen3_5_2b.yaml", "qwen3_1p7b": "configs/sft_qwen3_1p7b.yaml",
@@ -356,7 +360,7 @@ def run_arm(args, cfg, sample_groups, prof):
         times, tokens = timed(runner.run, batches, args.warmup, prof)
         note = "; ".join(runner.parts.plan.notes + tuple(runner.parts.accel.notes) + (trains(runner.model),))
     else:  # TRL_ARMS
-        times, tokens, note = trl_arm(args, cfg, sample_groups, checkpointing=arm == "b_trl_liger")
+        times, tokens, note = trl_arm(args, cfg, sample_groups, checkpointing=arm != "b2_trl_liger_nockpt")
     return times, tokens, note
 
 
@@ -421,12 +425,20 @@ def trl_arm(args, cfg, sample_groups, checkpointing: bool = True):
         from peft import get_peft_model  # would upcast them, so the model comes wrapped already
 
         model = get_peft_model(model, peft_lora(cfg), autocast_adapter_dtype=False)
+    launcher = ""
+    if args.arm == "b3_trl_liger_fla":
+        from brisk.speed import fla_hopper
+        from brisk.speed.llm_kernels import available
+
+        if DEVICE == "cuda" and available("fla"):
+            fla_hopper.register_launcher()
+            launcher = "; fla's gated backward through brisk's launcher"
     trainer = Counting(model=model, args=targs, train_dataset=ds, processing_class=tok, callbacks=[Clock()], **kwargs)
     trainer.train()
     times = [marks[2 * i + 1] - marks[2 * i] for i in range(len(marks) // 2)][args.warmup:]
     return times, counts[args.warmup:len(times) + args.warmup], ("the other arms' batches (padding_free row), gradient "
                                                                   f"checkpointing {'on' if checkpointing else 'off'}"
-                                                                  + ("; peft LoRA" if peft else "")
+                                                                  + ("; peft LoRA" if peft else "") + launcher
                                                                   + f"; {trains(trainer.model)}")
 
 
