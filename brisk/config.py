@@ -623,7 +623,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not _known_path(key):
         parent = key.rsplit(".", 1)[0] if "." in key else ""
         raise ConfigError(f"unknown config key {key} (from override {text!r}){did_you_mean(key)}; "
-                          "`brisk train --help-config` lists every key" + (f" (those under {parent} too)" if parent else ""))
+                          "`brisk train --help-config` lists every key"
+                          + (f" (those under {parent} too)" if parent and _known_path(parent) else ""))
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as e:

@@ -70,6 +70,14 @@ def _resolve(turn: str, base: Path) -> str:
     return SPEECH.sub(fix, turn)
 
 
+def no_speech_length(value: int) -> str:
+    """What is wrong with a line's speech_length that is not above 0 (a missing one reads as 0)."""
+    if value == 0:
+        return ("speech_length missing or 0: give the audio's length in 10 ms frames "
+                "(int(frames * 100 / sample_rate), as FunASR's scp2jsonl writes it)")
+    return f"speech_length={value}: a length must be above 0 (10 ms frames)"
+
+
 def decode_line(raw: bytes, where: str) -> str:
     try:
         return raw.decode("utf-8")
@@ -137,9 +145,10 @@ def read_jsonl(path: str | Path, *, max_speech_length: int, max_text_length: int
                 continue
             where = f"{path}:{n}"
             try:
-                utt = parse_line(decode_line(raw, where), where, path.parent)
+                # without its line end: a JSON error's column is then counted on this line, not the next
+                utt = parse_line(decode_line(raw.rstrip(b"\r\n"), where), where, path.parent)
                 if utt.speech_length <= 0:
-                    raise DataError(f"{where}: speech_length={utt.speech_length}: zero-length audio")
+                    raise DataError(f"{where}: {no_speech_length(utt.speech_length)}")
                 if utt.speech_length > max_speech_length:
                     raise DataError(f"{where}: speech_length={utt.speech_length} frames is over the cap "
                                     f"data.max_speech_length={max_speech_length}")

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import DataError
 from .chat_sources import Unit
 from .check import SHORT_FRAMES, SHOW, audio_problem, suspect_reason
-from .jsonl import decode_line, parse_line
+from .jsonl import decode_line, no_speech_length, parse_line
 from .token_cache import Entry, file_identity, parallel_map, workers_for
 
 log = logging.getLogger("brisk")
@@ -73,7 +73,7 @@ class _IndexUnit:
             try:
                 utt = parse_line(decode_line(raw, where), where, path.parent)
                 if utt.speech_length <= 0:
-                    raise DataError(f"{where}: speech_length={utt.speech_length}: zero-length audio")
+                    raise DataError(f"{where}: {no_speech_length(utt.speech_length)}")
                 if utt.speech_length > self.max_speech:
                     raise DataError(f"{where}: speech_length={utt.speech_length} frames is over the cap "
                                     f"data.max_speech_length={self.max_speech}")
