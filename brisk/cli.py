@@ -220,7 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="fine-tune; with no config, the bundled demo on the CPU")
-    t.add_argument("items", nargs="*", help="[CONFIG.yaml] [key=value ...]")
+    t.add_argument("items", nargs="*", help="[CONFIG] [key=value ...]: CONFIG is a YAML file or a shipped config's "
+                                            "name (demo, sft_demo, qwen3_asr_demo, fun_asr_nano, ...); none: the "
+                                            "speech demo in a fresh runs/demo-<date>-<time>")
     t.add_argument("--help-config", action="store_true", help="list every config key: type, default, meaning")
     t.set_defaults(fn=cmd_train)
 

@@ -127,6 +127,13 @@ def main_table() -> None:
     case("a wrong speech_length (seen in a DataLoader worker)",
          ["train", c, *TINY, f"train.output_dir={tmp}/w", f"data.train={jsonl(tmp, 'wrong.jsonl', wrong)}", "data.num_workers=1"],
          shown="brisk train configs/demo.yaml data.train=<jsonl declaring 5 frames> data.num_workers=1")
+    nolen = json.loads(demo[2])
+    del nolen["speech_length"]
+    case("a line without speech_length", ["train", c, *TINY, f"train.output_dir={tmp}/sl",
+                                           f"data.train={jsonl(tmp, 'nolen.jsonl', demo[:2] + [json.dumps(nolen, ensure_ascii=False)])}"],
+         shown="brisk train configs/demo.yaml data.train=<jsonl whose line 3 has no speech_length>")
+    case("a malformed line (eval)", ["eval", str(run_dir), jsonl(tmp, 'nolen.jsonl', demo[:2] + [json.dumps(nolen, ensure_ascii=False)])],
+         shown="brisk eval <run> <jsonl whose line 3 has no speech_length>")
     long = list(demo)
     obj = json.loads(long[0])
     obj["speech_length"] = 90000
@@ -246,6 +253,7 @@ def main_table() -> None:
     # model.family: an unknown family, and what Qwen3-ASR does not take
     q3 = str(REPO / "configs" / "qwen3_asr_demo.yaml")
     case("an unknown model family", ["train", q3, "model.family=whisper"])
+    case("a misspelt model family", ["train", q3, "model.family=qwen3asr"])
     case("qwen3_asr: a switch it does not take", ["train", q3, "speed.liger=true"])
     case("qwen3_asr: a FunASR export", ["train", q3, "train.export=funasr"])
 

@@ -178,7 +178,9 @@ def _write_index(folder: Path, path: Path, units: list[Unit], results, skip_bad:
             n_folders += w == "a folder"
             n_broken += w.startswith("cannot")
             if len(first_missing) < SHOW:
-                first_missing.append(f"{source}: {p}" + ("" if w == "missing" else f" ({w})"))
+                # "cannot be decoded (why)": the message's head says the first part, the file its why
+                detail = w.removeprefix("cannot be decoded ") if w.startswith("cannot be decoded (") else f"({w})"
+                first_missing.append(f"{source}: {p}" + ("" if w == "missing" else f" {detail}"))
             if rel not in seen_lines:
                 seen_lines.add(rel)
                 n_missing_lines += 1
