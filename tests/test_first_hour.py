@@ -54,6 +54,10 @@ def test_help_config_lists_every_key_with_type_default_and_meaning(capsys):
     assert len(keys) > 100 and all(meaning for *_, meaning in rows()), [r[0] for r in rows() if not r[3]]
     for key in keys:
         assert f"  {key} " in out, key
+    # a comment continued on the next source line is printed whole; each section's header once
+    assert "the N best kept checkpoints (by validation loss/acc, CER with val_decode) into" in out
+    headers = [line.split()[0] for line in out.splitlines() if line.startswith("[")]
+    assert len(headers) == len(set(headers)) and "[model.llm]" in headers
     lr = next(line for line in out.splitlines() if line.strip().startswith("optim.lr "))
     assert "float" in lr and "0.0002" in lr and "learning rate" in lr
     assert "brisk train --help-config" in str(pytest.raises(ConfigError, load_config, DEMO_CONFIG, ["train.x=1"]).value)
