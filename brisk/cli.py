@@ -1,4 +1,4 @@
-"""The ``brisk`` command.
+"""brisk: fast, trustworthy fine-tuning of speech-LLMs (Fun-ASR-Nano, Qwen3-ASR) and chat LLMs (Qwen3, Qwen3.5).
 
     brisk train [CONFIG] [key=value ...]       fine-tune (no CONFIG: the bundled demo on the CPU)
     brisk report RUN                           step-time plot, slow steps and causes, acceleration state
@@ -10,8 +10,12 @@
                                                or a FunASR / native folder to convert)
     brisk bench CONFIG [key=value ...]         arms interleaved on the same batches, a markdown table
     brisk profile CONFIG [key=value ...]       top ops on CPU and GPU, launches a step, host- or device-bound
-    brisk eval RUN_OR_MODEL data.jsonl         decode, CER/WER (jiwer), one line per utterance, speed
+    brisk eval RUN_OR_MODEL data.jsonl         decode, CER/WER (jiwer), one line per utterance, speed (a chat run:
+                                               loss, perplexity, accuracy, exact match of greedy answers)
     brisk transcribe RUN_OR_MODEL a.wav ...    print the transcript of each file
+
+    `brisk COMMAND --help` says more; `brisk train --help-config` lists every config key. A shipped config is
+    named without a path (demo, sft_demo, qwen3_asr_demo, fun_asr_nano, ...). Bad input: one line, exit 2.
 """
 
 from __future__ import annotations
