@@ -75,6 +75,14 @@ def test_a_missing_speech_length_is_named_as_missing_not_as_empty_audio(tmp_path
         read(p)
 
 
+def test_a_folder_or_another_layout_is_named_for_what_it_is(tmp_path):
+    with pytest.raises(DataError, match=rf"{tmp_path} is a folder; give a FunASR jsonl file"):
+        read(tmp_path)
+    p = write(tmp_path, [json.dumps({"audio": GOOD, "text": "language English<asr_text>red"})])
+    with pytest.raises(DataError, match=rf"{p}:1: expected an object with a 'messages' list .*; the line has audio, text"):
+        read(p)
+
+
 def test_a_json_error_names_its_column_on_the_line(tmp_path):
     bad = line(GOOD)[:-1]  # the closing brace gone: the error is at the line's end, not column 1 of the next
     p = write(tmp_path, [bad])

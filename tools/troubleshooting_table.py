@@ -85,6 +85,13 @@ def main_table() -> None:
     case("the optimizer in the backward with clipping", ["train", c, "speed.fused_adamw=true",
                                                           "speed.optimizer_in_backward=true"])
     case("a data file that does not exist", ["train", c, "data.train=nope.jsonl"])
+    case("a folder of audio as data.train", ["train", c, *TINY, f"train.output_dir={tmp}/fo", f"data.train={DATA / 'audio' / 'valid'}"],
+         shown="brisk train configs/demo.yaml data.train=data/demo/audio/valid")
+    case("no data.train (said before the model is built)", ["train", "sft_demo", "data.train=none",
+                                                              f"train.output_dir={tmp}/nt"])
+    (tmp / "mine.yaml").write_text("include: demo\ntrain:\n  max_epoch: 3\n", encoding="utf-8")
+    case("a misspelt key in a YAML file", ["train", str(tmp / "mine.yaml")],
+         shown="brisk train mine.yaml (include: demo, train: max_epoch: 3)")
     case("a config file that does not exist", ["train", "missing.yaml"])
     case("a CUDA device on a machine without one", ["train", c, *TINY, f"train.output_dir={tmp}/cuda", "train.device=cuda"],
          shown="brisk train configs/demo.yaml train.device=cuda (no GPU)")
