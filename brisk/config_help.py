@@ -93,11 +93,11 @@ def sections(cls=C.Config, prefix: str = "") -> list[tuple[str, str]]:
 def help_text() -> str:
     docs = dict(sections())
     lines = ["Every config key: type, default, meaning. Set keys in a YAML file or as key=value after it,",
-             "e.g. brisk train demo train.max_epochs=3 optim.lr=1e-3 (a shipped config by name: demo, fun_asr_nano, ...; or a file)", ""]
+             "e.g. brisk train demo train.max_epochs=3 optim.lr=1e-3 (a shipped config by name: demo, fun_asr_nano, ...; or a file)"]
     width = max(len(k) for k, *_ in rows())
     section = None
     for key, tp, default, meaning in rows():
-        sec = key.rsplit(".", 1)[0]
+        sec = key.rsplit(".", 1)[0] if "." in key else "top level"
         if sec != section:
             section = sec
             lines += ["", f"[{sec}]" + (f"  {docs[sec]}" if docs.get(sec) else "")]
