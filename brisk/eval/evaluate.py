@@ -193,7 +193,7 @@ def eval_main(args) -> int:
     with frozen_gc(rec.fast):
         rows, s = evaluate(rec, items, out, args.batch_size, resume=args.resume, max_utts=args.max_utts,
                            progress=show_progress(args))
-    print(f"model: {args.model} ({which}); data: {args.data}")
+    print(f"model: {args.model}; {which}; data: {args.data}")
     print(summary_table(s))
     if len(rows) < len(items):
         print(f"{len(rows)} of {len(items)} utterances decoded so far (--max-utts); the table covers those; "
