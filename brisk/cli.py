@@ -6,7 +6,7 @@
     brisk doctor --kernels CONFIG              the plan's kernels here, at CONFIG's shapes, against their references
     brisk probe compare A B [--tolerances F]   were the numbers kept? gates met or unmet
     brisk probe calibrate A B [C ...]          tolerances from the spread of equivalent runs
-    brisk export RUN --format funasr|hf        a model folder FunASR or transformers loads (RUN: a run folder,
+    brisk export RUN [--format funasr|hf]      a model folder FunASR or transformers loads (RUN: a run folder,
                                                or a FunASR / native folder to convert)
     brisk bench CONFIG [key=value ...]         arms interleaved on the same batches, a markdown table
     brisk profile CONFIG [key=value ...]       top ops on CPU and GPU, launches a step, host- or device-bound
@@ -156,6 +156,22 @@ def _probe(args, compare_main, calibrate_main) -> int:
     return calibrate_main(args.records, args.out, args.margin, args.allow_config_diff)
 
 
+def default_export_format(src: Path) -> str:
+    """A run's own train.export format when its family writes it, else one the family writes (a chat or
+    Qwen3-ASR run: hf); funasr for a folder to convert."""
+    import yaml
+
+    from .families import get
+    from .formats.run_folder import folder_kind
+
+    if folder_kind(src) != "run":
+        return "funasr"
+    raw = yaml.safe_load((src / "config.yaml").read_text(encoding="utf-8"))
+    family = get((raw.get("model") or {}).get("family") or raw.get("task") or "fun_asr_nano")
+    own = (raw.get("train") or {}).get("export")
+    return own if own in family.exporters else "funasr" if "funasr" in family.exporters else next(iter(family.exporters))
+
+
 def cmd_export(args) -> int:
     from .eval.load import load_for_inference
     from .formats.run_folder import folder_kind
@@ -164,6 +180,7 @@ def cmd_export(args) -> int:
     src = Path(args.run)
     if not src.is_dir():
         raise FileNotFoundError(f"{src} is not a folder (give a run folder, a FunASR or a native Fun-ASR-Nano folder)")
+    args.format = args.format or default_export_format(src)
     default = src / f"model-{args.format}" if folder_kind(src) == "run" else src.parent / f"{src.name}-{args.format}"
     out = Path(args.out) if args.out else default
     replaced = out.exists()
@@ -253,7 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", help="write a FunASR or transformers-native model folder")
     e.add_argument("run", help="a run folder (or a FunASR / native Fun-ASR-Nano folder to convert)")
-    e.add_argument("--format", choices=["funasr", "hf"], default="funasr")
+    e.add_argument("--format", choices=["funasr", "hf"], default=None,
+                   help="funasr: model.pt + config.yaml for funasr.AutoModel (Fun-ASR-Nano); hf: transformers' layout "
+                        "(default: a run's own train.export format, else one its model family writes; funasr for a "
+                        "folder to convert)")
     e.add_argument("--out", help="output folder (default: RUN/model-FORMAT, replacing the run's own export of that format)")
     e.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="weights dtype (FunASR stores bf16)")
     e.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")

@@ -87,6 +87,11 @@ def test_chat_export_evaluates_as_its_run(tmp_path, capsys):
     assert s_exp == s_run and (tmp_path / "exp.jsonl").read_text() == ans_run
     rows = [json.loads(x) for x in ans_run.splitlines()]  # the exact-match rate is the share of exact answers
     assert s_run["answered"] == 3 and s_run["exact_match"] == sum(r["exact"] for r in rows) / 3
+    # `brisk export RUN` without --format rewrites the run's own export (hf: a chat model has no FunASR layout)
+    assert main(["export", str(run), "--dtype", "fp32"]) == 0
+    assert "exported hf folder" in capsys.readouterr().out and not (run / "model-funasr").exists()
+    _eval(capsys, run / "model-hf", data, tmp_path / "again.jsonl", "--answers", "3", "--max-new-tokens", "8")
+    assert (tmp_path / "again.jsonl").read_text() == ans_run
 
 
 # ------------------------------------------------------------------------------------------- resume
