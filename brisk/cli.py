@@ -248,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(fn=cmd_train)
 
     r = sub.add_parser("report", help="step-time report of a run folder")
-    r.add_argument("run")
+    r.add_argument("run", help="a run folder: (re)writes its report.md and report.png and prints the tables")
     r.set_defaults(fn=cmd_report)
 
     d = sub.add_parser("doctor", help="check this machine for known traps")
@@ -258,8 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_doctor)
 
     pr = sub.add_parser("probe", help="compare or calibrate probe records")
-    pr.add_argument("action", choices=["compare", "calibrate"])
-    pr.add_argument("records", nargs="+")
+    pr.add_argument("action", choices=["compare", "calibrate"],
+                    help="compare: B against A, gate by gate (exit 1 if one is unmet); calibrate: tolerances from "
+                         "the spread of equivalent runs")
+    pr.add_argument("records", nargs="+", help="run folders trained with probe.enabled=true (or probe.rank<r>.jsonl "
+                                               "files): compare takes A B, calibrate two or more")
     pr.add_argument("--tolerances", help="tolerance YAML, or a shipped name: default (brisk/probe/tolerances.yaml, the "
                     "declared gates) or kernel_noise (calibrated from two H200 runs differing in the attention kernel)")
     pr.add_argument("--out", help="compare: write the markdown table here; calibrate: write the proposed tolerances here")
@@ -280,14 +283,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_export)
 
     b = sub.add_parser("bench", help="interleaved A/B arms on the same batches")
-    b.add_argument("items", nargs="+", help="CONFIG.yaml [key=value ...]")
+    b.add_argument("items", nargs="+", help="CONFIG [key=value ...]: a YAML file with bench.arms, or a shipped "
+                                            "config's name (bench_demo: CPU-sized)")
     b.add_argument("--out", help="folder for the table and per-run files (default: <train.output_dir>/bench)")
     b.set_defaults(fn=cmd_bench)
 
     f = sub.add_parser("profile", help="torch.profiler op tables of a few steady steps")
-    f.add_argument("items", nargs="+", help="CONFIG.yaml [key=value ...]")
-    f.add_argument("--steps", type=int, default=3)
-    f.add_argument("--warmup", type=int, default=5)
+    f.add_argument("items", nargs="+", help="CONFIG [key=value ...]: a YAML file or a shipped config's name")
+    f.add_argument("--steps", type=int, default=3, help="steps profiled (default 3)")
+    f.add_argument("--warmup", type=int, default=5, help="steps run first, not profiled (shape plans, compile; "
+                                                         "default 5)")
     f.add_argument("--out", help="folder for tables and the trace (default: <train.output_dir>/profile)")
     f.set_defaults(fn=cmd_profile)
 
