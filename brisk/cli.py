@@ -1,4 +1,4 @@
-"""The ``brisk`` command.
+"""brisk: fast, trustworthy fine-tuning of speech-LLMs (Fun-ASR-Nano, Qwen3-ASR) and chat LLMs (Qwen3, Qwen3.5).
 
     brisk train [CONFIG] [key=value ...]       fine-tune (no CONFIG: the bundled demo on the CPU)
     brisk report RUN                           step-time plot, slow steps and causes, acceleration state
@@ -6,12 +6,16 @@
     brisk doctor --kernels CONFIG              the plan's kernels here, at CONFIG's shapes, against their references
     brisk probe compare A B [--tolerances F]   were the numbers kept? gates met or unmet
     brisk probe calibrate A B [C ...]          tolerances from the spread of equivalent runs
-    brisk export RUN --format funasr|hf        a model folder FunASR or transformers loads (RUN: a run folder,
+    brisk export RUN [--format funasr|hf]      a model folder FunASR or transformers loads (RUN: a run folder,
                                                or a FunASR / native folder to convert)
     brisk bench CONFIG [key=value ...]         arms interleaved on the same batches, a markdown table
     brisk profile CONFIG [key=value ...]       top ops on CPU and GPU, launches a step, host- or device-bound
-    brisk eval RUN_OR_MODEL data.jsonl         decode, CER/WER (jiwer), one line per utterance, speed
+    brisk eval RUN_OR_MODEL data.jsonl         decode, CER/WER (jiwer), one line per utterance, speed (a chat run:
+                                               loss, perplexity, accuracy, exact match of greedy answers)
     brisk transcribe RUN_OR_MODEL a.wav ...    print the transcript of each file
+
+    `brisk COMMAND --help` says more; `brisk train --help-config` lists every config key. A shipped config is
+    named without a path (demo, sft_demo, qwen3_asr_demo, fun_asr_nano, ...). Bad input: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -152,6 +156,22 @@ def _probe(args, compare_main, calibrate_main) -> int:
     return calibrate_main(args.records, args.out, args.margin, args.allow_config_diff)
 
 
+def default_export_format(src: Path) -> str:
+    """A run's own train.export format when its family writes it, else one the family writes (a chat or
+    Qwen3-ASR run: hf); funasr for a folder to convert."""
+    import yaml
+
+    from .families import get
+    from .formats.run_folder import folder_kind
+
+    if folder_kind(src) != "run":
+        return "funasr"
+    raw = yaml.safe_load((src / "config.yaml").read_text(encoding="utf-8"))
+    family = get((raw.get("model") or {}).get("family") or raw.get("task") or "fun_asr_nano")
+    own = (raw.get("train") or {}).get("export")
+    return own if own in family.exporters else "funasr" if "funasr" in family.exporters else next(iter(family.exporters))
+
+
 def cmd_export(args) -> int:
     from .eval.load import load_for_inference
     from .formats.run_folder import folder_kind
@@ -160,6 +180,7 @@ def cmd_export(args) -> int:
     src = Path(args.run)
     if not src.is_dir():
         raise FileNotFoundError(f"{src} is not a folder (give a run folder, a FunASR or a native Fun-ASR-Nano folder)")
+    args.format = args.format or default_export_format(src)
     default = src / f"model-{args.format}" if folder_kind(src) == "run" else src.parent / f"{src.name}-{args.format}"
     out = Path(args.out) if args.out else default
     replaced = out.exists()
@@ -220,12 +241,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="fine-tune; with no config, the bundled demo on the CPU")
-    t.add_argument("items", nargs="*", help="[CONFIG.yaml] [key=value ...]")
+    t.add_argument("items", nargs="*", help="[CONFIG] [key=value ...]: CONFIG is a YAML file or a shipped config's "
+                                            "name (demo, sft_demo, qwen3_asr_demo, fun_asr_nano, ...); none: the "
+                                            "speech demo in a fresh runs/demo-<date>-<time>")
     t.add_argument("--help-config", action="store_true", help="list every config key: type, default, meaning")
     t.set_defaults(fn=cmd_train)
 
     r = sub.add_parser("report", help="step-time report of a run folder")
-    r.add_argument("run")
+    r.add_argument("run", help="a run folder: (re)writes its report.md and report.png and prints the tables")
     r.set_defaults(fn=cmd_report)
 
     d = sub.add_parser("doctor", help="check this machine for known traps")
@@ -235,8 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_doctor)
 
     pr = sub.add_parser("probe", help="compare or calibrate probe records")
-    pr.add_argument("action", choices=["compare", "calibrate"])
-    pr.add_argument("records", nargs="+")
+    pr.add_argument("action", choices=["compare", "calibrate"],
+                    help="compare: B against A, gate by gate (exit 1 if one is unmet); calibrate: tolerances from "
+                         "the spread of equivalent runs")
+    pr.add_argument("records", nargs="+", help="run folders trained with probe.enabled=true (or probe.rank<r>.jsonl "
+                                               "files): compare takes A B, calibrate two or more")
     pr.add_argument("--tolerances", help="tolerance YAML, or a shipped name: default (brisk/probe/tolerances.yaml, the "
                     "declared gates) or kernel_noise (calibrated from two H200 runs differing in the attention kernel)")
     pr.add_argument("--out", help="compare: write the markdown table here; calibrate: write the proposed tolerances here")
@@ -247,21 +273,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", help="write a FunASR or transformers-native model folder")
     e.add_argument("run", help="a run folder (or a FunASR / native Fun-ASR-Nano folder to convert)")
-    e.add_argument("--format", choices=["funasr", "hf"], default="funasr")
+    e.add_argument("--format", choices=["funasr", "hf"], default=None,
+                   help="funasr: model.pt + config.yaml for funasr.AutoModel (Fun-ASR-Nano); hf: transformers' layout "
+                        "(default: a run's own train.export format, else one its model family writes; funasr for a "
+                        "folder to convert)")
     e.add_argument("--out", help="output folder (default: RUN/model-FORMAT, replacing the run's own export of that format)")
     e.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="weights dtype (FunASR stores bf16)")
     e.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     e.set_defaults(fn=cmd_export)
 
     b = sub.add_parser("bench", help="interleaved A/B arms on the same batches")
-    b.add_argument("items", nargs="+", help="CONFIG.yaml [key=value ...]")
+    b.add_argument("items", nargs="+", help="CONFIG [key=value ...]: a YAML file with bench.arms, or a shipped "
+                                            "config's name (bench_demo: CPU-sized)")
     b.add_argument("--out", help="folder for the table and per-run files (default: <train.output_dir>/bench)")
     b.set_defaults(fn=cmd_bench)
 
     f = sub.add_parser("profile", help="torch.profiler op tables of a few steady steps")
-    f.add_argument("items", nargs="+", help="CONFIG.yaml [key=value ...]")
-    f.add_argument("--steps", type=int, default=3)
-    f.add_argument("--warmup", type=int, default=5)
+    f.add_argument("items", nargs="+", help="CONFIG [key=value ...]: a YAML file or a shipped config's name")
+    f.add_argument("--steps", type=int, default=3, help="steps profiled (default 3)")
+    f.add_argument("--warmup", type=int, default=5, help="steps run first, not profiled (shape plans, compile; "
+                                                         "default 5)")
     f.add_argument("--out", help="folder for tables and the trace (default: <train.output_dir>/profile)")
     f.set_defaults(fn=cmd_profile)
 

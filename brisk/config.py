@@ -623,7 +623,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not _known_path(key):
         parent = key.rsplit(".", 1)[0] if "." in key else ""
         raise ConfigError(f"unknown config key {key} (from override {text!r}){did_you_mean(key)}; "
-                          "`brisk train --help-config` lists every key" + (f" (those under {parent} too)" if parent else ""))
+                          "`brisk train --help-config` lists every key"
+                          + (f" (those under {parent} too)" if parent and _known_path(parent) else ""))
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as e:
@@ -730,6 +731,12 @@ def read_yaml(path: Path, _seen: tuple = ()) -> dict:
     base = tree.pop("include", None)
     if base is not None:
         base_path = Path(base) if Path(base).is_absolute() else path.parent / base
+        if not base_path.is_file():  # include: demo (a shipped config's name), as `brisk train demo` takes it
+            shipped = shipped_config(str(base)) if Path(str(base)).parent == Path(".") else None
+            if shipped is None:
+                raise ConfigError(f"{path}: include: {base}: no file {base_path}, nor a shipped config of that "
+                                  f"name ({', '.join(shipped_names())})")
+            base_path = shipped
         tree = _merge(read_yaml(base_path, _seen + (path.resolve(),)), tree)
     return tree
 
@@ -737,6 +744,10 @@ def read_yaml(path: Path, _seen: tuple = ()) -> dict:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None, check_paths: bool = True) -> Config:
     """YAML file (optional) + dotted overrides -> a checked ``Config``."""
     tree: dict = read_yaml(Path(path)) if path is not None else {}
+    unknown = sorted(k for k in _flatten(tree) if not _known_path(k))
+    if unknown:  # named with its file here; build() below no longer knows where a key came from
+        raise ConfigError(f"{path}: unknown config key {unknown[0]}{did_you_mean(unknown[0])}; "
+                          "`brisk train --help-config` lists every key")
     cli: dict = {}
     for text in overrides or []:
         key, value = parse_override(text)

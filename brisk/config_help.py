@@ -17,17 +17,25 @@ from . import config as C
 
 @lru_cache(maxsize=None)
 def field_comments(cls) -> dict[str, str]:
-    """{field: comment} from the ``name: type = default  # comment`` lines of a dataclass's source."""
-    out = {}
+    """{field: comment} from the ``name: type = default  # comment`` lines of a dataclass's source, with the
+    comment-only lines aligned under it (``    #      more words``) joined on."""
+    out, last = {}, None
     for line in inspect.getsource(cls).splitlines():
         m = re.match(r"^    (\w+): .*?=.*?  # (.*)$", line)
         if m:
-            out[m.group(1)] = m.group(2).strip()
+            last = m.group(1)
+            out[last] = m.group(2).strip()
+            continue
+        more = re.match(r"^    #\s{2,}(.*)$", line)  # aligned under the comment above, not a comment of its own
+        if more and last is not None:
+            out[last] += " " + more.group(1).strip()
+        else:
+            last = None
     return out
 
 
 def _type(tp) -> str:
-    text = str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "")
+    text = str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "").replace("brisk.config.", "")
     return re.sub(r"\bNoneType\b", "None", text)
 
 
@@ -42,6 +50,8 @@ def _default(f: dataclasses.Field):
 def _show(v) -> str:
     if v is None:
         return "none"
+    if v == "":
+        return '""'
     if isinstance(v, bool):
         return str(v).lower()
     if isinstance(v, list) and v and dataclasses.is_dataclass(v[0]):
@@ -50,21 +60,22 @@ def _show(v) -> str:
 
 
 def rows(cls=C.Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(key, type, default, meaning) for every leaf key, in declaration order."""
-    out = []
+    """(key, type, default, meaning) for every leaf key, in declaration order, a section's own keys before its
+    subsections' (so each section is printed once)."""
+    out, nested = [], []
     hints = typing.get_type_hints(cls)
     comments = field_comments(cls)
     for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name}"
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
-            out += rows(tp, key + ".")
+            nested += rows(tp, key + ".")
             continue
         meaning = comments.get(f.name, "")
         if f.name == "config" and tp is dict:
             meaning += " (keys of the transformers config class of model_type, e.g. hidden_size)"
         out.append((key, _type(tp), _show(_default(f)), meaning))
-    return out
+    return out + nested
 
 
 def sections(cls=C.Config, prefix: str = "") -> list[tuple[str, str]]:
@@ -72,7 +83,8 @@ def sections(cls=C.Config, prefix: str = "") -> list[tuple[str, str]]:
     for f in dataclasses.fields(cls):
         tp = typing.get_type_hints(cls)[f.name]
         if dataclasses.is_dataclass(tp):
-            doc = (tp.__doc__ or "").strip().splitlines()[0] if tp.__doc__ and not tp.__doc__.startswith(tp.__name__ + "(") else ""
+            doc = (" ".join(tp.__doc__.strip().split("\n\n")[0].split())
+                   if tp.__doc__ and not tp.__doc__.startswith(tp.__name__ + "(") else "")
             out.append((prefix + f.name, doc))
             out += sections(tp, prefix + f.name + ".")
     return out
@@ -81,11 +93,11 @@ def sections(cls=C.Config, prefix: str = "") -> list[tuple[str, str]]:
 def help_text() -> str:
     docs = dict(sections())
     lines = ["Every config key: type, default, meaning. Set keys in a YAML file or as key=value after it,",
-             "e.g. brisk train demo train.max_epochs=3 optim.lr=1e-3 (a shipped config by name: demo, fun_asr_nano, ...; or a file)", ""]
+             "e.g. brisk train demo train.max_epochs=3 optim.lr=1e-3 (a shipped config by name: demo, fun_asr_nano, ...; or a file)"]
     width = max(len(k) for k, *_ in rows())
     section = None
     for key, tp, default, meaning in rows():
-        sec = key.rsplit(".", 1)[0]
+        sec = key.rsplit(".", 1)[0] if "." in key else "top level"
         if sec != section:
             section = sec
             lines += ["", f"[{sec}]" + (f"  {docs[sec]}" if docs.get(sec) else "")]

@@ -23,6 +23,23 @@ def test_unknown_yaml_key_is_named(tmp_path):
         load_config(f)
 
 
+def test_unknown_yaml_key_names_its_file_and_the_key_meant(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("include: demo\ntrain:\n  max_epoch: 3\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: unknown config key train.max_epoch \(did you mean train.max_epochs\?\)"):
+        load_config(f)
+
+
+def test_include_takes_a_shipped_configs_name(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text("include: demo\ntrain:\n  max_steps: 7\n")
+    cfg, demo = load_config(f), load_config(DEMO_CONFIG)
+    assert cfg.train.max_steps == 7 and cfg.data.train == demo.data.train and cfg.model == demo.model
+    f.write_text("include: demoo\n")
+    with pytest.raises(ConfigError, match=r"mine.yaml: include: demoo: no file .*nor a shipped config of that name"):
+        load_config(f)
+
+
 def test_unknown_override_is_named():
     with pytest.raises(ConfigError, match="unknown config key speed.compiel"):
         load_config(DEMO_CONFIG, ["speed.compiel=true"])

@@ -67,6 +67,29 @@ def test_length_cap_and_zero_length_name_the_line(tmp_path):
     assert len(idx.utterances) == 1 and [s.split(":")[1] for s in idx.skipped] == ["2", "3"]
 
 
+def test_a_missing_speech_length_is_named_as_missing_not_as_empty_audio(tmp_path):
+    obj = json.loads(line(GOOD))
+    del obj["speech_length"]
+    p = write(tmp_path, [line(GOOD), json.dumps(obj, ensure_ascii=False)])
+    with pytest.raises(DataError, match=rf"{p}:2: speech_length missing or 0: give the audio's length in 10 ms"):
+        read(p)
+
+
+def test_a_folder_or_another_layout_is_named_for_what_it_is(tmp_path):
+    with pytest.raises(DataError, match=rf"{tmp_path} is a folder; give a FunASR jsonl file"):
+        read(tmp_path)
+    p = write(tmp_path, [json.dumps({"audio": GOOD, "text": "language English<asr_text>red"})])
+    with pytest.raises(DataError, match=rf"{p}:1: expected an object with a 'messages' list .*; the line has audio, text"):
+        read(p)
+
+
+def test_a_json_error_names_its_column_on_the_line(tmp_path):
+    bad = line(GOOD)[:-1]  # the closing brace gone: the error is at the line's end, not column 1 of the next
+    p = write(tmp_path, [bad])
+    with pytest.raises(DataError, match=rf"{p}:1: not valid JSON \(.*column {len(bad) + 1}\)"):
+        read(p)
+
+
 def _dataset(p, tokenizer, skip_bad=False):
     idx = read(p, skip_bad=skip_bad, check_audio=False)  # a file can also vanish after the start-up check
     return SpeechDataset(idx.utterances, FrontendConfig(dither=0.0), PromptBuilder(tokenizer), seed=0,

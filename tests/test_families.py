@@ -71,3 +71,11 @@ def test_a_transformers_folder_belongs_to_the_family_its_model_type_names(tmp_pa
     (bad / "config.json").write_text("[1, 2]", encoding="utf-8")
     with pytest.raises(ConfigError, match="config.json: not a JSON object"):
         families.folder_family(bad)
+
+
+def test_a_misspelt_family_gets_the_name_meant():
+    with pytest.raises(ConfigError, match=r"model.family='qwen3asr': use one of .*; did you mean qwen3_asr\?"):
+        families.get("qwen3asr")
+    with pytest.raises(ConfigError) as e:
+        families.get("whisper")
+    assert "did you mean" not in str(e.value)

@@ -39,6 +39,16 @@ def test_config_mistakes_are_one_line_exit_2(capsys, override, expected):
     assert expected in _error_line(capsys, ["train", str(DEMO_CONFIG), override])
 
 
+@pytest.mark.parametrize("config, expected", [("sft_demo", "data.train: give chat data"),
+                                              ("qwen3_asr_demo", "data.train: give a Qwen3-ASR fine-tuning jsonl"),
+                                              ("demo", "data.train: give a FunASR jsonl")])
+def test_no_training_data_is_one_line_before_the_model_is_built(capsys, tmp_path, config, expected):
+    assert main(["train", config, "data.train=none", f"train.output_dir={tmp_path / 'r'}"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f"error: {expected}") and err.count("\n") == 1, err
+    assert " INFO threads: " in out and " INFO model: " not in out  # the run started; no model was built first
+
+
 def test_a_key_without_value_asks_for_key_value(capsys):
     for argv in (["train", "train.max_epochs"], ["train", str(DEMO_CONFIG), "train.max_epochs"]):
         line = _error_line(capsys, argv)
@@ -54,6 +64,10 @@ def test_help_config_lists_every_key_with_type_default_and_meaning(capsys):
     assert len(keys) > 100 and all(meaning for *_, meaning in rows()), [r[0] for r in rows() if not r[3]]
     for key in keys:
         assert f"  {key} " in out, key
+    # a comment continued on the next source line is printed whole; each section's header once
+    assert "the N best kept checkpoints (by validation loss/acc, CER with val_decode) into" in out
+    headers = [line.split()[0] for line in out.splitlines() if line.startswith("[")]
+    assert len(headers) == len(set(headers)) and "[model.llm]" in headers
     lr = next(line for line in out.splitlines() if line.strip().startswith("optim.lr "))
     assert "float" in lr and "0.0002" in lr and "learning rate" in lr
     assert "brisk train --help-config" in str(pytest.raises(ConfigError, load_config, DEMO_CONFIG, ["train.x=1"]).value)

@@ -87,6 +87,11 @@ def test_chat_export_evaluates_as_its_run(tmp_path, capsys):
     assert s_exp == s_run and (tmp_path / "exp.jsonl").read_text() == ans_run
     rows = [json.loads(x) for x in ans_run.splitlines()]  # the exact-match rate is the share of exact answers
     assert s_run["answered"] == 3 and s_run["exact_match"] == sum(r["exact"] for r in rows) / 3
+    # `brisk export RUN` without --format rewrites the run's own export (hf: a chat model has no FunASR layout)
+    assert main(["export", str(run), "--dtype", "fp32"]) == 0
+    assert "exported hf folder" in capsys.readouterr().out and not (run / "model-funasr").exists()
+    _eval(capsys, run / "model-hf", data, tmp_path / "again.jsonl", "--answers", "3", "--max-new-tokens", "8")
+    assert (tmp_path / "again.jsonl").read_text() == ans_run
 
 
 # ------------------------------------------------------------------------------------------- resume
@@ -270,3 +275,31 @@ def test_funasr_runtime_takes_the_exported_cmvn_and_computes_brisks_features(spe
 
     ours = Frontend(dataclasses.replace(cfg.model.frontend, dither=0.0))(wave)
     assert ref.shape[1:] == ours.shape and torch.allclose(ref[0], ours, atol=1e-3, rtol=1e-4)
+
+
+def test_every_shipped_config_names_files_inside_the_package():
+    """A pip-installed brisk has brisk/configs and brisk/bundled but no repository around them: a relative path
+    in a shipped config (as written, symlinks not followed: the repository's data/ links into the package)
+    must stay inside the package and exist."""
+    import os
+
+    import yaml
+
+    import brisk
+    from brisk.config import SHIPPED, shipped_names
+
+    package = os.path.dirname(os.path.abspath(brisk.__file__))
+    keys = (("data", "train"), ("data", "valid"), ("data", "tokenizer"), ("data", "profile"),
+            ("model", "frontend", "cmvn_file"), ("include",))
+    outside = []
+    for name in shipped_names():
+        raw = yaml.safe_load((SHIPPED / f"{name}.yaml").read_text(encoding="utf-8")) or {}
+        for key in keys:
+            value = raw
+            for part in key:
+                value = value.get(part) if isinstance(value, dict) else None
+            if isinstance(value, str) and not os.path.isabs(value):
+                where = os.path.normpath(os.path.join(SHIPPED, value))
+                if os.path.commonpath([where, package]) != package or not os.path.exists(where):
+                    outside.append(f"{name}.yaml: {'.'.join(key)}: {value}")
+    assert "demo" in shipped_names() and not outside, outside

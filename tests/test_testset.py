@@ -91,3 +91,12 @@ def test_inputs_a_jsonl_a_folder_and_files(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="no audio files"):
         read_items([str(tmp_path / "empty")])
+
+
+def test_a_bad_line_given_to_eval_does_not_advise_a_key_eval_does_not_take(tmp_path):
+    lines = (DEMO / "valid.jsonl").read_text(encoding="utf-8").splitlines()[:2]
+    (tmp_path / "v.jsonl").write_text(lines[0] + "\n{not json\n", encoding="utf-8")
+    with pytest.raises(DataError) as e:
+        read_items([str(tmp_path / "v.jsonl")])
+    assert "v.jsonl:2: not valid JSON" in str(e.value) and "data.skip_bad=true to skip" not in str(e.value)
+    assert str(e.value).endswith("skip them only for a run trained with data.skip_bad=true)")

@@ -540,6 +540,9 @@ accents (never a validation voice's variant) at a pitch of {MORE_PITCH_RANGE[0]}
   `transformers.AutoTokenizer.from_pretrained("data/demo/tokenizer")`.
   Special tokens: {specials}.
   `<|endoftext|>` is also the pad and eos token; no BOS/EOS is added automatically.
+* `qwen3_asr_processor/`: this tokenizer with Qwen3-ASR's special tokens, chat template and feature
+  extractor, for the Qwen3-ASR demo (`brisk train qwen3_asr_demo`); made by
+  `python tools/make_qwen3_asr_processor.py --out data/demo/qwen3_asr_processor`, not by this script.
 
 Words: {" ".join(grammar_words())}.
 

@@ -85,6 +85,13 @@ def main_table() -> None:
     case("the optimizer in the backward with clipping", ["train", c, "speed.fused_adamw=true",
                                                           "speed.optimizer_in_backward=true"])
     case("a data file that does not exist", ["train", c, "data.train=nope.jsonl"])
+    case("a folder of audio as data.train", ["train", c, *TINY, f"train.output_dir={tmp}/fo", f"data.train={DATA / 'audio' / 'valid'}"],
+         shown="brisk train configs/demo.yaml data.train=data/demo/audio/valid")
+    case("no data.train (said before the model is built)", ["train", "sft_demo", "data.train=none",
+                                                              f"train.output_dir={tmp}/nt"])
+    (tmp / "mine.yaml").write_text("include: demo\ntrain:\n  max_epoch: 3\n", encoding="utf-8")
+    case("a misspelt key in a YAML file", ["train", str(tmp / "mine.yaml")],
+         shown="brisk train mine.yaml (include: demo, train: max_epoch: 3)")
     case("a config file that does not exist", ["train", "missing.yaml"])
     case("a CUDA device on a machine without one", ["train", c, *TINY, f"train.output_dir={tmp}/cuda", "train.device=cuda"],
          shown="brisk train configs/demo.yaml train.device=cuda (no GPU)")
@@ -127,6 +134,13 @@ def main_table() -> None:
     case("a wrong speech_length (seen in a DataLoader worker)",
          ["train", c, *TINY, f"train.output_dir={tmp}/w", f"data.train={jsonl(tmp, 'wrong.jsonl', wrong)}", "data.num_workers=1"],
          shown="brisk train configs/demo.yaml data.train=<jsonl declaring 5 frames> data.num_workers=1")
+    nolen = json.loads(demo[2])
+    del nolen["speech_length"]
+    case("a line without speech_length", ["train", c, *TINY, f"train.output_dir={tmp}/sl",
+                                           f"data.train={jsonl(tmp, 'nolen.jsonl', demo[:2] + [json.dumps(nolen, ensure_ascii=False)])}"],
+         shown="brisk train configs/demo.yaml data.train=<jsonl whose line 3 has no speech_length>")
+    case("a malformed line (eval)", ["eval", str(run_dir), jsonl(tmp, 'nolen.jsonl', demo[:2] + [json.dumps(nolen, ensure_ascii=False)])],
+         shown="brisk eval <run> <jsonl whose line 3 has no speech_length>")
     long = list(demo)
     obj = json.loads(long[0])
     obj["speech_length"] = 90000
@@ -246,6 +260,7 @@ def main_table() -> None:
     # model.family: an unknown family, and what Qwen3-ASR does not take
     q3 = str(REPO / "configs" / "qwen3_asr_demo.yaml")
     case("an unknown model family", ["train", q3, "model.family=whisper"])
+    case("a misspelt model family", ["train", q3, "model.family=qwen3asr"])
     case("qwen3_asr: a switch it does not take", ["train", q3, "speed.liger=true"])
     case("qwen3_asr: a FunASR export", ["train", q3, "train.export=funasr"])
 

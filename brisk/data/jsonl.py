@@ -70,6 +70,21 @@ def _resolve(turn: str, base: Path) -> str:
     return SPEECH.sub(fix, turn)
 
 
+def not_a_jsonl(path: Path) -> str:
+    """Why ``path`` cannot be read as a FunASR jsonl: missing, or a folder."""
+    if path.is_dir():
+        return f"{path} is a folder; give a FunASR jsonl file (one utterance a line) that names its audio files"
+    return f"data file {path} does not exist"
+
+
+def no_speech_length(value: int) -> str:
+    """What is wrong with a line's speech_length that is not above 0 (a missing one reads as 0)."""
+    if value == 0:
+        return ("speech_length missing or 0: give the audio's length in 10 ms frames "
+                "(int(frames * 100 / sample_rate), as FunASR's scp2jsonl writes it)")
+    return f"speech_length={value}: a length must be above 0 (10 ms frames)"
+
+
 def decode_line(raw: bytes, where: str) -> str:
     try:
         return raw.decode("utf-8")
@@ -85,7 +100,8 @@ def parse_line(text: str, where: str, base: Path) -> Utterance:
         msg = e.msg[:-3] if e.msg.endswith(" at") else e.msg  # "Unterminated string starting at" + position
         raise DataError(f"{where}: not valid JSON ({msg}, column {e.colno})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):
-        raise DataError(f"{where}: expected an object with a 'messages' list")
+        has = f"; the line has {', '.join(map(str, obj))}" if isinstance(obj, dict) else ""
+        raise DataError(f"{where}: expected an object with a 'messages' list (FunASR's layout){has}")
     system, user, assistant, prev = [], [], [], []
     for i, msg in enumerate(obj["messages"]):
         if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
@@ -129,7 +145,7 @@ def read_jsonl(path: str | Path, *, max_speech_length: int, max_text_length: int
                check_audio: bool = True) -> JsonlIndex:
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"data file {path} does not exist")
+        raise DataError(not_a_jsonl(path))
     index = JsonlIndex([])
     with path.open("rb") as f:  # bytes: a line that is not UTF-8 is named, not a UnicodeDecodeError traceback
         for n, raw in enumerate(f, 1):
@@ -137,9 +153,10 @@ def read_jsonl(path: str | Path, *, max_speech_length: int, max_text_length: int
                 continue
             where = f"{path}:{n}"
             try:
-                utt = parse_line(decode_line(raw, where), where, path.parent)
+                # without its line end: a JSON error's column is then counted on this line, not the next
+                utt = parse_line(decode_line(raw.rstrip(b"\r\n"), where), where, path.parent)
                 if utt.speech_length <= 0:
-                    raise DataError(f"{where}: speech_length={utt.speech_length}: zero-length audio")
+                    raise DataError(f"{where}: {no_speech_length(utt.speech_length)}")
                 if utt.speech_length > max_speech_length:
                     raise DataError(f"{where}: speech_length={utt.speech_length} frames is over the cap "
                                     f"data.max_speech_length={max_speech_length}")

@@ -34,6 +34,8 @@ def prepare_data(cfg: Config, tokenizer=None) -> dict[str, object]:
     """data.train and data.valid read, checked and indexed or tokenised by the model family (its ``prepare``),
     before the model is built: a bad line or audio file is one line at start, not after a minute of loading a
     2B model. What is built is cached in data.cache_dir and handed to build_split as it is."""
+    if not cfg.data.train and not cfg.data.profile:  # no training data: the family's one line, before the model
+        family_of(cfg).dataset(cfg, "train", None, 0)
     prepare = family_of(cfg).prepare
     out: dict[str, object] = {"train": None, "valid": None}
     if prepare is not None:

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import DataError
 from .chat_sources import Unit
 from .check import SHORT_FRAMES, SHOW, audio_problem, suspect_reason
-from .jsonl import decode_line, parse_line
+from .jsonl import decode_line, no_speech_length, not_a_jsonl, parse_line
 from .token_cache import Entry, file_identity, parallel_map, workers_for
 
 log = logging.getLogger("brisk")
@@ -73,7 +73,7 @@ class _IndexUnit:
             try:
                 utt = parse_line(decode_line(raw, where), where, path.parent)
                 if utt.speech_length <= 0:
-                    raise DataError(f"{where}: speech_length={utt.speech_length}: zero-length audio")
+                    raise DataError(f"{where}: {no_speech_length(utt.speech_length)}")
                 if utt.speech_length > self.max_speech:
                     raise DataError(f"{where}: speech_length={utt.speech_length} frames is over the cap "
                                     f"data.max_speech_length={self.max_speech}")
@@ -178,7 +178,9 @@ def _write_index(folder: Path, path: Path, units: list[Unit], results, skip_bad:
             n_folders += w == "a folder"
             n_broken += w.startswith("cannot")
             if len(first_missing) < SHOW:
-                first_missing.append(f"{source}: {p}" + ("" if w == "missing" else f" ({w})"))
+                # "cannot be decoded (why)": the message's head says the first part, the file its why
+                detail = w.removeprefix("cannot be decoded ") if w.startswith("cannot be decoded (") else f"({w})"
+                first_missing.append(f"{source}: {p}" + ("" if w == "missing" else f" {detail}"))
             if rel not in seen_lines:
                 seen_lines.add(rel)
                 n_missing_lines += 1
@@ -210,7 +212,7 @@ def build_speech_index(path: str, *, max_speech_length: int, max_text_length: in
                        check_audio: bool = True, workers: int = 0, what: str = "data.train") -> SpeechIndex:
     p = Path(path).expanduser()
     if not p.is_file():
-        raise DataError(f"data file {path} does not exist")
+        raise DataError(f"{what}: {not_a_jsonl(p)}")
     entry = Entry(cache_dir, "speech", str(p.resolve()), {
         "files": file_identity([p]), "max_speech_length": max_speech_length, "max_text_length": max_text_length,
         "skip_bad": skip_bad, "check_audio": check_audio})

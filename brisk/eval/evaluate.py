@@ -193,7 +193,7 @@ def eval_main(args) -> int:
     with frozen_gc(rec.fast):
         rows, s = evaluate(rec, items, out, args.batch_size, resume=args.resume, max_utts=args.max_utts,
                            progress=show_progress(args))
-    print(f"model: {args.model} ({which}); data: {args.data}")
+    print(f"model: {args.model}; {which}; data: {args.data}")
     print(summary_table(s))
     if len(rows) < len(items):
         print(f"{len(rows)} of {len(items)} utterances decoded so far (--max-utts); the table covers those; "
@@ -280,7 +280,8 @@ def transcribe_main(args) -> int:
 def add_verbs(sub) -> None:
     """`brisk eval` and `brisk transcribe` on the CLI's subparsers."""
     def common(p):
-        p.add_argument("--weights", help="a weights file, or best / last checkpoint (default: the run's final model)")
+        p.add_argument("--weights", help="a run's weights: a checkpoint file, best (by validation keep_metric) or last (default: the newest "
+                            "checkpoint, else the run's export)")
         p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
         p.add_argument("--batch-size", type=int, default=8, help="utterances decoded together (left padding)")
         p.add_argument("--max-new-tokens", type=int, default=512, help="FunASR's max_length (default 512)")
@@ -310,14 +311,15 @@ def add_verbs(sub) -> None:
 
     e = sub.add_parser("eval", help="decode a jsonl, CER/WER with jiwer, one line per utterance "
                                     "(a causal LM: loss, perplexity and greedy answers)")
-    e.add_argument("model", help="a brisk run folder or a FunASR model folder")
-    e.add_argument("data", help="a FunASR jsonl with references, of any size (decoded in length-sorted batches)")
+    e.add_argument("model", help="a brisk run folder, or a model folder (a run's export, FunASR's or transformers')")
+    e.add_argument("data", help="data with references, of any size: a FunASR jsonl (decoded in length-sorted batches; "
+                                "Qwen3-ASR: its own jsonl too); a chat run: its chat data")
     e.add_argument("--out", help="per-utterance jsonl (default: MODEL/eval/<data>.jsonl)")
-    e.add_argument("--answers", type=int, default=3, help="a causal LM: conversations answered greedily (default 3)")
+    e.add_argument("--answers", type=int, default=3, help="a chat run: conversations answered greedily and scored by exact match (default 3)")
     common(e)
     e.set_defaults(fn=eval_main)
     t = sub.add_parser("transcribe", help="print the transcript of each audio file")
-    t.add_argument("model", help="a brisk run folder or a FunASR model folder")
+    t.add_argument("model", help="a brisk run folder, or a model folder (a run's export, FunASR's or transformers')")
     t.add_argument("audio", nargs="+", help="audio files, folders of audio files, or FunASR jsonl files")
     t.add_argument("--out", help="stream the transcripts to this jsonl (key, audio, text), in input order at the end")
     t.add_argument("--print", action="store_true", help="with --out, also print a line per file")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,10 @@ def _duration(path: Path) -> float:
         return 0.0  # unreadable here: sorted last; reading it for decoding says what is wrong, naming the file
 
 
+TRAIN_HINT = r"\(set data\.skip_bad=true to skip and count such (lines|samples)\)$"
+EVAL_HINT = "(fix or remove such lines: eval and transcribe skip them only for a run trained with data.skip_bad=true)"
+
+
 def read_items(sources: list[str], max_speech_length: int = 10**9, skip_bad: bool = False) -> list[Item]:
     """Each source: a .jsonl (FunASR lines: key, first audio, first answer), a folder (its audio files, sorted,
     keys their paths relative to it without suffix) or an audio file (key: its name without suffix)."""
@@ -66,7 +71,10 @@ def read_items(sources: list[str], max_speech_length: int = 10**9, skip_bad: boo
         elif p.suffix == ".jsonl":
             if not p.is_file():
                 raise DataError(f"{p}: no such jsonl file")
-            index = read_jsonl(p, max_speech_length=max_speech_length, max_text_length=10**9, skip_bad=skip_bad)
+            try:
+                index = read_jsonl(p, max_speech_length=max_speech_length, max_text_length=10**9, skip_bad=skip_bad)
+            except DataError as e:  # training's hint names a key these commands do not take
+                raise DataError(re.sub(TRAIN_HINT, EVAL_HINT, str(e))) from None
             for u in index.utterances:
                 ref = u.assistant[0] if u.assistant else None
                 items.append(Item(len(items), u.key, u.audio_paths()[0], ref, u.speech_length / 100))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -115,7 +116,10 @@ def get(name: str, key: str = "model.family") -> Family:
         if f.task and f.task == name:
             return f
     aliases = ", ".join(f"{f.task} = {f.name}" for f in _REGISTRY.values() if f.task)
-    raise ConfigError(f"{key}={name!r}: use one of the model families {', '.join(names())} (old task: words: {aliases})")
+    close = difflib.get_close_matches(str(name), names(), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    raise ConfigError(f"{key}={name!r}: use one of the model families {', '.join(names())} "
+                      f"(old task: words: {aliases}){hint}")
 
 
 def all_families() -> list[Family]:

@@ -306,7 +306,16 @@ def write_qwen3_asr_hf(model, cfg, state: dict[str, torch.Tensor], out: Path, dt
     missing = [n for n, p in hf.named_parameters() if p.device.type == "meta"]
     if missing:
         raise ConfigError(f"Qwen3-ASR export: no weights for {missing[:3]}")
-    hf.save_pretrained(out)
+    from transformers.utils import logging as hf_logging
+
+    # save_pretrained's "Writing model shards" bar would put \r-redrawn lines in a piped training log
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        hf.save_pretrained(out)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     AutoProcessor.from_pretrained(cfg.data.tokenizer or cfg.model.llm.path, local_files_only=True).save_pretrained(out)
 
 
