@@ -398,7 +398,7 @@ def agreement(rows: list[dict]) -> dict:
     out = {}
     plains = {r["batch"]: r for r in rows if r["arm"] == "plain"}
     for r in rows:
-        if r["arm"] == "fast_eos":
+        if arm_parts(r["arm"])[0] == "fast_eos":
             ref = next((p for p in rows if p["arm"] == r["eos_from"] and p["batch"] == r["batch"]), None)
             if ref is not None:
                 eos = r["eos_token"]
@@ -567,7 +567,7 @@ def main() -> int:
                 continue
             eos_from = next((x for x in ("fast_compile", "fast", "fast_buckets", "fast_compile_buckets")
                              if any(r["arm"] == x and r["batch"] == 1 for r in rows)), None)
-            if arm == "fast_eos" and a.eos_token is None:
+            if arm_parts(arm)[0] == "fast_eos" and a.eos_token is None:
                 if eos_from is None:
                     skipped[f"{arm} b{b}"] = "no batch-1 ids to pick an EOS token from (run fast_compile or fast first)"
                     continue

@@ -44,7 +44,8 @@ Arms (each a fresh process; real tokens/s = non-pad tokens of the timed steps ov
                   shapes; fla's calls eager between a layer's graphs): Inductor fuses the norms, SwiGLU, RoPE and
                   residual adds itself. Timed steps start after the warm-up steps, which compile
   d5_brisk_fast_compile_oib  d4 + speed.optimizer_in_backward: each decoder layer's fused AdamW update on a
-                  side stream under the rest of the backward (optim.grad_clip by the previous step's norm)
+                  side stream under the rest of the backward (optim.grad_clip by the previous step's norm); like
+                  d4, without the preset's fla_gated_norm
 Every arm, TRL too, trains on the same batches in the same order (groups of whole conversations under a
 padded-token budget; data.overlong=skip): TRL tokenises the same messages itself and its loader is handed the
 groups.
@@ -277,12 +278,19 @@ def flops_per_token(cfg, timed_groups) -> float:
 
 
 def matmul_peak() -> float | None:
-    """This GPU's measured bf16 matmul TFLOP/s, after the arm (the GPU otherwise idle); None on the CPU."""
+    """This GPU's measured bf16 matmul TFLOP/s (brisk.bench.harness.matmul_rate), after the arm with its memory
+    released; None on the CPU or when it cannot run (the arm's row is kept either way)."""
     if DEVICE != "cuda":
         return None
-    from brisk.bench.flops import measured_peak_tflops
+    import torch
 
-    return measured_peak_tflops()
+    from brisk.bench.harness import matmul_rate
+
+    torch.cuda.empty_cache()
+    try:
+        return matmul_rate(torch.device("cuda"))[0] / 1e12
+    except torch.OutOfMemoryError:
+        return None
 
 
 def trains(model) -> str:
@@ -431,8 +439,9 @@ def trl_arm(args, cfg, sample_groups, checkpointing: bool = True):
         from brisk.speed.llm_kernels import available
 
         if DEVICE == "cuda" and available("fla"):
-            fla_hopper.register_launcher()
-            launcher = "; fla's gated backward through brisk's launcher"
+            fla_hopper.register_launcher()  # active only where fla refuses its own (Hopper, Triton 3.4-3.7.0)
+            if fla_hopper.in_window(torch.cuda.get_device_capability(), fla_hopper.triton_version()):
+                launcher = "; fla's gated backward through brisk's launcher"
     trainer = Counting(model=model, args=targs, train_dataset=ds, processing_class=tok, callbacks=[Clock()], **kwargs)
     trainer.train()
     times = [marks[2 * i + 1] - marks[2 * i] for i in range(len(marks) // 2)][args.warmup:]
@@ -470,10 +479,13 @@ def install(wheels: Path, target: Path, names: list[str]) -> Path:
 def table(rows: list[dict]) -> str:
     """Real tokens/s of the timed steps (all tokens over all time), the per-step spread, and the median step's
     tokens/s (steadier when a few steps are much slower than the rest), each against the model's a_loop; the
-    model FLOPs a second at the all-steps rate and their share of the GPU's measured bf16 matmul peak (MFU)."""
+    model FLOPs a second at the all-steps rate and their share of the GPU's measured bf16 matmul peak (MFU; the
+    median of the rows' measurements, one denominator for the table)."""
     out = ["| model | arm | real tokens/s (all steps; sd over steps) | vs a_loop | median step tokens/s | vs a_loop "
            "| ms/step | tokens/step | peak GiB | model TFLOP/s | MFU |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     base = {r["model"]: r for r in rows if r["arm"] == "a_loop" and "tokens_per_s" in r}
+    peaks = sorted(r["peak_tflops"] for r in rows if r.get("peak_tflops"))
+    peak = peaks[len(peaks) // 2] if peaks else None  # one denominator for every row: MFU follows tokens/s
     for r in rows:
         if "error" in r:
             oom = r["error"].startswith("out of memory")
@@ -486,7 +498,7 @@ def table(rows: list[dict]) -> str:
         ratio = f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x" if b else "-"
         med_ratio = f"{med / statistics.median(b['tps_steps']):.2f}x" if b else "-"
         tflops = r["tokens_per_s"] * r["flops_per_token"] / 1e12 if r.get("flops_per_token") else None
-        mfu = f"{tflops / r['peak_tflops']:.1%}" if tflops and r.get("peak_tflops") else "-"
+        mfu = f"{tflops / peak:.1%}" if tflops and peak else "-"
         out.append(f"| {r['model']} | {r['arm']} | {r['tokens_per_s']:,.0f} ± {sd:,.0f} | {ratio} | {med:,.0f} | "
                    f"{med_ratio} | {r['ms_per_step']:.0f} | {r['tokens_per_step']:,.0f} | {r['peak_gib']:.1f} | "
                    f"{'-' if tflops is None else f'{tflops:,.1f}'} | {mfu} |")

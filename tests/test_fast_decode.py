@@ -347,3 +347,13 @@ def test_compile_spec_carries_an_inductor_mode(monkeypatch):
     assert seen and all(kw == {"backend": "inductor", "mode": "max-autotune-no-cudagraphs"} for kw in seen)
     with pytest.raises(ValueError, match="reduce-overhead"):
         decode_step.compiled(len, "inductor:reduce-overhead")
+
+
+def test_compile_spec_refuses_modes_off_inductor_and_nested_graphs():
+    from brisk.eval import decode_step
+
+    with pytest.raises(ValueError, match="Inductor's"):
+        decode_step.compiled(len, "eager:max-autotune-no-cudagraphs")
+    with pytest.raises(ValueError, match="cudagraphs"):
+        decode_step.compiled(len, "cudagraphs")
+    assert decode_step.compiled(len, None) is len

@@ -67,3 +67,12 @@ def test_lora_base_weights_count_four_adapters_six(tmp_path):
     lens = [12, 33]
     assert training_flops(lora, lens) == by_hand(lora, lens, *attention_layers(lora))
     assert training_flops(lora, lens) < training_flops(full, lens)
+
+
+def test_stacked_expert_weights_are_refused_not_skipped(tmp_path):
+    import torch
+
+    m = llm(tmp_path)
+    m.model.layers[0].mlp.register_parameter("experts", nn.Parameter(torch.empty(4, 8, 8, device="meta")))
+    with pytest.raises(ValueError, match="experts"):
+        training_flops(m, [10])

@@ -2,7 +2,8 @@
 
 The convention is PaLM's (Chowdhery et al. 2022, appendix B): the FLOPs the model itself needs, whatever the
 implementation does, so that every arm of a benchmark is scored by the same count and MFU is proportional to
-its tokens/s. Recomputation (activation checkpointing) is not counted, nor is work an implementation skips
+its tokens/s. One difference: PaLM counts the whole square of attention scores (12 x layers x heads x head_dim x
+sequence length a token); this count takes the causal half, which a causal kernel computes. Recomputation (activation checkpointing) is not counted, nor is work an implementation skips
 (speed.label_head computes the LM head on labelled rows only; the count has it on every row).
 
 - Matmuls: every 2-D parameter of the LLM (linear layers, the LM head, LoRA's A and B), except the input
@@ -14,12 +15,13 @@ its tokens/s. Recomputation (activation checkpointing) is not counted, nor is wo
 - Not counted: embeddings (a lookup), norms and elementwise work, the short convolution and the chunked
   recurrence of Gated DeltaNet layers (a few percent of their projections at Qwen3.5's sizes).
 
-The peak is measured, not read from a data sheet: bf16 GEMMs of 8,192 cubed on the device the benchmark runs on.
+The peak is measured, not read from a data sheet: brisk.bench.harness.matmul_rate, bf16 GEMMs of 8,192 cubed on
+the device the benchmark runs on. A parameter of three or more dimensions that is not a convolution's (a
+mixture of experts' stacked weights) is refused rather than left out of the count.
 """
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 
@@ -40,26 +42,13 @@ def training_flops(llm: nn.Module, seq_lens: list[int]) -> float:
     head = llm.get_output_embeddings()
     if head is not None and head.weight is lookup:  # tied: the one matrix is the LM head's too
         lookup = None
+    convs = {id(m.weight) for m in llm.modules() if isinstance(m, nn.modules.conv._ConvNd)}
+    odd = [n for n, p in llm.named_parameters() if p.dim() > 2 and id(p) not in convs]
+    if odd:
+        raise ValueError(f"model FLOPs: parameter {odd[0]} has {llm.get_parameter(odd[0]).dim()} dimensions and "
+                         "is not a convolution's (experts?); brisk.bench.flops counts linear layers only")
     linear = sum(p.numel() * (6 if p.requires_grad else 4) for p in llm.parameters()
                  if p.dim() == 2 and p is not lookup)  # parameters() yields a tied tensor once
     layers, width = attention_layers(llm)
     attention = 3 * layers * 2 * width * sum(s * s for s in seq_lens)
     return float(linear * tokens + attention)
-
-
-def measured_peak_tflops(device: str = "cuda", n: int = 8192, reps: int = 20) -> float:
-    """The device's bf16 matmul rate in TFLOP/s: the median of ``reps`` timed n x n x n GEMMs after a warm-up."""
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        a @ b
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1000)
-    times.sort()
-    return 2 * n**3 / times[len(times) // 2] / 1e12

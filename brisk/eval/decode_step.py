@@ -192,8 +192,10 @@ def compiled(fn, spec: str | None):
     if not spec:
         return fn
     backend, _, mode = spec.partition(":")
-    if mode and mode not in COMPILE_MODES:
-        raise ValueError(f"fast decode compile mode {mode!r}: use one of {', '.join(COMPILE_MODES)}")
+    if backend == "cudagraphs":
+        raise ValueError("fast decode compile backend 'cudagraphs' would capture graphs inside the decoder's own")
+    if mode and (mode not in COMPILE_MODES or backend != "inductor"):
+        raise ValueError(f"fast decode compile mode {mode!r}: Inductor's, one of {', '.join(COMPILE_MODES)}")
     return torch.compile(fn, backend=backend, mode=mode or None)
 
 

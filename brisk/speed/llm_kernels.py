@@ -187,7 +187,7 @@ def step_cu_seqlens(cu: torch.Tensor | None) -> tuple[torch.Tensor | None, torch
         return None, None
     version = _version(cu)
     if _STEP_CU[0] is not cu or version is None or _STEP_CU[1] != version:
-        wide = cu.long()
+        wide = cu.to(torch.int64, copy=True)  # a copy even of an int64 cu: fla memoises by the object it gets
         _STEP_CU[:] = [cu, version, wide, wide.cpu()]
     return _STEP_CU[2], _STEP_CU[3]
 
