@@ -6,7 +6,8 @@
 # 1. GPU tests: tests/gpu/test_fast_decode_gpu.py (graphed == eager == generate ids; several tokens a replay);
 # 2. bench/decode_bench.py, round 6's fastest arm (compiled step, length buckets, several tokens a replay, encoder
 #    bf16: 1.62 ms a token at batch 1, 149.75 utts/s at 64; since then the residual add fused with the next
-#    layer's norm: 27 kernels a token fewer) against the same with the step compiled in Inductor's
+#    layer's norm: 27 kernels a token fewer; mono audio read without a torch op on the reader threads, predicted
+#    read of 40 files 41 -> 8-15 ms) against the same with the step compiled in Inductor's
 #    max-autotune-no-cudagraphs mode (_tuned: `brisk eval --fast-compile-mode max-autotune-no-cudagraphs`), at
 #    batches 1, 16 and 64, with the kernel profile (kernels a token, GEMM ms). The goal: <= 1.5 ms a token at
 #    batch 1, >= 150 utts/s at 64. Predicted for _tuned: 1.3-1.5 ms (fewer, fused GEMM epilogues; Triton GEMM

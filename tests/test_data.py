@@ -127,6 +127,19 @@ def test_wav_and_flac_and_resampling(tmp_path):
     assert resample(tone, 16000, 16000 // 2).numel() == 8000
 
 
+def test_channels_averaged_and_mono_taken_as_it_is(tmp_path):
+    """FunASR averages channels; a mono file's samples come back unchanged (no torch op on the reader
+    threads), a stereo file's as the mean of its two channels."""
+    g = torch.Generator().manual_seed(0)
+    left, right = (0.5 * torch.rand(4000, generator=g) - 0.25 for _ in range(2))
+    sf.write(tmp_path / "mono.wav", left.numpy(), 16000, subtype="FLOAT")
+    sf.write(tmp_path / "stereo.wav", torch.stack([left, right], 1).numpy(), 16000, subtype="FLOAT")
+    assert torch.equal(read_audio(str(tmp_path / "mono.wav"), 16000), left)
+    notes: list = []
+    both = read_audio(str(tmp_path / "stereo.wav"), 16000, notes)
+    assert torch.equal(both, torch.stack([left, right], 1).mean(dim=1)) and "down-mixed" in notes[0][0]
+
+
 def test_lfr_stacks_seven_frames_every_six_with_edge_replication():
     feats = torch.arange(20, dtype=torch.float32)[:, None].repeat(1, 2)  # frame i holds value i
     out = lfr(feats, 7, 6)

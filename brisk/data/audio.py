@@ -23,7 +23,9 @@ def read_audio(path: str, fs: int, notes: list[tuple[str, str]] | None = None) -
         data, rate = sf.read(path, dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError, OSError) as e:
         raise AudioError(f"audio file {path} could not be read: {e}") from None
-    wave = torch.from_numpy(data).mean(dim=1)  # FunASR averages channels
+    # FunASR averages channels. A mono file's one column is taken as it is (the same values): readers run on
+    # threads (brisk.eval.decode), and a torch op there would start an intra-op thread team in every reader.
+    wave = torch.from_numpy(data[:, 0]) if data.shape[1] == 1 else torch.from_numpy(data).mean(dim=1)
     if wave.numel() == 0:
         raise AudioError(f"audio file {path} has no samples")
     if notes is not None and data.shape[1] > 1:
