@@ -183,23 +183,25 @@ def test_fast_decoding_freezes_the_collector_only_while_it_decodes(tiny_run, mon
     assert seen[0] > before and seen[1] == before, seen
 
 
-def test_frozen_gc_leaves_a_callers_own_freeze_as_it_was():
+def test_frozen_gc_leaves_a_callers_own_freeze_as_it_was(monkeypatch):
     """An in-process caller that froze objects itself (gc.freeze, e.g. before forking workers) gets them back
-    frozen: the decode's unfreeze must not thaw them; an exception inside restores the same state."""
+    frozen: the decode neither freezes nor unfreezes then (gc.unfreeze would thaw the caller's objects too), also
+    when the body raises; without such a caller it freezes once and unfreezes once. (Counted by calls: the
+    permanent generation's size moves by itself when frozen objects die.)"""
     import gc
 
     from brisk.eval.evaluate import frozen_gc
 
-    keep = [object() for _ in range(10)]  # noqa: F841 - alive while frozen
-    gc.freeze()
-    try:
-        before = gc.get_freeze_count()
-        assert before > 0
-        with frozen_gc(True):
-            assert gc.get_freeze_count() >= before
-        assert gc.get_freeze_count() == before
-        with pytest.raises(KeyError), frozen_gc(True):
-            raise KeyError("x")
-        assert gc.get_freeze_count() == before
-    finally:
-        gc.unfreeze()
+    calls: list[str] = []
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(gc, "unfreeze", lambda: calls.append("unfreeze"))
+    monkeypatch.setattr(gc, "get_freeze_count", lambda: 10)  # the caller's frozen objects
+    with frozen_gc(True):
+        pass
+    with pytest.raises(KeyError), frozen_gc(True):
+        raise KeyError("x")
+    assert calls == []
+    monkeypatch.setattr(gc, "get_freeze_count", lambda: 0)
+    with pytest.raises(KeyError), frozen_gc(True):
+        raise KeyError("x")
+    assert calls == ["freeze", "unfreeze"]
