@@ -3,8 +3,9 @@
 The convention is PaLM's (Chowdhery et al. 2022, appendix B): the FLOPs the model itself needs, whatever the
 implementation does, so that every arm of a benchmark is scored by the same count and MFU is proportional to
 its tokens/s. One difference: PaLM counts the whole square of attention scores (12 x layers x heads x head_dim x
-sequence length a token); this count takes the causal half, which a causal kernel computes. Recomputation (activation checkpointing) is not counted, nor is work an implementation skips
-(speed.label_head computes the LM head on labelled rows only; the count has it on every row).
+sequence length a token); this count takes the causal half, which a causal kernel computes. Recomputation
+(activation checkpointing) is not counted, nor is work an implementation skips (speed.label_head computes the
+LM head on labelled rows only; the count has it on every row).
 
 - Matmuls: every 2-D parameter of the LLM (linear layers, the LM head, LoRA's A and B), except the input
   embedding where it is not also the LM head (a lookup), 2 FLOPs a weight a token forward. The backward takes 2
@@ -43,10 +44,10 @@ def training_flops(llm: nn.Module, seq_lens: list[int]) -> float:
     if head is not None and head.weight is lookup:  # tied: the one matrix is the LM head's too
         lookup = None
     convs = {id(m.weight) for m in llm.modules() if isinstance(m, nn.modules.conv._ConvNd)}
-    odd = [n for n, p in llm.named_parameters() if p.dim() > 2 and id(p) not in convs]
-    if odd:
-        raise ValueError(f"model FLOPs: parameter {odd[0]} has {llm.get_parameter(odd[0]).dim()} dimensions and "
-                         "is not a convolution's (experts?); brisk.bench.flops counts linear layers only")
+    for name, p in llm.named_parameters():
+        if p.dim() > 2 and id(p) not in convs:
+            raise ValueError(f"model FLOPs: parameter {name} has {p.dim()} dimensions and is not a convolution's "
+                             "(experts?); brisk.bench.flops counts linear layers only")
     linear = sum(p.numel() * (6 if p.requires_grad else 4) for p in llm.parameters()
                  if p.dim() == 2 and p is not lookup)  # parameters() yields a tied tensor once
     layers, width = attention_layers(llm)
