@@ -56,6 +56,7 @@ Graphs draw on a memory pool of their own (never the training graphs' pool) and 
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -402,13 +403,7 @@ def replays(spans: list[int], multi_step: bool) -> list[tuple[int, int]]:
     each run of equal spans is one replay; else a replay a step."""
     if not multi_step:
         return [(span, 1) for span in spans]
-    out: list[tuple[int, int]] = []
-    for span in spans:
-        if out and out[-1][0] == span:
-            out[-1] = (span, out[-1][1] + 1)
-        else:
-            out.append((span, 1))
-    return out
+    return [(span, len(list(run))) for span, run in itertools.groupby(spans)]
 
 
 def advance(nxt, finished, out, step, stop, tok, pos, slot, pad: int) -> None:
