@@ -485,7 +485,7 @@ def table(rows: list[dict]) -> str:
            "| ms/step | tokens/step | peak GiB | model TFLOP/s | MFU |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     base = {r["model"]: r for r in rows if r["arm"] == "a_loop" and "tokens_per_s" in r}
     peaks = sorted(r["peak_tflops"] for r in rows if r.get("peak_tflops"))
-    peak = peaks[len(peaks) // 2] if peaks else None  # one denominator for every row: MFU follows tokens/s
+    matmul = peaks[len(peaks) // 2] if peaks else None  # one denominator for every row: MFU follows tokens/s
     for r in rows:
         if "error" in r:
             oom = r["error"].startswith("out of memory")
@@ -498,7 +498,7 @@ def table(rows: list[dict]) -> str:
         ratio = f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x" if b else "-"
         med_ratio = f"{med / statistics.median(b['tps_steps']):.2f}x" if b else "-"
         tflops = r["tokens_per_s"] * r["flops_per_token"] / 1e12 if r.get("flops_per_token") else None
-        mfu = f"{tflops / peak:.1%}" if tflops and peak else "-"
+        mfu = f"{tflops / matmul:.1%}" if tflops and matmul else "-"
         out.append(f"| {r['model']} | {r['arm']} | {r['tokens_per_s']:,.0f} ± {sd:,.0f} | {ratio} | {med:,.0f} | "
                    f"{med_ratio} | {r['ms_per_step']:.0f} | {r['tokens_per_step']:,.0f} | {r['peak_gib']:.1f} | "
                    f"{'-' if tflops is None else f'{tflops:,.1f}'} | {mfu} |")

@@ -44,6 +44,8 @@ def test_an_arm_out_of_memory_is_a_row_not_a_crash(bench, monkeypatch, tmp_path)
     assert text.splitlines()[2].endswith("| 1.0 | - | - |")  # no FLOPs count or peak in that row
     ok.update(tokens_per_s=10_000.0, flops_per_token=6e9, peak_tflops=600.0)  # 60 model TFLOP/s of 600
     assert bench.table([ok]).splitlines()[2].endswith("| 1.0 | 60.0 | 10.0% |")
+    # an out-of-memory row before it leaves the MFU's denominator alone (its peak GiB is the row's own)
+    assert bench.table([row, ok]).splitlines()[3].endswith("| 1.0 | 60.0 | 10.0% |")
 
 
 def test_oom_found_in_a_dead_workers_output(bench):
