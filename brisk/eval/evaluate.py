@@ -187,9 +187,7 @@ def eval_main(args) -> int:
     which = describe_weights(run, w, cfg.train.keep_metric) if folder_kind(run) == "run" else f"weights: {w or run}"
     print(which, flush=True)
     out = Path(args.out) if args.out else (Path(args.model) / "eval" / f"{Path(args.data).stem}.jsonl")
-    rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
-                     fast_compile=compile_spec(args), device_features=not args.cpu_features,
-                     fast_buckets=args.fast_buckets, fast_multi_step=args.fast_multi_step, **encoder_dtype(args))
+    rec = recognizer(cfg, model, tok, device, **decoder_options(args))
     with frozen_gc(rec.fast):
         rows, s = evaluate(rec, items, out, args.batch_size, resume=args.resume, max_utts=args.max_utts,
                            progress=show_progress(args))
@@ -239,6 +237,13 @@ def show_progress(args) -> bool:
     return not args.no_progress and sys.stderr.isatty()
 
 
+def decoder_options(args) -> dict:
+    """`brisk eval` and `brisk transcribe`'s decoding flags as the recognizer's keywords."""
+    return dict(max_new_tokens=args.max_new_tokens, fast=args.fast, fast_compile=compile_spec(args),
+                device_features=not args.cpu_features, fast_buckets=args.fast_buckets,
+                fast_multi_step=args.fast_multi_step, **encoder_dtype(args))
+
+
 def compile_spec(args) -> str | None:
     """The fast decoder's torch.compile spec from --fast-compile and --fast-compile-mode (which implies it)."""
     mode = getattr(args, "fast_compile_mode", None)
@@ -254,9 +259,7 @@ def transcribe_main(args) -> int:
     device = pick_device(args.device)
     args.audio = [data_path(a) for a in args.audio]
     cfg, model, tok, _ = load_run(args.model, args.weights, device)
-    rec = recognizer(cfg, model, tok, device, max_new_tokens=args.max_new_tokens, fast=args.fast,
-                     fast_compile=compile_spec(args), device_features=not args.cpu_features,
-                     fast_buckets=args.fast_buckets, fast_multi_step=args.fast_multi_step, **encoder_dtype(args))
+    rec = recognizer(cfg, model, tok, device, **decoder_options(args))
     items = read_items(args.audio, skip_bad=cfg.data.skip_bad)
     note = audio_note([it.path for it in items], cfg.model.frontend.fs)
     if note:  # on stderr: stdout holds only the transcripts
