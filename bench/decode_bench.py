@@ -240,7 +240,11 @@ def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: 
             timed_transcribe(rec, paths[:n], batch, a.max_new)
         warm = time.perf_counter() - t0
         margins = Margins(rec.model.llm) if base == "plain" else None  # plain's top-1 - top-2 logit at each token
-        results, seconds = timed_transcribe(rec, paths[:n], batch, a.max_new)
+        passes = []  # whole passes over the set, timed one after another: utts/s is their median
+        for _ in range(1 if base == "plain" else max(1, a.passes)):
+            results, seconds = timed_transcribe(rec, paths[:n], batch, a.max_new)
+            passes.append(seconds)
+        seconds = sorted(passes)[len(passes) // 2]
         profile, ids = {}, []
         if margins is not None:
             margins.remove()
@@ -254,7 +258,8 @@ def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: 
     fuse = fused and rec._fast.fused.fuse
     rec.release()
     return {"arm": name, "fused_step": fused, "fuse_gemms": fuse, "batch": batch, "utterances": n, "seconds": seconds,
-            "utts_per_s": n / seconds, "rtf": seconds / sum(audio[:n]), **profile, "warmup_s": warm,
+            "utts_per_s": n / seconds, "utts_per_s_passes": [n / t for t in passes], "rtf": seconds / sum(audio[:n]),
+            **profile, "warmup_s": warm,
             "ids": [r.ids for r in results], "batch_ids": ids,
             "tokens": sum(len(r.ids) for r in results), "tokens_per_utt": sum(len(r.ids) for r in results) / n}
 
@@ -463,7 +468,9 @@ def table(rows: list[dict], skipped: dict, meta: dict) -> str:
             + (", encoder bf16" if enc16 else "")
         if r.get("fused_step") is False and base != "plain" and not base.endswith("_llm"):
             name += " [fused step refused: the LLM's forward]"
-        lines.append(f"| {name} | {r['batch']} | {r['utterances']} | {r['utts_per_s']:.2f} | {r['rtf']:.4f} | "
+        ups = r.get("utts_per_s_passes") or []
+        spread = f" ({min(ups):.1f}-{max(ups):.1f} over {len(ups)} passes)" if len(ups) > 1 else ""
+        lines.append(f"| {name} | {r['batch']} | {r['utterances']} | {r['utts_per_s']:.2f}{spread} | {r['rtf']:.4f} | "
                      f"{r.get('tokens_per_utt', 0):.1f} | {tok} | {prof} | {r['warmup_s']:.1f} |")
     for arm, why in skipped.items():
         lines.append(f"| {names.get(arm_parts(arm.split()[0])[0], arm)} | "
@@ -505,6 +512,8 @@ def main() -> int:
     ap.add_argument("--compile", default="inductor", help="the compiled arms' torch.compile backend (eager: a CPU "
                     "check of the script)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--passes", type=int, default=1,
+                    help="timed whole passes over the utterances a fast arm (utts/s: their median; each pass listed)")
     ap.add_argument("--host-profile", action="store_true", dest="host_profile",
                     help="cProfile one whole batch of each fast arm (host_<arm>_b<batch>.txt in --out)")
     ap.add_argument("--kernel-profile", action="store_true", dest="kernel_profile",

@@ -79,3 +79,25 @@ def test_varlen_reference_matches_per_sequence_attention():
         assert torch.allclose(out[0, s:e], ref[0].transpose(0, 1), atol=1e-5)
     mask = block_causal_mask(cu, t)
     assert mask.sum().item() == sum(n * (n + 1) // 2 for n in [5, 9, 3, 7, 8])
+
+
+def test_segment_of_counts_boundaries_as_searchsorted_does():
+    """segment_of replaced searchsorted(cu[1:], pos, right=True) (Inductor's CUDA lowering failed on it): the same
+    segment for every position, including padding after the last sequence and empty sequences."""
+    from brisk.speed.varlen import segment_of
+
+    for cu in ([0, 3, 3, 7, 10], [0, 5], [0, 2, 4, 6]):
+        c = torch.tensor(cu, dtype=torch.int32)
+        pos = torch.arange(12)
+        want = torch.searchsorted(c.long()[1:], pos, right=True)
+        assert torch.equal(segment_of(c, pos), want), cu
+
+
+def test_block_causal_mask_compiles_with_dynamic_shapes():
+    """The mask inside a compiled block (Inductor, dynamic length), as an fp32 LLM's compiled layers build it."""
+    from brisk.speed.varlen import block_causal_mask
+
+    fn = torch.compile(block_causal_mask, dynamic=True, fullgraph=True)
+    for cu, t in (([0, 3, 7], 8), ([0, 4, 9, 12], 12)):
+        c = torch.tensor(cu, dtype=torch.int32)
+        assert torch.equal(fn(c, t), block_causal_mask(c, t))

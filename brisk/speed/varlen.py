@@ -32,10 +32,18 @@ def _varlen_kernel():
 _KERNEL, _HAS_GQA = _varlen_kernel()
 
 
+def segment_of(cu_seqlens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The segment (sequence or window) of each position: how many of cu_seqlens[1:] are <= it, as
+    searchsorted(cu_seqlens[1:], pos, right=True) gives. Counted by a comparison: Inductor's CUDA lowering of
+    searchsorted on a slice of a cast buffer fails (NotImplementedError: SliceView, torch 2.11; an fp32 LLM's
+    compiled layers on the GPU took this path), and [T, segments] comparisons cost nothing at these sizes."""
+    return (pos[:, None] >= cu_seqlens[None, 1:]).sum(dim=1)
+
+
 def block_causal_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
     """[T, T] bool: token i may see token j iff same sequence and j <= i."""
     pos = torch.arange(length, device=cu_seqlens.device)
-    seq = torch.searchsorted(cu_seqlens.to(torch.long)[1:], pos, right=True)
+    seq = segment_of(cu_seqlens, pos)
     return (seq[:, None] == seq[None, :]) & (pos[None, :] <= pos[:, None])
 
 
@@ -83,7 +91,7 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     q, k, v = [x[rows].transpose(1, 2) for x in (q, k, v)]  # [W, H, L, D]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :], scale=scale)
     pos = torch.arange(t, device=q.device)
-    window = torch.searchsorted(cu[1:], pos, right=True)  # the window of each row
+    window = segment_of(cu, pos)  # the window of each row
     return out.transpose(1, 2)[window, pos - cu[window]]  # [T, H, D]
 
 
