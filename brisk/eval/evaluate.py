@@ -294,7 +294,8 @@ def add_verbs(sub) -> None:
                        help="--fast with the decode step compiled by torch.compile before capture (CUDA; compiles once)")
         p.add_argument("--fast-compile-mode", choices=COMPILE_MODES, default=None,
                        help="--fast-compile with this Inductor mode (max-autotune-no-cudagraphs: GEMM kernels timed "
-                            "against cuBLAS for each shape; compiles for minutes)")
+                            "against cuBLAS for each shape; compiles for minutes; on an H200 faster at --batch-size 1, "
+                            "1.27 against 1.64 ms a token, slower at 16 and 64)")
         p.add_argument("--fast-buckets", action="store_true",
                        help="--fast with the encoder and the prefill replayed from CUDA graphs per length bucket "
                             "(padded shapes: in bf16 ids may part from generate's at near-ties)")
