@@ -221,6 +221,24 @@ def test_a_run_with_the_switch_trains_and_logs_it(tmp_path, capsys):
     assert "optimizer_in_backward: 2 decoder layers (22 tensors)" in out and "step 3 (epoch" in out
 
 
+def test_resume_with_clip_by_previous_norm_is_exact(tmp_path):
+    """6 steps in one run == 3 steps, resume, 3 more, with every step after the first clipped by the previous
+    step's norm: the checkpoint keeps that norm (a resume that dropped it would not clip its first step)."""
+    from brisk.models.build import read_checkpoint
+
+    extra = {"speed.optimizer_in_backward": True, "speed.fused_adamw": True, "speed.clip_by_previous_norm": True,
+             "optim.grad_clip": 0.05, "train.max_steps": 6}  # 0.05: well under the tiny model's norms
+    run_train(tmp_path / "one", **extra)
+    run_train(tmp_path / "two", **{**extra, "train.max_steps": 3})
+    mid = read_checkpoint(tmp_path / "two" / "checkpoints" / "ckpt-00000003.pt")
+    assert mid["trainer"]["clip_norm"] > 0.05
+    run_train(tmp_path / "two", **{**extra, "train.resume": True})
+    a, b = (read_checkpoint(tmp_path / d / "checkpoints" / "ckpt-00000006.pt") for d in ("one", "two"))
+    for k in a["state_dict"]:
+        assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k
+    assert a["trainer"]["clip_norm"] == b["trainer"]["clip_norm"]
+
+
 def test_on_it_adds_hooks_only(tmp_path):
     """With the switch on the model is untouched (no method shadowed, the same state dict keys); the updater's
     only trace is one gradient hook a decoder-layer parameter, which ``remove`` takes off."""

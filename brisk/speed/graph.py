@@ -243,6 +243,8 @@ class GraphedStep:
         """
         t0 = time.perf_counter()
         saved = {p: {k: v.clone() for k, v in st.items() if torch.is_tensor(v)} for p, st in self.optimizer.state.items()}
+        in_backward = self.step.hooks.in_backward
+        norm = in_backward.previous_norm() if in_backward is not None else 0.0
         lr = [g["lr"].clone() for g in self.optimizer.param_groups]
         for g in self.optimizer.param_groups:
             g["lr"].zero_()
@@ -265,8 +267,8 @@ class GraphedStep:
             for k, v in st.items():
                 if torch.is_tensor(v):
                     v.copy_(saved[p][k]) if p in saved else v.zero_()
-        if self.step.hooks.in_backward is not None:  # the warm-ups' norms are not a previous step's
-            self.step.hooks.in_backward.reset()
+        if in_backward is not None:  # the warm-ups' norms are not a previous step's
+            in_backward.set_previous_norm(norm)
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 

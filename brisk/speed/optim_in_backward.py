@@ -34,8 +34,8 @@ Semantics that differ from the plain step (docs/finetune-speed.md):
   metrics["skipped"] is the global flag, as before.
 - clipping (optim.grad_clip > 0) needs the global norm before the first update: refused unless
   speed.clip_by_previous_norm=true, which clips every bucket by the last finite global norm of an earlier
-  step (the kernel's grad_scale, as the plain fused path clips). The first step of a run (and of a resumed
-  run: the norm is not saved) is not clipped.
+  step (the kernel's grad_scale, as the plain fused path clips). The first step of a run is not clipped; a
+  checkpoint keeps the norm, so a resumed run clips as the uninterrupted one does.
 - several ranks (DDP / FSDP): refused in the plan (gradients would be updated before they are reduced).
 """
 
@@ -98,9 +98,13 @@ class OptimizerInBackward:
             h.remove()
         self.handles = []
 
-    def reset(self) -> None:
-        """No previous norm: the next step is not clipped (a graph capture's warm-ups must not leave one)."""
-        self.previous.zero_()
+    def previous_norm(self) -> float:
+        """The norm the next step clips by (0: none, not clipped); a checkpoint keeps it (exact resume)."""
+        return float(self.previous)
+
+    def set_previous_norm(self, norm: float) -> None:
+        """In place: a captured step graph reads this very tensor."""
+        self.previous.fill_(norm)
 
     # ------------------------------------------------------------------------------------ the step
     def arm(self) -> None:

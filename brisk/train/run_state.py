@@ -50,6 +50,7 @@ class Position:
     bad_samples: int = 0
     empty_batches: int = 0
     history: list[dict] = field(default_factory=list)  # validation results
+    clip_norm: float = 0.0  # speed.clip_by_previous_norm: the norm the next step clips by (0: none)
 
 
 # ------------------------------------------------------------------------------- before the folder is touched
@@ -130,7 +131,8 @@ def restore(parts, path: Path) -> Position:
     else:
         log.warning("%s holds RNG states of %d ranks; rank %d keeps its fresh seed", path, len(rngs), rank)
     log.info("resumed from %s at step %d (epoch %d, batch %d of the epoch)", path, t["step"], t["epoch"], t["batches_in_epoch"])
-    return Position(t["step"], t["epoch"], t["batches_in_epoch"], t.get("bad_samples", 0), 0, t.get("history", []))
+    return Position(t["step"], t["epoch"], t["batches_in_epoch"], t.get("bad_samples", 0), 0, t.get("history", []),
+                    t.get("clip_norm", 0.0))
 
 
 # ------------------------------------------------------------------------------------------ what it did

@@ -83,6 +83,8 @@ class Trainer:
                                labelled=family_of(c).labelled)
         if self.probe is not None:
             self.monitor.listeners.append(self.probe.on_metrics)
+        if self.clipping_by_previous and self.pos.clip_norm:  # after the graphs' capture, which keeps it
+            self.in_backward.set_previous_norm(self.pos.clip_norm)
         self.decoder = (ValDecoder(self.valid, self.run_dir, c.train.val_decode, self.device, fast=c.train.val_decode_fast,
                                    recognizer=family_of(c).val_recognizer)
                         if c.train.val_decode else None)
@@ -267,6 +269,15 @@ class Trainer:
                 val.update(self.decoder.run(self.model, self.pos.step, tag))
         return val
 
+    @property
+    def in_backward(self):
+        """speed.optimizer_in_backward's updater, or None (a GraphedStep replays the TrainStep it holds)."""
+        return getattr(self.step_fn, "step", self.step_fn).hooks.in_backward
+
+    @property
+    def clipping_by_previous(self) -> bool:
+        return self.in_backward is not None and self.in_backward.grad_clip > 0
+
     def state(self) -> dict:
         p = self.pos
         model_sd, optim_sd = self.weights()
@@ -275,7 +286,8 @@ class Trainer:
             "optimizer": optim_sd,
             "schedule": self.schedule.state_dict(),
             "trainer": {"step": p.step, "epoch": p.epoch, "batches_in_epoch": p.batches_in_epoch,
-                        "bad_samples": p.bad_samples, "history": p.history},
+                        "bad_samples": p.bad_samples, "history": p.history,
+                        **({"clip_norm": self.in_backward.previous_norm()} if self.clipping_by_previous else {})},
             "config": self.cfg.to_dict(),
         }
 
