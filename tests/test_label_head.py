@@ -106,6 +106,57 @@ def test_chunks_add_up(monkeypatch):
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(g1, g2))
 
 
+def _saved_bytes(fn, inputs) -> int:
+    """Bytes of the storages autograd keeps for the backward while ``fn`` runs, each storage once, the
+    ``inputs``' own storages left out (they live anyway)."""
+    own = {x.untyped_storage().data_ptr() for x in inputs}
+    kept = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in own:
+            kept[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return sum(kept.values()), out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_recompute_gives_the_same_bits_and_keeps_one_chunk(monkeypatch, dtype):
+    """speed.label_head_recompute: loss, counts, statistics and the gradients of the rows and of a trainable head
+    equal the kept-chunks path bit for bit (also under a gradient-accumulation scale, which reaches the chunks
+    through the backward), and the backward keeps no chunk's log-probabilities."""
+    import brisk.speed.label_head as lh
+
+    monkeypatch.setattr(lh, "CHUNK_ROWS", 16)
+    torch.manual_seed(0)
+    h = torch.randn(70, 32, requires_grad=True)  # 5 chunks, the last one short
+    w = torch.randn(300, 32, requires_grad=True)
+    tgt = torch.randint(0, 300, (70,))
+    tgt[::4] = -100
+    results = {}
+    for recompute in (False, True):
+        saved, out = _saved_bytes(lambda: head_loss(h, tgt, w, None, dtype, stats=True, recompute=recompute), (h, w))
+        grads = torch.autograd.grad(out[0] * 0.25, (h, w))  # 0.25: a micro-batch of 4
+        results[recompute] = (saved, out, grads)
+    (s0, o0, g0), (s1, o1, g1) = results[False], results[True]
+    assert torch.equal(o0[0], o1[0]) and torch.equal(o0[1], o1[1]) and torch.equal(o0[2], o1[2])
+    assert all(torch.equal(a, b) for a, b in zip(o0[3], o1[3]))
+    assert all(torch.equal(a, b) for a, b in zip(g0, g1))
+    log_probs = 70 * 300 * 4  # every chunk's fp32 log-probabilities, which cross-entropy keeps
+    assert s0 >= log_probs and s1 < log_probs / 4, (s0, s1)
+
+
+def test_recompute_needs_the_label_head(tmp_path):
+    cfg = tiny_config(tmp_path, **{"speed.label_head": True, "speed.label_head_recompute": True})
+    plan = speed_parts(build_model(cfg.model), cfg)[2]
+    assert plan.loss.recompute and any("recomputed in the backward" in n for n in plan.notes)
+    with pytest.raises(ConfigError, match="label_head_recompute"):
+        speed_parts(build_model(cfg.model), tiny_config(tmp_path, **{"speed.label_head_recompute": True}))
+
+
 def test_switch_on_and_off(tmp_path):
     cfg = tiny_config(tmp_path)
     model = build_model(cfg.model)

@@ -26,6 +26,7 @@ from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from ..formats.batch import Batch
 
@@ -56,29 +57,47 @@ def gather_labelled(labels: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
     return idx[:k], tgt[:k]
 
 
+def _chunk(h: torch.Tensor, tc: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+           llm_dtype: torch.dtype, stats: bool):
+    """One chunk: (summed fp32 cross-entropy, argmax-correct count, fp64 moments or None)."""
+    autocast = torch.autocast(h.device.type, dtype=llm_dtype) if llm_dtype != torch.float32 else nullcontext()
+    with autocast:
+        logits = F.linear(h, weight, bias)  # [C, vocab], the LLM's dtype as in its own lm_head
+    loss = F.cross_entropy(logits.float(), tc, ignore_index=-100, reduction="sum")
+    with torch.no_grad():
+        valid = tc != -100
+        correct = ((logits.argmax(-1) == tc) & valid).sum()
+        sums = None
+        if stats:
+            # fp64 one-pass moments: the chunks are gone by the time a second pass could run.
+            lf = logits.double() * valid.unsqueeze(-1)
+            sums = torch.stack([lf.sum(), lf.pow(2).sum(), lf.abs().sum()])
+    return loss, correct, sums
+
+
 def head_loss(hidden: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-              llm_dtype: torch.dtype, stats: bool = False):
+              llm_dtype: torch.dtype, stats: bool = False, recompute: bool = False):
     """Chunked LM head + fp32 cross-entropy over gathered rows. hidden: [K, D], target: [K] (-100: ignore).
+    ``recompute`` (speed.label_head_recompute): each chunk's head and loss run again in the backward, so one
+    chunk's logits are alive at a time in the backward too, not every chunk's log-probabilities.
 
     Returns (loss, correct, count, (absmean, std) or None) as ``lm_loss`` and ``logit_stats`` compute them.
     """
     dev = hidden.device
-    autocast = torch.autocast(dev.type, dtype=llm_dtype) if llm_dtype != torch.float32 else nullcontext()
     total = torch.zeros((), device=dev, dtype=torch.float32)
     correct = torch.zeros((), device=dev, dtype=torch.long)
     sums = torch.zeros(3, device=dev, dtype=torch.float64)  # sum, sum of squares, sum of |x| (labelled rows)
     for s in range(0, hidden.shape[0], CHUNK_ROWS):
-        h, tc = hidden[s:s + CHUNK_ROWS], target[s:s + CHUNK_ROWS]
-        with autocast:
-            logits = F.linear(h, weight, bias)  # [C, vocab], the LLM's dtype as in its own lm_head
-        total = total + F.cross_entropy(logits.float(), tc, ignore_index=-100, reduction="sum")
-        with torch.no_grad():
-            valid = tc != -100
-            correct += ((logits.argmax(-1) == tc) & valid).sum()
-            if stats:
-                # fp64 one-pass moments: the chunks are gone by the time a second pass could run.
-                lf = logits.double() * valid.unsqueeze(-1)
-                sums += torch.stack([lf.sum(), lf.pow(2).sum(), lf.abs().sum()])
+        args = (hidden[s:s + CHUNK_ROWS], target[s:s + CHUNK_ROWS], weight, bias, llm_dtype, stats)
+        # recompute: the chunk's fp32 log-probabilities (what cross-entropy keeps for its backward, rows x vocab
+        # x 4 bytes) are not kept; the backward runs the chunk's head again. No RNG inside: nothing to preserve
+        # (and reading the CUDA RNG state inside a graph capture would fail).
+        loss, right, chunk_sums = (checkpoint(_chunk, *args, use_reentrant=False, preserve_rng_state=False)
+                                   if recompute else _chunk(*args))
+        total = total + loss
+        correct += right
+        if stats:
+            sums += chunk_sums
     count = (target != -100).sum()
     loss = total / count
     out_stats = None
@@ -101,8 +120,8 @@ class LabelHead:
     (logit stats or None, loss, correct, count), the first item taking the place of the full logits.
     """
 
-    def __init__(self, static: bool = False, frac: float = 0.5):
-        self.static, self.frac = static, frac
+    def __init__(self, static: bool = False, frac: float = 0.5, recompute: bool = False):
+        self.static, self.frac, self.recompute = static, frac, recompute
 
     def rows(self, batch: Batch) -> int:
         """Gathered rows for this batch: its labelled count, or in the static layout the bucket's fixed count."""
@@ -132,13 +151,14 @@ class LabelHead:
         h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, idx)  # [K, D]
         m = _unwrap(model)
         head = m.llm.get_output_embeddings()
-        loss, correct, count, st = head_loss(h, target, head.weight, head.bias, m.llm_dtype, stats)
+        loss, correct, count, st = head_loss(h, target, head.weight, head.bias, m.llm_dtype, stats, self.recompute)
         return st, loss, correct, count
 
 
 def apply_label_head(s) -> tuple[LabelHead, str]:
     """``s``: the run's SpeedConfig."""
-    hook = LabelHead(static=s.cuda_graph, frac=s.label_rows_frac)
+    hook = LabelHead(static=s.cuda_graph, frac=s.label_rows_frac, recompute=s.label_head_recompute)
     what = (f"label_head: LM head and loss on the labelled positions only, {CHUNK_ROWS}-row chunks"
+            + (", recomputed in the backward" if s.label_head_recompute else "")
             + (f"; static layout gathers {s.label_rows_frac:g} x bucket rows (more: a graph of its own)" if s.cuda_graph else ""))
     return hook, what
