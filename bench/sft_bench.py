@@ -123,16 +123,24 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+STEP_GC_MS: list[float] = []  # Python's garbage collections inside each timed step (timed() fills it)
+
+
 def timed(run_step, batches, warmup: int, profile_to: Path | None):
-    times, tokens = [], []
+    from brisk.diagnose.slow import GCWatch
+
+    times, tokens, watch = [], [], GCWatch()
+    STEP_GC_MS.clear()
     for i, (batch, n_tokens) in enumerate(batches):
         sync()
-        t0 = time.perf_counter()
+        t0, gc0 = time.perf_counter(), watch.seconds
         run_step(batch)
         sync()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
             tokens.append(n_tokens)
+            STEP_GC_MS.append(1000 * (watch.seconds - gc0))
+    watch.close()
     if profile_to is not None:
         from torch.profiler import ProfilerActivity, profile
 
@@ -263,6 +271,7 @@ def worker(args) -> dict:
     per_s = [k / t for k, t in zip(tokens, times)]
     return {"model": args.model, "arm": arm, "steps": len(times), "tokens_per_s": sum(tokens) / sum(times),
             "tps_steps": per_s, "ms_per_step": 1000 * statistics.mean(times), "tokens_per_step": statistics.mean(tokens),
+            **({"gc_ms_steps": [round(x, 1) for x in STEP_GC_MS]} if len(STEP_GC_MS) == len(times) else {}),
             "peak_gib": peak_gib(), "note": note, "flops_per_token": flops_per_token(cfg, sample_groups[args.warmup:]),
             "peak_tflops": matmul_peak()}
 
@@ -502,6 +511,13 @@ def table(rows: list[dict]) -> str:
         out.append(f"| {r['model']} | {r['arm']} | {r['tokens_per_s']:,.0f} ± {sd:,.0f} | {ratio} | {med:,.0f} | "
                    f"{med_ratio} | {r['ms_per_step']:.0f} | {r['tokens_per_step']:,.0f} | {r['peak_gib']:.1f} | "
                    f"{'-' if tflops is None else f'{tflops:,.1f}'} | {mfu} |")
+    slow = [(r, i) for r in rows if "tps_steps" in r for i, t in enumerate(r["tps_steps"])
+            if t < 0.6 * statistics.median(r["tps_steps"])]
+    for r, i in slow:  # a step much slower than its arm's median: was it Python's garbage collector?
+        gc_ms = r.get("gc_ms_steps", [None] * len(r["tps_steps"]))[i]
+        out.append(f"\n{r['model']} {r['arm']}: timed step {i + 1} ran at {r['tps_steps'][i]:,.0f} tokens/s "
+                   f"(median {statistics.median(r['tps_steps']):,.0f}); garbage collection in it: "
+                   + ("not recorded" if gc_ms is None else f"{gc_ms:.1f} ms"))
     return "\n".join(out)
 
 

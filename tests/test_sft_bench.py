@@ -83,6 +83,8 @@ def test_tiny_lora_arms_train_adapters_only(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {r["arm"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
     assert set(rows) == {"a_loop", "d_brisk_fast"} and all("tokens_per_s" in r for r in rows.values())
+    # each timed step's garbage-collection time, to explain a slow step (one a step, none negative)
+    assert all(len(r["gc_ms_steps"]) == r["steps"] and min(r["gc_ms_steps"]) >= 0 for r in rows.values())
     counts = {arm: r["note"].rpartition("; ")[2] for arm, r in rows.items()}
     trained, _, total = counts["d_brisk_fast"].partition(" of ")
     assert counts["a_loop"] == counts["d_brisk_fast"]  # peft's adapters and brisk's: same layers, same rank
