@@ -244,7 +244,7 @@ def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: 
         for _ in range(1 if base == "plain" else max(1, a.passes)):
             results, seconds = timed_transcribe(rec, paths[:n], batch, a.max_new)
             passes.append(seconds)
-        seconds = sorted(passes)[len(passes) // 2]
+        seconds = statistics.median(passes)
         profile, ids = {}, []
         if margins is not None:
             margins.remove()

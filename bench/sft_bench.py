@@ -131,16 +131,18 @@ def timed(run_step, batches, warmup: int, profile_to: Path | None):
 
     times, tokens, watch = [], [], GCWatch()
     STEP_GC_MS.clear()
-    for i, (batch, n_tokens) in enumerate(batches):
-        sync()
-        t0, gc0 = time.perf_counter(), watch.seconds
-        run_step(batch)
-        sync()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-            tokens.append(n_tokens)
-            STEP_GC_MS.append(1000 * (watch.seconds - gc0))
-    watch.close()
+    try:
+        for i, (batch, n_tokens) in enumerate(batches):
+            sync()
+            t0, gc0 = time.perf_counter(), watch.seconds
+            run_step(batch)
+            sync()
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+                tokens.append(n_tokens)
+                STEP_GC_MS.append(1000 * (watch.seconds - gc0))
+    finally:  # an out-of-memory row must not leave the callback behind
+        watch.close()
     if profile_to is not None:
         from torch.profiler import ProfilerActivity, profile
 

@@ -356,7 +356,7 @@ class SpeedConfig:
     encoder_dtype: str = "fp32"  # fp32 | bf16: dtype of the frozen encoder and adaptor
     label_head: bool = False  # LM head + loss on the labelled positions only (chunked; no full logits)
     label_rows_frac: float = 0.5  # with cuda_graph: rows gathered per bucket, as a fraction of its length
-    label_head_recompute: bool = False  # with label_head: each 512-row chunk's head and loss run again in the backward instead of keeping every chunk's fp32 log-probabilities (512 x vocab x 4 bytes a chunk) for it; the same gradients, one more head GEMM a step; for large vocabularies and batches under a memory limit
+    label_head_recompute: bool = False  # with label_head: each chunk's head and loss run again in the backward instead of keeping every chunk's fp32 log-probabilities (rows x vocab x 4 bytes) for it; the same gradients, one more head GEMM a step; for large vocabularies and batches under a memory limit
     fresh_grads: bool = False  # with cuda_graph: backward writes new gradients, no zeroing + adding into buffers
     fuse_projections: bool = False  # one GEMM for q/k/v and one for gate/up in each decoder layer (same parameters)
     audio_varlen: bool = False  # model.family=qwen3_asr: the audio tower's windowed attention as one call a layer for all windows (varlen_attn on CUDA in bf16), no host sync per layer

@@ -131,7 +131,8 @@ RULES: tuple[Rule, ...] = (
          "use train.parallel=ddp (LoRA leaves little to shard)"),
     Rule("speed.label_head_recompute, speed.label_head", "config",
          lambda c, d, w: c.speed.label_head_recompute and not c.speed.label_head,
-         "speed.label_head_recompute recomputes speed.label_head's chunks: set speed.label_head=true (or it false)"),
+         "speed.label_head_recompute recomputes speed.label_head's chunks: set speed.label_head=true too, or "
+         "speed.label_head_recompute=false"),
     Rule("speed.label_head, speed.liger_loss", "config", lambda c, d, w: c.speed.label_head and c.speed.liger_loss,
          "speed.label_head and speed.liger_loss are two ways to compute the loss without full logits; use one"),
     # speed/optim_in_backward.py: the layers are updated before the step's global gradient norm exists.

@@ -66,7 +66,7 @@ def test_checkpointed_inputs_grow_with_tokens_and_the_head_chunks():
     assert plain.head == 1024 * vocab * (2 + 4 + 4)  # full logits, fp32 copy, gradient
     chunked = estimate(tiny("speed.label_head=true"), 1024)
     assert chunked.head == 512 * vocab * 8 < plain.head
-    assert "a labelled row kept for the backward" in chunked.head_how  # not in the floor: named
+    assert "a gathered row kept for the backward" in chunked.head_how  # not in the floor: named
     recomputed = estimate(tiny("speed.label_head=true", "speed.label_head_recompute=true"), 1024)
     assert recomputed.head == chunked.head and "kept" not in recomputed.head_how
 

@@ -15,8 +15,9 @@ a 27B config is counted on a laptop in a second. From that:
 - the LM head and loss: with speed.label_head or speed.liger_loss the logits live in chunks of rows (label_head's
   CHUNK_ROWS; liger's chunk is no larger), fp32 logits and their gradient; without either, the whole
   [tokens, vocab] logits in the decoder's dtype plus their fp32 copy and its gradient. label_head without
-  speed.label_head_recompute also keeps each labelled row's fp32 log-probabilities (vocab x 4 bytes) until the
-  backward: not in the floor (the labelled count varies by batch), named in the line.
+  speed.label_head_recompute also keeps each gathered row's fp32 log-probabilities (vocab x 4 bytes) until the
+  backward (the labelled rows; in the graphed layout the bucket's static rows): not in the floor (the count
+  varies by batch), named in the line.
 
 The sum is a floor, not a prediction: one layer's recomputed activations, layers that are not checkpointed,
 kernel workspaces and the caching allocator's slack come on top; the GPU's peak says how much.
@@ -104,7 +105,7 @@ def estimate(cfg: Config, tokens: int | None = None) -> MemoryEstimate:
         rows = min(tokens, CHUNK_ROWS)
         est.head, est.head_how = rows * vocab * 4 * 2, f"{rows}-row chunks, fp32 logits + gradient"
         if cfg.speed.label_head and not cfg.speed.label_head_recompute:  # not in the floor: the count varies
-            est.head_how += (f"; + {vocab * 4 / 2**20:.2f} MiB a labelled row kept for the backward "
+            est.head_how += (f"; + {vocab * 4 / 2**20:.2f} MiB a gathered row kept for the backward "
                              "(speed.label_head_recompute drops it)")
     else:
         est.head = tokens * vocab * (act + 4 + 4)

@@ -69,3 +69,41 @@ def test_graphed_step_with_the_updates_in_the_backward_trains_like_the_plain_one
     assert max(abs(x - y) / abs(x) for x, y in zip(la, lb)) < 1e-3
     assert max(_rel(pa[k], pb[k]) for k in pa) < 1e-3
     assert len(set(la)) > 1
+
+
+def test_graphed_resume_clips_by_the_saved_norm(tmp_path):
+    """speed.clip_by_previous_norm in a graphed run: the checkpoint's norm is restored after the resumed run's
+    graph capture (whose warm-ups must not leave theirs), and the resumed run trains like the uninterrupted one."""
+    import json
+    import shutil
+
+    from brisk.train.run import build_trainer, train
+
+    from .test_gpu_state import RUN, _cfg, _ckpt, _trainable
+
+    common = RUN + FAST + ["speed.optimizer_in_backward=true", "speed.clip_by_previous_norm=true",
+                           "optim.grad_clip=0.05", "train.max_steps=6", "train.save_every=3", "train.keep_n=5"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    train(_cfg(*common, f"train.output_dir={one}"))
+    saved = _ckpt(one, 3)["trainer"]["clip_norm"]
+    assert saved > 0.05  # every step after the first was clipped
+    (two / "checkpoints").mkdir(parents=True)
+    for f in [one / "checkpoints" / "ckpt-00000003.pt", *(one / "checkpoints").glob("frozen-*.pt")]:
+        shutil.copy(f, two / "checkpoints")
+    (two / "checkpoints" / "index.json").write_text(json.dumps({"ckpt-00000003.pt": {"step": 3}}))
+    trainer = build_trainer(_cfg(*common, f"train.output_dir={two}", "train.resume=true"))
+    assert trainer.in_backward.previous_norm() == saved  # after the capture's warm-ups
+    trainer.fit()
+    a, b = _ckpt(one, 6)["state_dict"], _ckpt(two, 6)["state_dict"]
+    keys = _trainable(a)
+    assert max(_rel(a[k], b[k]) for k in keys) < 1e-2  # bf16 graphs: run-to-run atomics only
+
+
+def test_graphed_label_head_recompute_trains_like_keeping_the_chunks():
+    """speed.label_head_recompute inside the captured step (its checkpoints recompute in the graph's backward):
+    the same losses and parameters as label_head alone."""
+    base = FAST + ["speed.label_head=true"]
+    la, pa = _run_steps(base, 6)
+    lb, pb = _run_steps(base + ["speed.label_head_recompute=true"], 6)
+    assert max(abs(x - y) / abs(x) for x, y in zip(la, lb)) < 1e-3
+    assert max(_rel(pa[k], pb[k]) for k in pa) < 1e-3
