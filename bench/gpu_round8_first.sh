@@ -3,10 +3,11 @@
 #   OUT=$OUT bash bench/gpu_round8_first.sh
 # What rounds 6-7 left unrun or failing on the GPU (bench/results/2026-12-02-h200-round7/README.md):
 # 1. tests/gpu/test_llm_step_cuda.py and test_optim_in_backward_cuda.py (the graph capture now keeps the previous
-#    norm instead of zeroing it: the checkpoint restores it) (Qwen3 fp32 compiled == eager failed in Inductor's searchsorted lowering;
+#    norm instead of zeroing it: the checkpoint restores it; new: a graphed resume under clip_by_previous_norm and
+#    label_head_recompute inside the captured step) (Qwen3 fp32 compiled == eager failed in Inductor's searchsorted lowering;
 #    block_causal_mask now counts boundaries with a comparison) while fla's kernels for 16 value heads compile
 #    beside it (bench/fla_warm.py 16: 143 s cold in round 7);
-# 2. then tests/gpu/test_llm_kernels_cuda.py alone with the rest of 420 s (round 7's 240 s limit killed it in
+# 2. then tests/gpu/test_llm_kernels_cuda.py alone with the rest of 450 s (round 7's 240 s limit killed it in
 #    its first test: fla's first compiles): its new test, fla's host syncs a step do not grow with the layers;
 # 3. bench/decode_bench.py at batch 64, the default compile mode as the process's first arm (round 7 call 4:
 #    250 ms a batch outside every timed stage, 74.4 utts/s over 5 passes) with --host-profile (cProfile of one
@@ -28,12 +29,12 @@ print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', 
 
 # 1. the step tests beside fla's compiles
 timeout 200 python3 bench/fla_warm.py 16 > $R/fla_warm.log 2>&1 &
-timeout 180 python3 -m pytest -o addopts= -v -rA --tb=short -p no:warnings -p no:cacheprovider \
+timeout 240 python3 -m pytest -o addopts= -v -rA --tb=short -p no:warnings -p no:cacheprovider \
     tests/gpu/test_llm_step_cuda.py tests/gpu/test_optim_in_backward_cuda.py > $R/gpu_tests_step.log 2>&1
 echo "== step tests exit $? at $(( $(date +%s) - T0 )) s"
 wait
 # 2. the kernel tests alone
-timeout "$(left 420)" python3 -m pytest -o addopts= -v -rA --tb=short -p no:warnings -p no:cacheprovider \
+timeout "$(left 450)" python3 -m pytest -o addopts= -v -rA --tb=short -p no:warnings -p no:cacheprovider \
     tests/gpu/test_llm_kernels_cuda.py > $R/gpu_tests_kernels.log 2>&1
 echo "== kernel tests exit $? at $(( $(date +%s) - T0 )) s"
 # 3. batch-64 decode, host profile
