@@ -11,7 +11,8 @@
 #    its first test: fla's first compiles): its new test, fla's host syncs a step do not grow with the layers;
 # 3. bench/decode_bench.py at batch 64, the default compile mode as the process's first arm (round 7 call 4:
 #    250 ms a batch outside every timed stage, 74.4 utts/s over 5 passes) with --host-profile (cProfile of one
-#    whole-batch transcribe: host_*.txt) and 5 passes, then its batch-1 row.
+#    whole-batch transcribe: host_*.txt) and 5 passes, then its batch-1 row;
+# 4. `brisk doctor --kernels` on Qwen3 1.7B with speed.compile: its compiled-decoder-layer check's first GPU run.
 # Everything lands in $OUT/all.tgz; the summary is printed last.
 set -uo pipefail
 T0=$(date +%s)
@@ -38,12 +39,17 @@ timeout "$(left 450)" python3 -m pytest -o addopts= -v -rA --tb=short -p no:warn
     tests/gpu/test_llm_kernels_cuda.py > $R/gpu_tests_kernels.log 2>&1
 echo "== kernel tests exit $? at $(( $(date +%s) - T0 )) s"
 # 3. batch-64 decode, host profile
-timeout "$(left 565)" python3 bench/decode_bench.py --out $R/decode --arms fast_compile_buckets_multi_enc16 \
-    --batches 64,1 --repeats 1 --passes 5 --host-profile --budget "$(( $(left 565) - 10 ))" > $R/decode.log 2>&1
+timeout "$(left 520)" python3 bench/decode_bench.py --out $R/decode --arms fast_compile_buckets_multi_enc16 \
+    --batches 64,1 --repeats 1 --passes 5 --host-profile --budget "$(( $(left 520) - 10 ))" > $R/decode.log 2>&1
 echo "== decode_bench exit $? at $(( $(date +%s) - T0 )) s"
+# 4. the kernel doctor with its new compiled-layer check (Qwen3 1.7B, compile on)
+timeout "$(left 590)" python3 -m brisk doctor --kernels configs/sft_qwen3_1p7b.yaml speed.preset=fast \
+    speed.compile=true > $R/doctor_1p7b.md 2>&1
+echo "== doctor exit $? at $(( $(date +%s) - T0 )) s"
 
 tar czf "$OUT/all.tgz" -C /tmp r8 2>/dev/null
 { cat $R/machine.txt; grep -E "PASSED|FAILED|ERROR|passed|failed" $R/gpu_tests_step.log $R/gpu_tests_kernels.log | tail -n 30
   grep -E "^\| brisk" $R/decode/decode_bench.md 2>/dev/null | cut -c1-260; head -n 40 $R/decode/host_*b64.txt 2>/dev/null
+  grep -E "^\| " $R/doctor_1p7b.md 2>/dev/null
 } > "$OUT/summary.md"
 echo "== done in $(( $(date +%s) - T0 )) s"; cat "$OUT/summary.md"

@@ -47,3 +47,36 @@ def test_a_wrong_gradient_is_outside_its_bound():
 def test_the_cli_takes_the_config_and_overrides(capsys):
     assert main(["doctor", "--kernels", str(ROOT / "configs/sft_demo.yaml"), *TINY_QWEN3_5]) == 0
     assert "| Gated DeltaNet" in capsys.readouterr().out
+
+
+QWEN3_TREE = {"model_type": "qwen3", "vocab_size": 392, "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+QWEN3_5_TREE = {"model_type": "qwen3_5_text", "vocab_size": 392, "hidden_size": 64, "intermediate_size": 128,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32,
+                "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4,
+                "layer_types": ["linear_attention", "full_attention"]}
+
+
+def test_compiled_layer_check_runs_a_packed_row_and_catches_a_wrong_graph():
+    """The compiled-decoder check (run on CUDA when the plan compiles) on the CPU with Dynamo's aot_eager backend:
+    a dense and a hybrid config's full-attention layer are within bound on a packed row; a backend whose graphs
+    return outputs 20% off is reported outside it."""
+    from brisk.diagnose.kernel_doctor import check_compiled_layer
+
+    lengths = (3, 17, 30)
+    for tree in (QWEN3_TREE, QWEN3_5_TREE):
+        torch._dynamo.reset()
+        c = check_compiled_layer(tree, lengths, "cpu", backend="aot_eager")
+        assert c.ratio <= 1 and c.kernel_ms > 0 and c.fallback_ms > 0, (tree["model_type"], c)
+        assert "3 conversations, 50 tokens, hidden 64" in c.shape
+
+    def off_by_a_fifth(gm, example_inputs):
+        def run(*args):
+            outs = gm(*args)
+            return type(outs)(o * 1.2 if torch.is_tensor(o) and o.is_floating_point() else o for o in outs)
+        return run
+
+    torch._dynamo.reset()
+    bad = check_compiled_layer(QWEN3_TREE, lengths, "cpu", backend=off_by_a_fifth)
+    assert bad.ratio > 1 and "OUTSIDE" in bad.line()

@@ -238,6 +238,73 @@ def check_varlen_attention(tree: dict, lengths, device: str) -> Check:
     return c
 
 
+def decoder_layer(tree: dict, device: str, dtype: torch.dtype):
+    """(one full-attention decoder layer of the config's LLM, its rotary embedding) on ``device``, initialised as
+    transformers initialises a model (std 0.02 weights), attention through brisk_varlen as speed.packing runs it.
+    Built alone: the 248k-row embedding of a Qwen3.5 need not exist for one layer."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ..speed.varlen import NAME, register
+
+    register()
+    keys = {k: v for k, v in tree.items() if k not in ("architectures", "auto_map", "torch_dtype", "dtype")}
+    c = AutoConfig.for_model(**keys)
+    c.num_hidden_layers = 1
+    if getattr(c, "layer_types", None):
+        c.layer_types = ["full_attention"]
+    c._attn_implementation = NAME
+    with torch.device("meta"):
+        shell = AutoModelForCausalLM.from_config(c)
+    layer = shell.model.layers[0].to_empty(device=device)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            init = torch.zeros(p.shape) if "norm" in name else torch.randn(p.shape, generator=gen) * 0.02
+            if "norm" in name and not str(tree.get("model_type", "")).startswith(("qwen3_5", "qwen3_next")):
+                init += 1.0  # (1 + weight) norms start at zero, plain ones at one
+            p.copy_(init)
+    rotary = type(shell.model.rotary_emb)(config=c).to(device)  # outside the meta context: real inv_freq
+    return layer.to(dtype), rotary
+
+
+def check_compiled_layer(tree: dict, lengths, device: str, backend: str = "inductor") -> Check:
+    """A decoder layer compiled as speed.compile compiles each one (Dynamo with dynamic shapes, ``backend``) on a
+    packed row of the config's conversations, against the same layer in fp32 eager: output and input gradient.
+    Timed against the eager layer in the run's dtype; the first call's compile time is in the shape column."""
+    import copy
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    layer, rotary = decoder_layer(tree, device, dtype)
+    reference = copy.deepcopy(layer).float()
+    compiled = copy.deepcopy(layer)
+    compiled.compile(dynamic=True, backend=backend)
+    t = sum(lengths)
+    hidden = int(tree.get("hidden_size", 1024))
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(1, t, hidden, generator=gen).to(device, dtype)
+    do = torch.randn(1, t, hidden, generator=gen).to(device, dtype)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    pos = torch.cat([torch.arange(n) for n in lengths]).to(device)[None]
+    packed = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(lengths), "max_length_k": max(lengths)}
+
+    def run(module):
+        def fn(x):
+            out = module(x, attention_mask=None, position_ids=pos, position_embeddings=rotary(x, pos), **packed)
+            return out[0] if isinstance(out, tuple) else out
+        return fn
+
+    t0 = time.perf_counter()
+    G.grads(run(compiled), {"x": x}, do)  # the first call compiles
+    _sync()
+    compile_s = time.perf_counter() - t0
+    shape = (f"one decoder layer, {len(lengths)} conversations, {t} tokens, hidden {hidden}; "
+             f"compiled in {compile_s:.1f} s ({backend}, dynamic shapes)")
+    c = _check("compiled decoder layer (speed.compile)", shape, run(compiled), run(reference), {"x": x}, do)
+    c.kernel_ms = _ms(lambda: G.grads(run(compiled), {"x": x}, do))
+    c.fallback_ms, c.fallback = _ms(lambda: G.grads(run(layer), {"x": x}, do)), "the same layer, eager"
+    return c
+
+
 # -------------------------------------------------------------------------------------- what falls back
 def fallbacks(tree: dict, plan, device: str) -> list[str]:
     """Where transformers or the plan takes a slow or a wrong path, in plain words."""
@@ -277,8 +344,8 @@ def fallbacks(tree: dict, plan, device: str) -> list[str]:
     if "packing" not in plan:
         lines.append("attention: padded batches (speed.packing off): the padded-mask SDPA call, which on Hopper can "
                      "take cuDNN's per-shape plan builds (see `brisk doctor`)")
-    if "compile" in plan:
-        lines.append("compile: not run here (minutes to compile); `brisk probe compare` checks a compiled run")
+    if "compile" in plan and device != "cuda":
+        lines.append("compile: the plan compiles nothing on the CPU (speed.compile is for CUDA devices)")
     return lines
 
 
@@ -331,6 +398,8 @@ def kernel_doctor(config: str, overrides: list[str] | None = None) -> str:
         else:
             cannot.append("liger-kernel: " + ("Triton kernels need CUDA" if device == "cpu" else "not installed"))
         lines.append(check_varlen_attention(tree, lengths, device).line())
+        if "compile" in plan.on and device == "cuda":
+            lines.append(check_compiled_layer(tree, lengths, device).line())
         if device == "cpu":
             cannot.append("FlashAttention-2 varlen: CUDA only (checked above: the CPU's block-causal SDPA path)")
     lines += ["", "## Where a slow or wrong path is taken", ""] + [f"- {x}" for x in fallbacks(tree, plan, device)]
