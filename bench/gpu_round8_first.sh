@@ -9,6 +9,7 @@
 #    beside it (bench/fla_warm.py 16: 143 s cold in round 7);
 # 2. then tests/gpu/test_llm_kernels_cuda.py alone with the rest of 450 s (round 7's 240 s limit killed it in
 #    its first test: fla's first compiles): its new test, fla's host syncs a step do not grow with the layers;
+#    and tests/gpu/test_kernel_doctor_cuda.py (the doctor on CUDA: every kernel within its bound, the compiled layer);
 # 3. bench/decode_bench.py at batch 64, the default compile mode as the process's first arm (round 7 call 4:
 #    250 ms a batch outside every timed stage, 74.4 utts/s over 5 passes) with --host-profile (cProfile of one
 #    whole-batch transcribe: host_*.txt) and 5 passes, then its batch-1 row;
@@ -36,7 +37,7 @@ echo "== step tests exit $? at $(( $(date +%s) - T0 )) s"
 wait
 # 2. the kernel tests alone
 timeout "$(left 450)" python3 -m pytest -o addopts= -v -rA --tb=short -p no:warnings -p no:cacheprovider \
-    tests/gpu/test_llm_kernels_cuda.py > $R/gpu_tests_kernels.log 2>&1
+    tests/gpu/test_llm_kernels_cuda.py tests/gpu/test_kernel_doctor_cuda.py > $R/gpu_tests_kernels.log 2>&1
 echo "== kernel tests exit $? at $(( $(date +%s) - T0 )) s"
 # 3. batch-64 decode, host profile
 timeout "$(left 520)" python3 bench/decode_bench.py --out $R/decode --arms fast_compile_buckets_multi_enc16 \
