@@ -338,6 +338,9 @@ def test_compile_spec_carries_an_inductor_mode(monkeypatch):
     assert compile_spec(p.parse_args(["eval", "run", "d.jsonl", "--fast-compile"])) == "inductor"
     args = p.parse_args(["transcribe", "run", "a.wav", "--fast-compile-mode", "max-autotune-no-cudagraphs"])
     assert compile_spec(args) == "inductor:max-autotune-no-cudagraphs"
+    for batch, mode in (("1", "max-autotune-no-cudagraphs"), ("16", "default")):  # auto: by the measured trade
+        args = p.parse_args(["eval", "run", "d.jsonl", "--fast-compile-mode", "auto", "--batch-size", batch])
+        assert compile_spec(args) == f"inductor:{mode}"
     with pytest.raises(SystemExit):
         p.parse_args(["eval", "run", "d.jsonl", "--fast-compile-mode", "reduce-overhead"])
 

@@ -244,9 +244,18 @@ def decoder_options(args) -> dict:
                 fast_multi_step=args.fast_multi_step, **encoder_dtype(args))
 
 
+# --fast-compile-mode auto: one H200, round 7 (bench/results/2026-12-02-h200-round7): max-autotune's Triton GEMM
+# templates beat cuBLAS for one row (1.27 against 1.64 ms a token) and lose at 16 and 64 rows (1.7 vs 1.6, 2.4 vs
+# 2.0 ms a step).
+AUTO_TUNED_MAX_BATCH = 1
+
+
 def compile_spec(args) -> str | None:
-    """The fast decoder's torch.compile spec from --fast-compile and --fast-compile-mode (which implies it)."""
+    """The fast decoder's torch.compile spec from --fast-compile and --fast-compile-mode (which implies it); auto
+    picks max-autotune-no-cudagraphs for --batch-size 1 and Inductor's default mode above it."""
     mode = getattr(args, "fast_compile_mode", None)
+    if mode == "auto":
+        mode = "max-autotune-no-cudagraphs" if args.batch_size <= AUTO_TUNED_MAX_BATCH else "default"
     if mode:
         return f"inductor:{mode}"
     return args.fast_compile
@@ -292,10 +301,11 @@ def add_verbs(sub) -> None:
                        help="static KV cache; on CUDA each batch bucket's decode step is a CUDA graph (same ids)")
         p.add_argument("--fast-compile", action="store_const", const="inductor", default=None,
                        help="--fast with the decode step compiled by torch.compile before capture (CUDA; compiles once)")
-        p.add_argument("--fast-compile-mode", choices=COMPILE_MODES, default=None,
+        p.add_argument("--fast-compile-mode", choices=(*COMPILE_MODES, "auto"), default=None,
                        help="--fast-compile with this Inductor mode (max-autotune-no-cudagraphs: GEMM kernels timed "
                             "against cuBLAS for each shape; compiles for minutes; on an H200 faster at --batch-size 1, "
-                            "1.27 against 1.64 ms a token, slower at 16 and 64)")
+                            "1.27 against 1.64 ms a token, slower at 16 and 64; auto: that mode at --batch-size 1, "
+                            "the default above it)")
         p.add_argument("--fast-buckets", action="store_true",
                        help="--fast with the encoder and the prefill replayed from CUDA graphs per length bucket "
                             "(padded shapes: in bf16 ids may part from generate's at near-ties)")
