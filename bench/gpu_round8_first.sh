@@ -12,7 +12,8 @@
 #    and tests/gpu/test_kernel_doctor_cuda.py (the doctor on CUDA: every kernel within its bound, the compiled layer);
 # 3. bench/decode_bench.py at batch 64, the default compile mode as the process's first arm (round 7 call 4:
 #    250 ms a batch outside every timed stage, 74.4 utts/s over 5 passes) with --host-profile (cProfile of one
-#    whole-batch transcribe: host_*.txt) and 5 passes, then its batch-1 row;
+#    whole-batch transcribe: host_*.txt) and 5 passes, then its batch-1 row; before it, bench/read_scaling.py
+#    (40 files read on 1-15 threads: round 7's reads were 5x slower than the threads allow);
 # 4. `brisk doctor --kernels` on Qwen3 1.7B with speed.compile: its compiled-decoder-layer check's first GPU run.
 # Everything lands in $OUT/all.tgz; the summary is printed last.
 set -uo pipefail
@@ -39,7 +40,8 @@ wait
 timeout "$(left 450)" python3 -m pytest -o addopts= -v -rA --tb=short -p no:warnings -p no:cacheprovider \
     tests/gpu/test_llm_kernels_cuda.py tests/gpu/test_kernel_doctor_cuda.py > $R/gpu_tests_kernels.log 2>&1
 echo "== kernel tests exit $? at $(( $(date +%s) - T0 )) s"
-# 3. batch-64 decode, host profile
+# 3. batch-64 decode, host profile; first how reading 40 files scales with threads on this host
+python3 bench/read_scaling.py bench/tmp/wholerun_data/audio/valid --files 40 > $R/read_scaling.md 2>&1
 timeout "$(left 520)" python3 bench/decode_bench.py --out $R/decode --arms fast_compile_buckets_multi_enc16 \
     --batches 64,1 --repeats 1 --passes 5 --host-profile --budget "$(( $(left 520) - 10 ))" > $R/decode.log 2>&1
 echo "== decode_bench exit $? at $(( $(date +%s) - T0 )) s"
@@ -51,6 +53,6 @@ echo "== doctor exit $? at $(( $(date +%s) - T0 )) s"
 tar czf "$OUT/all.tgz" -C /tmp r8 2>/dev/null
 { cat $R/machine.txt; grep -E "PASSED|FAILED|ERROR|passed|failed" $R/gpu_tests_step.log $R/gpu_tests_kernels.log | tail -n 30
   grep -E "^\| brisk" $R/decode/decode_bench.md 2>/dev/null | cut -c1-260; head -n 40 $R/decode/host_*b64.txt 2>/dev/null
-  grep -E "^\| " $R/doctor_1p7b.md 2>/dev/null
+  grep -E "^\| " $R/doctor_1p7b.md 2>/dev/null; cat $R/read_scaling.md
 } > "$OUT/summary.md"
 echo "== done in $(( $(date +%s) - T0 )) s"; cat "$OUT/summary.md"
