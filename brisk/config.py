@@ -255,12 +255,13 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
     eps: float = 1e-8  # AdamW epsilon
     warmup_steps: int = 2500  # FunASR's WarmupLR: peak lr at warmup_steps, then ~1/sqrt(step)
+    warmup_step_tokens: int = 0  # the tokens an optimizer step held (data.batch_tokens x train.accum_grad) when warmup_steps was chosen: another batch size gets warmup_steps scaled to the same tokens, so the learning rate at each token seen is the recipe's (FunASR's schedule scales exactly); 0: warmup_steps as given
     grad_clip: float = 5.0  # 0 disables clipping (the grad norm is still measured)
 
     def __post_init__(self):
         if not self.lr > 0:
             raise ConfigError(f"optim.lr={self.lr}: must be a number above 0 (for example 2e-4)")
-        for k in ("weight_decay", "eps", "warmup_steps", "grad_clip"):
+        for k in ("weight_decay", "eps", "warmup_steps", "warmup_step_tokens", "grad_clip"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"optim.{k}={getattr(self, k)}: must be 0 or more")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):

@@ -118,3 +118,33 @@ def test_skip_bad_trains_through_bad_input_and_reports_counts(tmp_path):
     assert (f"2 of 11 audio files do not exist or cannot be decoded; their 2 lines are skipped (data.skip_bad=true), "
             f"first: {data}:6:") in log and f"{data}:8: {tmp_path}/corrupt.wav (" in log  # (soundfile's why)
     assert sum("corrupt.wav" in line for line in log.splitlines()) == 1  # said once, at start, not every epoch
+
+
+def test_warmup_scaled_to_the_same_tokens(tmp_path):
+    """optim.warmup_step_tokens: a recipe's warmup (2,500 steps of 6,000 tokens) at 4x the tokens a step is 625
+    steps, and FunASR's schedule then gives the recipe's learning rate at every token count; unset or at the
+    recipe's own batch nothing changes; accumulated batches count."""
+    from brisk.config import ConfigError
+    from brisk.train.optim import warmup_steps
+
+    cfg = tiny_config(tmp_path, **{"optim.warmup_steps": 2500, "optim.warmup_step_tokens": 6000,
+                                   "data.batch_tokens": 24000})
+    steps, note = warmup_steps(cfg)
+    assert steps == 625 and "2500 steps of 6,000 tokens -> 625 steps of 24,000" in note
+    model = torch.nn.Linear(2, 2)
+    ref = WarmupLR(torch.optim.AdamW(model.parameters(), lr=1e-3), 1e-3, 2500)
+    mine = WarmupLR(torch.optim.AdamW(model.parameters(), lr=1e-3), 1e-3, steps)
+    for k in (1, 100, 625, 5000):
+        assert mine.lr_at(k) == pytest.approx(ref.lr_at(4 * k), rel=1e-12)
+    same = tiny_config(tmp_path, **{"optim.warmup_step_tokens": 3000, "data.batch_tokens": 1500,
+                                    "train.accum_grad": 2, "optim.warmup_steps": 100})
+    assert warmup_steps(same) == (100, None)
+    assert warmup_steps(tiny_config(tmp_path, **{"optim.warmup_steps": 100})) == (100, None)
+    with pytest.raises(ConfigError, match="warmup_step_tokens"):
+        tiny_config(tmp_path, **{"optim.warmup_step_tokens": -1})
+
+
+def test_a_run_logs_its_scaled_warmup(tmp_path):
+    run_train(tmp_path, **{"optim.warmup_steps": 40, "optim.warmup_step_tokens": 4000, "data.batch_tokens": 2000,
+                           "train.max_steps": 2, "train.save_final": False})
+    assert "optim: warmup 40 steps of 4,000 tokens -> 80 steps of 2,000" in (tmp_path / "train.log").read_text()

@@ -256,7 +256,7 @@ def render(results: dict, extra: dict, flops: float, rate: float, rate_what: str
               + ", ".join(f"{n}: {results[n][0]['positions']:.0f}" for n in names)]
     if own_stream:
         lines += ["", "* batches of its own (data.batch_tokens): an epoch is the same tokens in fewer, larger steps; "
-                  "the same learning-rate schedule per token needs optim.warmup_steps divided by the same factor."]
+                  "the same learning-rate schedule per token: optim.warmup_step_tokens (warmup_steps scaled to the batch)."]
     lines += ["", "Run-to-run spread of the mean (max-min over mean): " + ", ".join(spread)]
     return "\n".join(lines) + "\n"
 

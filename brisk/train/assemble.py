@@ -27,7 +27,7 @@ from ..families import family_of
 from ..plan import SpeedPlan, make_plan, preset_values
 from ..speed import Accelerated, accelerate
 from ..speed.flags import run_scope
-from .optim import WarmupLR, build_optimizer, trainable_params
+from .optim import WarmupLR, build_optimizer, trainable_params, warmup_steps
 from .step import StepHooks, TrainStep
 
 log = logging.getLogger("brisk")
@@ -102,7 +102,10 @@ def assemble(cfg: Config, ranks: Ranks) -> Parts:
         log.info(note)
     # After FSDP sharding: the optimizer sees the shards.
     optimizer = build_optimizer(model, cfg.optim, fused=plan.fused_adamw, capturable=plan.capturable)
-    schedule = WarmupLR(optimizer, cfg.optim.lr, cfg.optim.warmup_steps)
+    warmup, note = warmup_steps(cfg)
+    if note:
+        log.info(note)
+    schedule = WarmupLR(optimizer, cfg.optim.lr, warmup)
     return Parts(cfg, plan, ranks, model, accel, net, shape_sync, grad_sync, optimizer, schedule, collator_for(cfg))
 
 

@@ -29,6 +29,18 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, *, fused: bool = False, 
     return torch.optim.AdamW(params, **kwargs)
 
 
+def warmup_steps(cfg) -> tuple[int, str | None]:
+    """(optimizer steps of warmup, a log line or None): optim.warmup_steps, or with optim.warmup_step_tokens set
+    that warmup scaled to the same tokens at this run's batch (data.batch_tokens x train.accum_grad). FunASR's
+    schedule at warmup w / f gives at step k / f the learning rate it gives at step k with warmup w."""
+    o, tokens = cfg.optim, cfg.data.batch_tokens * cfg.train.accum_grad
+    if not o.warmup_step_tokens or tokens == o.warmup_step_tokens:
+        return o.warmup_steps, None
+    steps = max(1, round(o.warmup_steps * o.warmup_step_tokens / tokens))
+    return steps, (f"optim: warmup {o.warmup_steps} steps of {o.warmup_step_tokens:,} tokens -> {steps} steps of "
+                   f"{tokens:,} (data.batch_tokens x train.accum_grad): the same learning rate at each token seen")
+
+
 class WarmupLR:
     """FunASR's WarmupLR: lr(k) = base * w**0.5 * min(k**-0.5, k * w**-1.5) for optimizer step k = 1, 2, ...
 
