@@ -165,7 +165,7 @@ def _write_store(folder: Path, results, dtype, skip_bad: bool) -> dict:
             if "fatal" in r:
                 raise DataError(r["fatal"])
             if r["bad"] and not skip_bad:
-                raise DataError(f"{r['bad'][0]} (set data.skip_bad=true to skip and count such rows)")
+                raise DataError(r["bad"][0], "rows")
             ids.write(r["ids"])
             mask.write(r["mask"])
             lengths.append(r["lengths"])

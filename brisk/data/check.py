@@ -47,8 +47,7 @@ def check_audio_files(index: JsonlIndex, path: str | Path, skip_bad: bool) -> No
     what = "do not exist" if not folders else "are folders, not files" if folders == len(missing) else "do not exist or are folders"
     first = "; ".join(f"{u.source}: {p}" + (" (a folder)" if os.path.isdir(p) else "") for u, p in missing[:SHOW])
     if not skip_bad:
-        raise DataError(f"{path}: {len(missing)} of {total} audio files {what}, first: {first} "
-                        "(set data.skip_bad=true to skip and count such lines)")
+        raise DataError(f"{path}: {len(missing)} of {total} audio files {what}, first: {first}", "lines")
     bad = {id(u) for u, _ in missing}
     index.utterances = [u for u in index.utterances if id(u) not in bad]
     index.skipped += [f"{u.source}: audio file {p} not found" for u, p in missing]
@@ -92,8 +91,7 @@ def check_audio_headers(index: JsonlIndex, path: str | Path, skip_bad: bool) -> 
     first = "; ".join(f"{u.source}: {p} ({why})" for u, p, why in bad[:SHOW])
     total = sum(len(u.audio_paths()) for u in index.utterances)
     if not skip_bad:
-        raise DataError(f"{path}: {len(bad)} of {total} audio files cannot be decoded, first: {first} "
-                        "(set data.skip_bad=true to skip and count such lines)")
+        raise DataError(f"{path}: {len(bad)} of {total} audio files cannot be decoded, first: {first}", "lines")
     ids = {id(u) for u, _, _ in bad}
     index.utterances = [u for u in index.utterances if id(u) not in ids]
     index.skipped += [f"{u.source}: audio file {p} cannot be decoded ({why})" for u, p, why in bad]

@@ -63,7 +63,7 @@ class SpeechDataset(torch.utils.data.Dataset):
         except (AudioError, DataError) as e:
             message = f"{utt.source}: {e}" if not str(e).startswith(utt.source) else str(e)
             if not self.skip_bad:
-                raise DataError(f"{message} (set data.skip_bad=true to skip and count such samples)") from None
+                raise DataError(message, "samples") from None
             return Sample(utt.key, error=message)
 
     def _load(self, utt: Utterance, gen: torch.Generator) -> Sample:

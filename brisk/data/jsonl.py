@@ -164,7 +164,7 @@ def read_jsonl(path: str | Path, *, max_speech_length: int, max_text_length: int
                     raise DataError(f"{where}: text_length={utt.text_length} is over data.max_text_length={max_text_length}")
             except DataError as e:
                 if not skip_bad:
-                    raise DataError(f"{e} (set data.skip_bad=true to skip and count such lines)") from None
+                    raise DataError(str(e), "lines") from None
                 index.skipped.append(str(e))
                 continue
             index.utterances.append(utt)

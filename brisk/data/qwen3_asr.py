@@ -94,7 +94,7 @@ def read_recipe_jsonl(path: str | Path, skip_bad: bool) -> tuple[list[Utterance]
             except (DataError, ValueError, RuntimeError) as e:
                 message = str(e) if isinstance(e, DataError) else f"{where}: {e}"
                 if not skip_bad:
-                    raise DataError(f"{message} (set data.skip_bad=true to skip and count such lines)") from None
+                    raise DataError(message, "lines") from None
                 skipped.append(message)
     if not utts:
         raise DataError(f"{path}: no usable utterances")
@@ -199,7 +199,7 @@ class Qwen3ASRDataset(torch.utils.data.Dataset):
         except (AudioError, DataError) as e:
             message = f"{utt.source}: {e}" if not str(e).startswith(utt.source) else str(e)
             if not self.skip_bad:
-                raise DataError(f"{message} (set data.skip_bad=true to skip and count such samples)") from None
+                raise DataError(message, "samples") from None
             return Sample(utt.key, error=message)
 
 

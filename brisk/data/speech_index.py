@@ -162,7 +162,7 @@ def _write_index(folder: Path, path: Path, units: list[Unit], results, skip_bad:
         for rel, msg in r["bad"]:
             msg = _fix(msg, path, line0 + rel, rel)
             if not skip_bad:
-                raise DataError(f"{msg} (set data.skip_bad=true to skip and count such lines)")
+                raise DataError(msg, "lines")
             skipped.append(msg)
         for rel, msg in r["suspects"]:
             msg = _fix(msg, path, line0 + rel, rel)
@@ -195,8 +195,8 @@ def _write_index(folder: Path, path: Path, units: list[Unit], results, skip_bad:
                             ("cannot be decoded", n_broken)) if n]
     what = " or ".join(kinds) if kinds else "do not exist"
     if n_missing and not skip_bad:
-        raise DataError(f"{path}: {n_missing} of {n_audio} audio files {what}, first: "
-                        f"{'; '.join(first_missing)} (set data.skip_bad=true to skip and count such lines)")
+        raise DataError(f"{path}: {n_missing} of {n_audio} audio files {what}, first: {'; '.join(first_missing)}",
+                        "lines")
     for k in FIELDS:
         np.save(folder / f"{k}.npy", np.concatenate(cols[k]) if cols[k] else np.zeros(0, DTYPES[k]))
     if skipped:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +48,6 @@ def _duration(path: Path) -> float:
         return 0.0  # unreadable here: sorted last; reading it for decoding says what is wrong, naming the file
 
 
-TRAIN_HINT = r"\(set data\.skip_bad=true to skip and count such (lines|samples)\)$"
 EVAL_HINT = "(fix or remove such lines: eval and transcribe skip them only for a run trained with data.skip_bad=true)"
 
 
@@ -74,7 +72,7 @@ def read_items(sources: list[str], max_speech_length: int = 10**9, skip_bad: boo
             try:
                 index = read_jsonl(p, max_speech_length=max_speech_length, max_text_length=10**9, skip_bad=skip_bad)
             except DataError as e:  # training's hint names a key these commands do not take
-                raise DataError(re.sub(TRAIN_HINT, EVAL_HINT, str(e))) from None
+                raise DataError(f"{e.problem} {EVAL_HINT}" if e.skippable else str(e)) from None
             for u in index.utterances:
                 ref = u.assistant[0] if u.assistant else None
                 items.append(Item(len(items), u.key, u.audio_paths()[0], ref, u.speech_length / 100))
