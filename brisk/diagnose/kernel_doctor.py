@@ -239,8 +239,8 @@ def check_varlen_attention(tree: dict, lengths, device: str) -> Check:
 
 
 def decoder_layer(tree: dict, device: str, dtype: torch.dtype):
-    """(one full-attention decoder layer of the config's LLM, its rotary embedding) on ``device``, initialised as
-    transformers initialises a model (std 0.02 weights), attention through brisk_varlen as speed.packing runs it.
+    """(one full-attention decoder layer of the config's LLM, its rotary embedding) on ``device``, initialised by
+    the model's own ``_init_weights`` (seeded), attention through brisk_varlen as speed.packing runs it.
     Built alone: the 248k-row embedding of a Qwen3.5 need not exist for one layer."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -255,16 +255,12 @@ def decoder_layer(tree: dict, device: str, dtype: torch.dtype):
     c._attn_implementation = NAME
     with torch.device("meta"):
         shell = AutoModelForCausalLM.from_config(c)
-    layer = shell.model.layers[0].to_empty(device=device)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            init = torch.zeros(p.shape) if "norm" in name else torch.randn(p.shape, generator=gen) * 0.02
-            if "norm" in name and not str(tree.get("model_type", "")).startswith(("qwen3_5", "qwen3_next")):
-                init += 1.0  # (1 + weight) norms start at zero, plain ones at one
-            p.copy_(init)
+    layer = shell.model.layers[0].to_empty(device="cpu")
+    with torch.random.fork_rng(devices=[]):  # the model's own initialisation, seeded, the caller's RNG untouched
+        torch.manual_seed(0)
+        layer.apply(shell._init_weights)
     rotary = type(shell.model.rotary_emb)(config=c).to(device)  # outside the meta context: real inv_freq
-    return layer.to(dtype), rotary
+    return layer.to(device, dtype), rotary
 
 
 def check_compiled_layer(tree: dict, lengths, device: str, backend: str = "inductor") -> Check:
