@@ -443,7 +443,7 @@ def agreement_lines(agree: dict) -> list[str]:
 def table(rows: list[dict], skipped: dict, meta: dict) -> str:
     lines = [f"Greedy decoding, {meta['utterances']} utterances ({meta['audio_s']:.1f} s of audio), at most "
              f"{meta['max_new']} new tokens, {meta['device']}, LLM {meta['llm_dtype']}, torch {meta['torch']}, "
-             f"transformers {meta['transformers']}", "",
+             f"transformers {meta['transformers']}, torch CPU threads {meta.get('torch_threads', '-')}", "",
              "| decoder | batch | utterances | utterances/s | RTF | tokens / utt | ms / generated token (decode only) | "
              "decode step ms | prefill ms | encoder ms | splice ms | features ms (device, batch) | read audio ms | "
              "one batch ms | rest of the batch ms | GC ms in the batch | replays a generate | "
@@ -519,6 +519,9 @@ def main() -> int:
     ap.add_argument("--kernel-profile", action="store_true", dest="kernel_profile",
                     help="torch.profiler of one generate of 17 tokens (and of 1) of each fast arm's profiled "
                          "batch: kernels, the GPU's busy share of their span, ms by kernel class, the top kernels")
+    ap.add_argument("--threads", type=int, default=0, help="torch's intra-op CPU threads for the whole run "
+                    "(torch.set_num_threads; 0: torch's default, one a core). Round 8: the host's share of a batch "
+                    "moved 5 -> 281 ms between processes while the GPU's stayed put")
     ap.add_argument("--budget", type=float, default=420, help="seconds; arms not started by then are skipped")
     a = ap.parse_args()
     t_start = time.perf_counter()
@@ -531,12 +534,14 @@ def main() -> int:
     import torch
     import transformers
 
+    if a.threads:
+        torch.set_num_threads(a.threads)
     from brisk.eval.evaluate import load_run
     from brisk.eval.testset import read_items
 
     meta: dict = {"device": torch.cuda.get_device_name() if a.device.startswith("cuda") else a.device,
                   "torch": torch.__version__, "transformers": transformers.__version__, "max_new": a.max_new,
-                  "inductor_cache": os.environ["TORCHINDUCTOR_CACHE_DIR"]}
+                  "inductor_cache": os.environ["TORCHINDUCTOR_CACHE_DIR"], "torch_threads": torch.get_num_threads()}
     folder = Path(a.model).resolve() if a.model else work / ("nano_tiny" if a.tiny else "nano")
     if not (folder / "model.pt").exists():
         meta["folder_build_s"] = build_folder(folder, a.tiny)

@@ -70,7 +70,22 @@ def needs_fla():
         pytest.skip(reason)
 
 
-def test_fla_packed_equals_padded_and_the_reference(batches):
+@pytest.fixture
+def torch_reference(monkeypatch):
+    """The reference in plain fp32 torch. With fla importable, transformers' own Gated DeltaNet forward calls
+    fla's chunk kernel (its hub-kernel fallback picks the package at import), and cuDNN runs the short conv in
+    TF32 by default: per sequence against padded then differs by kernel noise (round 8: dt_bias's gradient 1.3e-2
+    relative), which says nothing about the packing. For this test only, the layer's forward gets transformers'
+    torch chunk function back and cuDNN its fp32 convolution (both restored afterwards)."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mod
+    import inspect
+
+    monkeypatch.setattr(mod, "torch_chunk_gated_delta_rule", inspect.unwrap(mod.torch_chunk_gated_delta_rule))
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        yield
+
+
+def test_fla_packed_equals_padded_and_the_reference(batches, torch_reference):
     needs_fla()
     padded, packed = batches
     ref = model(QWEN3_5)
@@ -81,9 +96,9 @@ def test_fla_packed_equals_padded_and_the_reference(batches):
     note = K.apply_fla_linear_attention(fast)
     assert "2 Gated DeltaNet" in note and list(fast.state_dict()) == keys
     want = loss_grads(ref, padded)
+    close(loss_grads(ref, packed), want, 1e-5)    # the reference path packed is exact
     close(loss_grads(fast, packed), want, 2e-3)   # fla kernels run TF32/fp32 chunked maths: small drift
     close(loss_grads(fast, padded), want, 2e-3)
-    close(loss_grads(ref, packed), want, 1e-5)    # the reference path packed is exact
 
 
 def test_fla_in_bf16_trains_like_the_reference(batches):
@@ -132,19 +147,34 @@ def test_liger_kernels_and_fused_loss(arch, batches):
     close(loss_grads(fast, padded, K.liger_loss()), want, 1e-4)
 
 
-def _syncs(m, batch) -> int:
-    """Host reads of the device (synchronizing CUDA calls) during one forward + backward."""
+def _sync_sites(m, batch) -> list[str]:
+    """Host reads of the device (synchronizing CUDA calls) during one forward + backward on a fresh copy of the
+    batch's cu_seqlens (as a new step brings): for each, the innermost Python frames of brisk, fla and
+    transformers that made it, so that a failure names them."""
+    import traceback
     import warnings
 
+    from dataclasses import replace
+
+    batch = replace(batch, cu_seqlens=batch.cu_seqlens.clone())
+    sites = []
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            frames = [f for f in traceback.extract_stack()[:-1]
+                      if any(k in f.filename for k in ("brisk", "/fla/", "transformers"))]
+            sites.append(" < ".join(f"{Path(f.filename).name}:{f.lineno}({f.name})" for f in frames[-3:][::-1]))
+
     torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as seen:
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
         try:
             loss_grads(m, batch)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in seen)
+    return sites
 
 
 def test_fla_syncs_a_step_do_not_grow_with_the_layers(batches):
@@ -160,4 +190,5 @@ def test_fla_syncs_a_step_do_not_grow_with_the_layers(batches):
     for m in (four, more):
         assert "Gated DeltaNet" in K.apply_fla_linear_attention(m)
         loss_grads(m, packed)  # fla's autotuning and first launches
-    assert _syncs(more, packed) == _syncs(four, packed)
+    at_four, at_eight = _sync_sites(four, packed), _sync_sites(more, packed)
+    assert len(at_eight) == len(at_four), {"4 layers": at_four, "8 layers": at_eight}
