@@ -98,7 +98,9 @@ def decode_only(rec, paths: list[str], max_new: int, repeats: int, device: str,
     import torch
 
     t_read, waves = timed(lambda: rec.read(paths), "cpu", repeats)  # the recognizer's own (threaded) reading
-    with GcClock() as gc_clock:  # Python's garbage collections inside the whole batch: host time in no stage
+    from brisk.diagnose.slow import GCWatch
+
+    with GCWatch() as gc_watch:  # Python's garbage collections inside the whole batch: host time in no stage
         t_whole, _ = timed(lambda: rec.transcribe(paths, len(paths)), device, repeats)  # the batch end to end
     with torch.no_grad():
         t_cpu, _ = timed(lambda: [rec.frontend(w) for w in waves], "cpu", 1)
@@ -124,7 +126,8 @@ def decode_only(rec, paths: list[str], max_new: int, repeats: int, device: str,
             "prefill_ms": 1000 * t_prefill, "ms_per_token": 1000 * t_all / max(steps, 1),
             "step_ms": 1000 * (t_all - t_prefill) / max(steps - 1, 1), "steps": steps, "batch_ms": 1000 * t_whole,
             "generate_ms": 1000 * t_all, "other_ms": 1000 * (t_whole - stages), "profiled_utts": len(paths),
-            "replays": replays, "gc_ms": gc_clock.ms / repeats, "gc_collections": gc_clock.count / repeats,
+            "replays": replays, "gc_ms": 1000 * gc_watch.seconds / repeats,
+            "gc_collections": gc_watch.collections / repeats,
             **({"kernels": kern, "prefill_kernels": kern_prefill} if kern else {})}, rows
 
 
@@ -153,29 +156,6 @@ def kernel_profile(fn, top: int = 15) -> dict:
     return {"kernels": len(ks), "span_us": round(span, 1), "busy_share": round(busy_fraction(events), 3),
             "classes": [[c, k, round(ms, 3)] for c, k, ms in kernel_classes(events, 1)],
             "top": [[name, len(d), round(sum(d), 1)] for name, d in best]}
-
-
-class GcClock:
-    """Milliseconds and count of Python's garbage collections while inside (gc.callbacks)."""
-
-    def __enter__(self):
-        import gc
-
-        self.ms, self.count, self._t = 0.0, 0, None
-        gc.callbacks.append(self._cb)
-        return self
-
-    def _cb(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._t = time.perf_counter()
-        elif self._t is not None:
-            self.ms += 1000 * (time.perf_counter() - self._t)
-            self.count += 1
-
-    def __exit__(self, *exc) -> None:
-        import gc
-
-        gc.callbacks.remove(self._cb)
 
 
 def host_profile(rec, paths: list[str], out: Path, name: str, top: int = 25) -> list[list]:

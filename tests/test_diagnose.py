@@ -112,3 +112,17 @@ def test_slow_steps_are_explained_from_real_triggers(tmp_path, monkeypatch):
 def test_doctor_on_a_cpu_machine_says_what_it_could_not_check():
     text = doctor()
     assert "SDPA priority order" in text and "no CUDA device: GPU checks skipped" in text
+
+
+def test_gc_watch_counts_collections_and_stops_at_the_end_of_its_block():
+    import gc
+
+    from brisk.diagnose.slow import GCWatch
+
+    with GCWatch() as watch:
+        gc.collect()
+        gc.collect()
+    assert watch.collections == 2 and watch.seconds > 0
+    assert watch._callback not in gc.callbacks
+    gc.collect()
+    assert watch.collections == 2

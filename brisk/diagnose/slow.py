@@ -55,10 +55,12 @@ def contention(cpu: float | None, host: float, expected: float, load: float, cor
 
 
 class GCWatch:
-    """Total seconds spent in Python's garbage collector, from gc.callbacks."""
+    """Total seconds spent in Python's garbage collector, and the collections, from gc.callbacks; stops at
+    ``close`` (or at the end of a ``with`` block)."""
 
     def __init__(self):
         self.seconds = 0.0
+        self.collections = 0
         self._t0 = 0.0
         gc.callbacks.append(self._callback)
 
@@ -67,11 +69,18 @@ class GCWatch:
             self._t0 = time.perf_counter()
         elif self._t0:
             self.seconds += time.perf_counter() - self._t0
+            self.collections += 1
             self._t0 = 0.0
 
     def close(self) -> None:
         if self._callback in gc.callbacks:
             gc.callbacks.remove(self._callback)
+
+    def __enter__(self) -> "GCWatch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def explain(rec: dict, median: float, data_median: float, trap: str | None, busy: str | None = None) -> tuple[str, str]:
