@@ -124,23 +124,27 @@ def sync() -> None:
 
 
 STEP_GC_MS: list[float] = []  # Python's garbage collections inside each timed step (timed() fills it)
+STEP_COMPILE_S: list[float] = []  # torch.compile's (Dynamo + Inductor) seconds inside each timed step
 
 
 def timed(run_step, batches, warmup: int, profile_to: Path | None):
     from brisk.diagnose.slow import GCWatch
+    from brisk.speed.compile import compile_seconds
 
     times, tokens, watch = [], [], GCWatch()
     STEP_GC_MS.clear()
+    STEP_COMPILE_S.clear()
     try:
         for i, (batch, n_tokens) in enumerate(batches):
             sync()
-            t0, gc0 = time.perf_counter(), watch.seconds
+            t0, gc0, c0 = time.perf_counter(), watch.seconds, compile_seconds()
             run_step(batch)
             sync()
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
                 tokens.append(n_tokens)
                 STEP_GC_MS.append(1000 * (watch.seconds - gc0))
+                STEP_COMPILE_S.append(compile_seconds() - c0)
     finally:  # an out-of-memory row must not leave the callback behind
         watch.close()
     if profile_to is not None:
@@ -274,6 +278,7 @@ def worker(args) -> dict:
     return {"model": args.model, "arm": arm, "steps": len(times), "tokens_per_s": sum(tokens) / sum(times),
             "tps_steps": per_s, "ms_per_step": 1000 * statistics.mean(times), "tokens_per_step": statistics.mean(tokens),
             **({"gc_ms_steps": [round(x, 1) for x in STEP_GC_MS]} if len(STEP_GC_MS) == len(times) else {}),
+            **({"compile_s_steps": [round(x, 2) for x in STEP_COMPILE_S]} if len(STEP_COMPILE_S) == len(times) else {}),
             "peak_gib": peak_gib(), "note": note, "flops_per_token": flops_per_token(cfg, sample_groups[args.warmup:]),
             "peak_tflops": matmul_peak()}
 
@@ -515,11 +520,14 @@ def table(rows: list[dict]) -> str:
                    f"{'-' if tflops is None else f'{tflops:,.1f}'} | {mfu} |")
     slow = [(r, i) for r in rows if "tps_steps" in r for i, t in enumerate(r["tps_steps"])
             if t < 0.6 * statistics.median(r["tps_steps"])]
-    for r, i in slow:  # a step much slower than its arm's median: was it Python's garbage collector?
+    for r, i in slow:  # a step much slower than its arm's median: Python's garbage collector? a compile?
         gc_ms = r.get("gc_ms_steps", [None] * len(r["tps_steps"]))[i]
+        compile_s = r.get("compile_s_steps", [None] * len(r["tps_steps"]))[i]
         out.append(f"\n{r['model']} {r['arm']}: timed step {i + 1} ran at {r['tps_steps'][i]:,.0f} tokens/s "
                    f"(median {statistics.median(r['tps_steps']):,.0f}); garbage collection in it: "
-                   + ("not recorded" if gc_ms is None else f"{gc_ms:.1f} ms"))
+                   + ("not recorded" if gc_ms is None else f"{gc_ms:.1f} ms") + "; torch.compile in it: "
+                   + ("not recorded" if compile_s is None else f"{compile_s:.2f} s")
+                   + " (the rest: the GPU, or first launches outside torch.compile such as Triton autotuning)")
     return "\n".join(out)
 
 

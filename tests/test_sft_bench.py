@@ -85,6 +85,7 @@ def test_tiny_lora_arms_train_adapters_only(tmp_path):
     assert set(rows) == {"a_loop", "d_brisk_fast"} and all("tokens_per_s" in r for r in rows.values())
     # each timed step's garbage-collection time, to explain a slow step (one a step, none negative)
     assert all(len(r["gc_ms_steps"]) == r["steps"] and min(r["gc_ms_steps"]) >= 0 for r in rows.values())
+    assert all(len(r["compile_s_steps"]) == r["steps"] and min(r["compile_s_steps"]) >= 0 for r in rows.values())
     counts = {arm: r["note"].rpartition("; ")[2] for arm, r in rows.items()}
     trained, _, total = counts["d_brisk_fast"].partition(" of ")
     assert counts["a_loop"] == counts["d_brisk_fast"]  # peft's adapters and brisk's: same layers, same rank
@@ -125,3 +126,17 @@ def test_grouped_op_table_sums_kernels_and_host(bench):
     assert "| all kernels | 39 | 4 | 10.0 | 100% |" in text
     assert "step wall time (profiled): 20.0 ms; CUDA kernel time: 10.0 ms (50% of the wall)" in text
     assert "15 aten op calls, 3.5 ms of ops' own CPU time, 39 kernel launch calls" in text
+
+
+def test_a_slow_step_line_names_its_collections_and_compile_time(bench):
+    """Round 8's 9B arm spent 21.7 s in its first timed step and the table could say only that no garbage
+    collection explained it: a slow step's line now carries torch.compile's seconds inside it too."""
+    row = {"model": "m", "arm": "d_brisk_fast", "steps": 4, "tokens_per_s": 1199.0, "tps_steps": [343.0, 8144.0,
+           7985.0, 8109.0], "ms_per_step": 6228.0, "tokens_per_step": 7468.0, "peak_gib": 24.0,
+           "gc_ms_steps": [79.2, 3.2, 3.5, 2.8], "compile_s_steps": [12.5, 0.0, 0.0, 0.0]}
+    text = bench.table([row])
+    assert "m d_brisk_fast: timed step 1 ran at 343 tokens/s (median 8,047); garbage collection in it: 79.2 ms; " \
+           "torch.compile in it: 12.50 s" in text
+    assert "timed step 2" not in text
+    old = {k: v for k, v in row.items() if k != "compile_s_steps"}  # a row from before the field
+    assert "torch.compile in it: not recorded" in bench.table([old])
