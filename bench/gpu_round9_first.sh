@@ -34,8 +34,9 @@ done
 timeout "$(left 580)" python3 -m pytest -o addopts= -v -rA --tb=short -p no:warnings -p no:cacheprovider \
     tests/gpu/test_llm_kernels_cuda.py -k "packed or syncs" > $R/gpu_tests.log 2>&1
 echo "== tests exit $? at $(( $(date +%s) - T0 )) s"
-# Could the next session carry its compile caches instead of paying fla's and Inductor's first compiles again
-# (131-186 s a session)? Their size says (a carry holds 64 MiB with the tree).
+# Could a later call of the same session, on a fresh machine, carry these compile caches back instead of paying
+# fla's and Inductor's first compiles again (131-186 s)? Their size says (files come back at 16 MiB each, a
+# carry holds 64 MiB with the tree; a new session's checkout starts without them either way).
 du -sh /tmp/triton_cache /tmp/brisk_inductor /tmp/brisk_decode_bench/inductor >> $R/machine.txt 2>&1
 tar czf "$OUT/all.tgz" -C /tmp r9 2>/dev/null
 { cat $R/machine.txt; grep -E "^E |PASSED|FAILED|passed|failed" $R/gpu_tests.log | cut -c1-1500 | tail -n 20
