@@ -125,6 +125,19 @@ def sync() -> None:
 
 STEP_GC_MS: list[float] = []  # Python's garbage collections inside each timed step (timed() fills it)
 STEP_COMPILE_S: list[float] = []  # torch.compile's (Dynamo + Inductor) seconds inside each timed step
+STEP_TRITON: list[int] = []  # Triton kernels compiled inside each timed step (fla's, liger's, Inductor's)
+
+
+def triton_cache_entries() -> int:
+    """Entries in Triton's on-disk kernel cache (TRITON_CACHE_DIR, else ~/.triton/cache): one a kernel compiled
+    in this or an earlier process, so a step's growth counts the kernels it compiled: a first launch, or an
+    autotuner compiling its configurations for a new shape (fla's and liger's kernels, whose compiles
+    torch.compile's seconds do not count)."""
+    folder = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+    try:
+        return sum(1 for _ in os.scandir(folder))
+    except OSError:
+        return 0
 
 
 def timed(run_step, batches, warmup: int, profile_to: Path | None):
@@ -132,12 +145,12 @@ def timed(run_step, batches, warmup: int, profile_to: Path | None):
     from brisk.speed.compile import compile_seconds
 
     times, tokens, watch = [], [], GCWatch()
-    STEP_GC_MS.clear()
-    STEP_COMPILE_S.clear()
+    for record in (STEP_GC_MS, STEP_COMPILE_S, STEP_TRITON):
+        record.clear()
     try:
         for i, (batch, n_tokens) in enumerate(batches):
             sync()
-            t0, gc0, c0 = time.perf_counter(), watch.seconds, compile_seconds()
+            t0, gc0, c0, k0 = time.perf_counter(), watch.seconds, compile_seconds(), triton_cache_entries()
             run_step(batch)
             sync()
             if i >= warmup:
@@ -145,6 +158,7 @@ def timed(run_step, batches, warmup: int, profile_to: Path | None):
                 tokens.append(n_tokens)
                 STEP_GC_MS.append(1000 * (watch.seconds - gc0))
                 STEP_COMPILE_S.append(compile_seconds() - c0)
+                STEP_TRITON.append(triton_cache_entries() - k0)
     finally:  # an out-of-memory row must not leave the callback behind
         watch.close()
     if profile_to is not None:
@@ -279,6 +293,7 @@ def worker(args) -> dict:
             "tps_steps": per_s, "ms_per_step": 1000 * statistics.mean(times), "tokens_per_step": statistics.mean(tokens),
             **({"gc_ms_steps": [round(x, 1) for x in STEP_GC_MS]} if len(STEP_GC_MS) == len(times) else {}),
             **({"compile_s_steps": [round(x, 2) for x in STEP_COMPILE_S]} if len(STEP_COMPILE_S) == len(times) else {}),
+            **({"triton_kernels_steps": list(STEP_TRITON)} if len(STEP_TRITON) == len(times) else {}),
             "peak_gib": peak_gib(), "note": note, "flops_per_token": flops_per_token(cfg, sample_groups[args.warmup:]),
             "peak_tflops": matmul_peak()}
 
@@ -521,13 +536,14 @@ def table(rows: list[dict]) -> str:
     slow = [(r, i) for r in rows if "tps_steps" in r for i, t in enumerate(r["tps_steps"])
             if t < 0.6 * statistics.median(r["tps_steps"])]
     for r, i in slow:  # a step much slower than its arm's median: Python's garbage collector? a compile?
-        gc_ms = r.get("gc_ms_steps", [None] * len(r["tps_steps"]))[i]
-        compile_s = r.get("compile_s_steps", [None] * len(r["tps_steps"]))[i]
+        def seen(key: str, fmt: str) -> str:
+            v = r.get(key, [None] * len(r["tps_steps"]))[i]
+            return "not recorded" if v is None else fmt.format(v)
+
         out.append(f"\n{r['model']} {r['arm']}: timed step {i + 1} ran at {r['tps_steps'][i]:,.0f} tokens/s "
                    f"(median {statistics.median(r['tps_steps']):,.0f}); garbage collection in it: "
-                   + ("not recorded" if gc_ms is None else f"{gc_ms:.1f} ms") + "; torch.compile in it: "
-                   + ("not recorded" if compile_s is None else f"{compile_s:.2f} s")
-                   + " (the rest: the GPU, or first launches outside torch.compile such as Triton autotuning)")
+                   f"{seen('gc_ms_steps', '{:.1f} ms')}; torch.compile in it: {seen('compile_s_steps', '{:.2f} s')}; "
+                   f"Triton kernels compiled in it: {seen('triton_kernels_steps', '{:d}')}")
     return "\n".join(out)
 
 

@@ -128,15 +128,38 @@ def test_grouped_op_table_sums_kernels_and_host(bench):
     assert "15 aten op calls, 3.5 ms of ops' own CPU time, 39 kernel launch calls" in text
 
 
-def test_a_slow_step_line_names_its_collections_and_compile_time(bench):
-    """Round 8's 9B arm spent 21.7 s in its first timed step and the table could say only that no garbage
-    collection explained it: a slow step's line now carries torch.compile's seconds inside it too."""
+def test_a_slow_step_line_names_its_collections_and_compiles(bench):
+    """Round 8's 9B arm spent about 22 s in its first timed step and the table could say only that no garbage
+    collection explained it: a slow step's line now carries torch.compile's seconds and the Triton kernels
+    compiled inside it too."""
     row = {"model": "m", "arm": "d_brisk_fast", "steps": 4, "tokens_per_s": 1199.0, "tps_steps": [343.0, 8144.0,
            7985.0, 8109.0], "ms_per_step": 6228.0, "tokens_per_step": 7468.0, "peak_gib": 24.0,
-           "gc_ms_steps": [79.2, 3.2, 3.5, 2.8], "compile_s_steps": [12.5, 0.0, 0.0, 0.0]}
+           "gc_ms_steps": [79.2, 3.2, 3.5, 2.8], "compile_s_steps": [0.0, 0.0, 0.0, 0.0],
+           "triton_kernels_steps": [37, 0, 0, 0]}
     text = bench.table([row])
     assert "m d_brisk_fast: timed step 1 ran at 343 tokens/s (median 8,047); garbage collection in it: 79.2 ms; " \
-           "torch.compile in it: 12.50 s" in text
+           "torch.compile in it: 0.00 s; Triton kernels compiled in it: 37" in text
     assert "timed step 2" not in text
-    old = {k: v for k, v in row.items() if k != "compile_s_steps"}  # a row from before the field
-    assert "torch.compile in it: not recorded" in bench.table([old])
+    old = {k: v for k, v in row.items() if k not in ("compile_s_steps", "triton_kernels_steps")}  # an older row
+    assert "torch.compile in it: not recorded; Triton kernels compiled in it: not recorded" in bench.table([old])
+
+
+def test_timed_steps_record_their_compiles(bench, monkeypatch, tmp_path):
+    """timed() gives each timed step the torch.compile seconds (forward and the lazily compiled backward) and the
+    Triton kernels (new entries in TRITON_CACHE_DIR) that happened inside it, and none to a step without them."""
+    import torch
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    fn = torch.compile(lambda x: (x.sin() * 2).sum(), backend="aot_eager", dynamic=False)
+
+    def step(batch):
+        if batch == "compile":
+            fn(torch.randn(5, requires_grad=True)).backward()
+        if batch == "kernel":
+            (tmp_path / "kernel_hash").mkdir()
+
+    times, _ = bench.timed(step, [("warm", 1), ("compile", 1), ("kernel", 1), ("plain", 1)], 1, None)
+    assert len(times) == 3
+    assert bench.STEP_COMPILE_S[0] > 0 and bench.STEP_COMPILE_S[1:] == [0.0, 0.0]
+    assert bench.STEP_TRITON == [0, 1, 0]
