@@ -378,6 +378,49 @@ def test_a_run_starved_from_its_first_step_is_named_too():
     assert "got 0.38 CPU-seconds per second of the step where 1.00 are expected" in det.busy
 
 
+def test_a_virtual_machine_whose_host_takes_its_cores_is_named_by_its_steal():
+    """In a VM the hypervisor can give the cores to other machines: the load average inside stays low, and Linux
+    counts the lost time as steal. A starved step with a fifth or more of the VM's CPU time stolen is contention,
+    named with the steal; without steal (or below the share) a low load is still not contention."""
+    from brisk.diagnose.slow import SlowStepDetector, contention
+
+    said = contention(0.2, 1.0, 1.0, load=0.9, cores=2, steal=0.45)
+    assert said and "45% of this machine's CPU time went to other machines (steal" in said
+    assert contention(0.2, 1.0, 1.0, load=0.9, cores=2, steal=0.05) is None  # a little steal: not the cause
+    assert contention(0.2, 1.0, 1.0, load=0.9, cores=2) is None  # nothing known of steal
+    assert contention(0.9, 1.0, 1.0, load=0.9, cores=2, steal=0.6) is None  # stolen, but this process got its core
+    assert "load average 3.0" in contention(0.2, 1.0, 1.0, load=3.0, cores=2, steal=0.6)  # the run queue first
+    det = SlowStepDetector(3.0, 2, 50, cores=2, load=lambda: (0.8, 0, 0), cpu_device=True)
+    with _said(logging.WARNING) as said:
+        for i in range(1, 11):
+            det.observe(_rec(i, 0.2, 0.19, steal=0.0))
+        for i in range(11, 21):
+            det.observe(_rec(i, 2.0 if i % 2 else 0.25, 0.2 if i % 2 else 0.1, steal=0.5))
+    assert len([m for m in said if "the virtual machine's host is busy" in m]) == 1, said
+    assert {s["cause"] for s in det.slow} == {"contention"}
+
+
+def test_each_step_record_carries_the_steal_share_where_the_kernel_counts_it():
+    import torch
+
+    from brisk.diagnose.timer import StepTimer, steal_seconds
+
+    if steal_seconds() is None:
+        pytest.skip("no steal column in /proc/stat here")
+    timer = StepTimer(torch.device("cpu"))
+
+    class B:
+        shape = {}
+
+        def shape_key(self):
+            return ()
+
+    timer.start(1, 0, B(), 0.0, {})
+    sum(range(200_000))
+    rec = timer.end({})[0]
+    assert 0.0 <= rec["steal"] <= 1.0
+
+
 def test_repeated_slow_steps_are_summarised_not_printed_one_by_one():
     from brisk.diagnose import slow
 

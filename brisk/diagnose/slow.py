@@ -9,8 +9,11 @@ A busy machine: other processes hold the cores when the run queue (the 1-minute 
 least the number of cores this process may use and a step got less than CPU_SHARE_DROP of the CPU
 seconds per second of wall time it should get: the running median of that share, and on the CPU device
 at least one core's worth (the training thread itself), so a run that is starved from its first step is
-caught too. It is named once, with the load, whether or not steps are over the slow bar; slow steps of
-that cause are then counted. Every slow step goes to slow_steps.jsonl; the log prints the first few of
+caught too. In a virtual machine the cores can also be taken from outside it: the hypervisor runs other
+machines on them, the load average inside does not rise, and Linux counts that time as steal (/proc/stat).
+A step that got too little CPU while steal was at least STEAL_SHARE of the VM's CPU time is named too, with
+the steal. It is named once, with the load or the steal, whether or not steps are over the slow bar; slow
+steps of that cause are then counted. Every slow step goes to slow_steps.jsonl; the log prints the first few of
 each cause, then one summary line every SUMMARY_EVERY slow steps, and the counts by cause at the end.
 """
 
@@ -29,6 +32,7 @@ from .timer import RunningMedian
 log = logging.getLogger("brisk")
 
 CPU_SHARE_DROP = 0.6  # a step with less than this fraction of its expected CPU share, on a full run queue: contention
+STEAL_SHARE = 0.2  # ... or with at least this share of the VM's CPU time taken by its hypervisor (steal)
 SHOW_PER_CAUSE = 3  # slow steps of one cause printed one by one; after that they are counted
 SUMMARY_EVERY = 50  # slow steps between two summary lines
 
@@ -41,17 +45,24 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def contention(cpu: float | None, host: float, expected: float, load: float, cores: int) -> str | None:
+def contention(cpu: float | None, host: float, expected: float, load: float, cores: int,
+               steal: float | None = None) -> str | None:
     """Why the step ran short of CPU, or None: its CPU seconds per wall second fell below CPU_SHARE_DROP of
-    ``expected`` while the run queue (load average) filled the cores."""
-    if cpu is None or host <= 0 or expected <= 0 or load < cores:
+    ``expected`` while the run queue (load average) filled the cores, or while the hypervisor took at least
+    STEAL_SHARE of the machine's CPU time (``steal``: that share over the step)."""
+    if cpu is None or host <= 0 or expected <= 0:
         return None
     share = cpu / host
     if share >= CPU_SHARE_DROP * expected:
         return None
-    return (f"the machine is busy: load average {load:.1f} on {cores} cores, and this process got {share:.2f} "
-            f"CPU-seconds per second of the step where {expected:.2f} are expected; other processes are "
-            "taking the cores (see `top`)")
+    got = f"this process got {share:.2f} CPU-seconds per second of the step where {expected:.2f} are expected"
+    if load >= cores:
+        return (f"the machine is busy: load average {load:.1f} on {cores} cores, and {got}; other processes are "
+                "taking the cores (see `top`)")
+    if steal is not None and steal >= STEAL_SHARE:
+        return (f"the virtual machine's host is busy: {steal:.0%} of this machine's CPU time went to other machines "
+                f"(steal, /proc/stat) during the step, and {got}; nothing inside this machine frees those cores")
+    return None
 
 
 class GCWatch:
@@ -133,7 +144,8 @@ class SlowStepDetector:
         found, busy = None, None
         if self.seen > self.warmup:
             expected = max(self.cpu_share.value, self.floor)
-            busy = contention(rec.get("cpu"), rec.get("host", 0.0), expected, self.load()[0], self.cores)
+            busy = contention(rec.get("cpu"), rec.get("host", 0.0), expected, self.load()[0], self.cores,
+                              rec.get("steal"))
             if busy and self.busy is None:
                 self.busy = busy
                 log.warning("step %d: %s; slow steps of this cause are counted, not printed", rec["step"], busy)

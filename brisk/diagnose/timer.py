@@ -11,6 +11,7 @@ One JSON line a step goes to steps.jsonl in the run folder.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import deque
 from pathlib import Path
@@ -18,6 +19,17 @@ from pathlib import Path
 import torch
 
 PHASES = ("forward", "backward", "optimizer")
+
+
+def steal_seconds() -> float | None:
+    """CPU seconds that the hypervisor has given this (virtual) machine's CPUs to others since boot, summed over
+    its CPUs (/proc/stat's steal column); None where the kernel does not say (not Linux, an old kernel)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK") if fields[0] == "cpu" and len(fields) > 8 else None
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 class StepTimer:
@@ -43,7 +55,8 @@ class StepTimer:
         key = batch.shape_key()
         self.current = {"step": step, "epoch": epoch, "data": data_wait, "shape": batch.shape,
                         "new_shape": key not in self.seen_shapes, "events": self.between, "marks": [("start", self._stamp())],
-                        "host_start": time.perf_counter(), "cpu_start": time.process_time(), "counters0": counters}
+                        "host_start": time.perf_counter(), "cpu_start": time.process_time(), "counters0": counters,
+                        "steal_start": steal_seconds()}
         self.seen_shapes.add(key)
         self.between = {}
         if self.cuda:
@@ -66,6 +79,7 @@ class StepTimer:
             return []
         rec["host_end"] = time.perf_counter()
         rec["cpu_end"] = time.process_time()  # this process's CPU seconds (all threads): against host, contention
+        rec["steal_end"] = steal_seconds()  # the hypervisor's share of the machine's CPUs (a VM), same purpose
         rec["counters1"] = counters
         if self.cuda:
             rec["mem_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
@@ -109,6 +123,9 @@ class StepTimer:
             "compiles": c1.get("graphs", 0) - c0.get("graphs", 0),
             "gc": c1.get("gc_seconds", 0.0) - c0.get("gc_seconds", 0.0),
         }
+        if rec["steal_start"] is not None and rec["steal_end"] is not None and out["host"] > 0:
+            # the share of all the machine's CPU time over the step that went to other machines
+            out["steal"] = round((rec["steal_end"] - rec["steal_start"]) / (out["host"] * (os.cpu_count() or 1)), 4)
         if "mem_peak_gb" in rec:
             out["mem_peak_gb"] = round(rec["mem_peak_gb"], 3)
         if self.file:
