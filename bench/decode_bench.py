@@ -192,6 +192,7 @@ def arm_parts(name: str) -> tuple[str, bool, bool, bool]:
 
 
 def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: list[float], batch: int, a) -> dict:
+    from brisk.diagnose.timer import steal_seconds
     from brisk.eval.decode import timed_transcribe
     from brisk.eval.evaluate import frozen_gc, recognizer
 
@@ -220,10 +221,13 @@ def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: 
             timed_transcribe(rec, paths[:n], batch, a.max_new)
         warm = time.perf_counter() - t0
         margins = Margins(rec.model.llm) if base == "plain" else None  # plain's top-1 - top-2 logit at each token
-        passes = []  # whole passes over the set, timed one after another: utts/s is their median
+        passes, steal = [], []  # whole passes over the set, timed one after another: utts/s is their median
         for _ in range(1 if base == "plain" else max(1, a.passes)):
+            s0 = steal_seconds()  # the hypervisor's share of this VM's CPUs during the pass (None: not counted)
             results, seconds = timed_transcribe(rec, paths[:n], batch, a.max_new)
             passes.append(seconds)
+            s1 = steal_seconds()
+            steal.append(None if s0 is None or s1 is None else round((s1 - s0) / (seconds * (os.cpu_count() or 1)), 4))
         seconds = statistics.median(passes)
         profile, ids = {}, []
         if margins is not None:
@@ -238,7 +242,8 @@ def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: 
     fuse = fused and rec._fast.fused.fuse
     rec.release()
     return {"arm": name, "fused_step": fused, "fuse_gemms": fuse, "batch": batch, "utterances": n, "seconds": seconds,
-            "utts_per_s": n / seconds, "utts_per_s_passes": [n / t for t in passes], "rtf": seconds / sum(audio[:n]),
+            "utts_per_s": n / seconds, "utts_per_s_passes": [n / t for t in passes], "steal_passes": steal,
+            "rtf": seconds / sum(audio[:n]),
             **profile, "warmup_s": warm,
             "ids": [r.ids for r in results], "batch_ids": ids,
             "tokens": sum(len(r.ids) for r in results), "tokens_per_utt": sum(len(r.ids) for r in results) / n}

@@ -9,7 +9,8 @@
 #    48-1,637 ms (with 1 thread the canary measures one core, so steal is the host-speed record here).
 #    Hypothesis: intra-op threads stall at barriers on a host that does not run them. Prediction: with 1 thread
 #    the rest stays under 20 ms in every process, and utts/s within 10% of 170. Each process also profiles one
-#    whole batch (cProfile, host_*.txt): round 8 has the fast host's only.
+#    whole batch (cProfile, host_*.txt): round 8 has the fast host's only. decode_bench also records the steal
+#    share of each timed pass (steal_passes in its json), printed beside the pass's utts/s.
 # 2. (the rest of the call) tests/gpu/test_llm_kernels_cuda.py's two round-8 failures alone (fla's first
 #    compiles for the fp32 shapes took 131 s on a fast host): the packed reference now in plain torch
 #    (transformers' own forward had called fla's kernel: the fla arms now meet a real fp32 reference for the
@@ -51,6 +52,9 @@ tar czf "$OUT/all.tgz" -C /tmp r9 2>/dev/null
 { cat $R/machine.txt; grep -E "^E |PASSED|FAILED|passed|failed" $R/gpu_tests.log | cut -c1-1500 | tail -n 20
   for f in $R/decode_*/decode_bench.md; do echo "$f"; grep -E "^\| brisk" "$f" | cut -c1-300; done
   for f in $R/stat_*.txt; do echo "$f"; cat "$f"; done
+  for f in $R/decode_*/decode_bench.json; do python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['rows'][0]
+print(sys.argv[1], 'utts/s', [round(x, 1) for x in r['utts_per_s_passes']], 'steal', r.get('steal_passes'),
+      'rest ms', round(r.get('other_ms', 0), 1))" "$f"; done
   for f in $R/decode_*/host_*.txt; do echo "$f"; sed -n 1,22p "$f"; done
 } > "$OUT/summary.md"
 echo "== done in $(( $(date +%s) - T0 )) s"; cat "$OUT/summary.md"
