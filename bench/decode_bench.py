@@ -192,7 +192,7 @@ def arm_parts(name: str) -> tuple[str, bool, bool, bool]:
 
 
 def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: list[float], batch: int, a) -> dict:
-    from brisk.diagnose.timer import steal_seconds
+    from brisk.diagnose.timer import steal_seconds, steal_share
     from brisk.eval.decode import timed_transcribe
     from brisk.eval.evaluate import frozen_gc, recognizer
 
@@ -226,8 +226,7 @@ def brisk_arm(name: str, cfg, model, tok, device: str, paths: list[str], audio: 
             s0 = steal_seconds()  # the hypervisor's share of this VM's CPUs during the pass (None: not counted)
             results, seconds = timed_transcribe(rec, paths[:n], batch, a.max_new)
             passes.append(seconds)
-            s1 = steal_seconds()
-            steal.append(None if s0 is None or s1 is None else round((s1 - s0) / (seconds * (os.cpu_count() or 1)), 4))
+            steal.append(steal_share(s0, steal_seconds(), seconds))
         seconds = statistics.median(passes)
         profile, ids = {}, []
         if margins is not None:

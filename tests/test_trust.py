@@ -403,8 +403,12 @@ def test_a_virtual_machine_whose_host_takes_its_cores_is_named_by_its_steal():
 def test_each_step_record_carries_the_steal_share_where_the_kernel_counts_it():
     import torch
 
-    from brisk.diagnose.timer import StepTimer, steal_seconds
+    import os
 
+    from brisk.diagnose.timer import StepTimer, steal_seconds, steal_share
+
+    assert steal_share(10.0, 12.0, 1.0) == round(2.0 / os.cpu_count(), 4)  # 2 CPU-seconds stolen in 1 s of wall
+    assert steal_share(None, 12.0, 1.0) is None and steal_share(10.0, 12.0, 0.0) is None
     if steal_seconds() is None:
         pytest.skip("no steal column in /proc/stat here")
     timer = StepTimer(torch.device("cpu"))

@@ -32,6 +32,14 @@ def steal_seconds() -> float | None:
         return None
 
 
+def steal_share(start: float | None, end: float | None, seconds: float) -> float | None:
+    """The share of all this machine's CPU time over ``seconds`` of wall time that went to other machines, from
+    two ``steal_seconds`` readings; None where either is unknown."""
+    if start is None or end is None or seconds <= 0:
+        return None
+    return round((end - start) / (seconds * (os.cpu_count() or 1)), 4)
+
+
 class StepTimer:
     def __init__(self, device: torch.device, path: Path | None = None, lag: int = 2):
         self.cuda = device.type == "cuda"
@@ -123,9 +131,9 @@ class StepTimer:
             "compiles": c1.get("graphs", 0) - c0.get("graphs", 0),
             "gc": c1.get("gc_seconds", 0.0) - c0.get("gc_seconds", 0.0),
         }
-        if rec["steal_start"] is not None and rec["steal_end"] is not None and out["host"] > 0:
-            # the share of all the machine's CPU time over the step that went to other machines
-            out["steal"] = round((rec["steal_end"] - rec["steal_start"]) / (out["host"] * (os.cpu_count() or 1)), 4)
+        steal = steal_share(rec["steal_start"], rec["steal_end"], out["host"])
+        if steal is not None:
+            out["steal"] = steal
         if "mem_peak_gb" in rec:
             out["mem_peak_gb"] = round(rec["mem_peak_gb"], 3)
         if self.file:
