@@ -125,7 +125,7 @@ def sync() -> None:
 
 STEP_GC_MS: list[float] = []  # Python's garbage collections inside each timed step (timed() fills it)
 STEP_COMPILE_S: list[float] = []  # torch.compile's (Dynamo + Inductor) seconds inside each timed step
-STEP_TRITON: list[int] = []  # Triton kernels compiled inside each timed step (fla's, liger's, Inductor's)
+STEP_TRITON: list[int] = []  # Triton kernels compiled inside each timed step (new entries in Triton's cache)
 
 
 def triton_cache_entries() -> int:
@@ -150,7 +150,8 @@ def timed(run_step, batches, warmup: int, profile_to: Path | None):
     try:
         for i, (batch, n_tokens) in enumerate(batches):
             sync()
-            t0, gc0, c0, k0 = time.perf_counter(), watch.seconds, compile_seconds(), triton_cache_entries()
+            gc0, c0, k0 = watch.seconds, compile_seconds(), triton_cache_entries()  # read before the clock starts
+            t0 = time.perf_counter()
             run_step(batch)
             sync()
             if i >= warmup:
@@ -291,9 +292,10 @@ def worker(args) -> dict:
     per_s = [k / t for k, t in zip(tokens, times)]
     return {"model": args.model, "arm": arm, "steps": len(times), "tokens_per_s": sum(tokens) / sum(times),
             "tps_steps": per_s, "ms_per_step": 1000 * statistics.mean(times), "tokens_per_step": statistics.mean(tokens),
-            **({"gc_ms_steps": [round(x, 1) for x in STEP_GC_MS]} if len(STEP_GC_MS) == len(times) else {}),
-            **({"compile_s_steps": [round(x, 2) for x in STEP_COMPILE_S]} if len(STEP_COMPILE_S) == len(times) else {}),
-            **({"triton_kernels_steps": list(STEP_TRITON)} if len(STEP_TRITON) == len(times) else {}),
+            # timed() fills the three per-step records together (TRL's arm times its own steps)
+            **({"gc_ms_steps": [round(x, 1) for x in STEP_GC_MS],
+                "compile_s_steps": [round(x, 2) for x in STEP_COMPILE_S],
+                "triton_kernels_steps": list(STEP_TRITON)} if len(STEP_GC_MS) == len(times) else {}),
             "peak_gib": peak_gib(), "note": note, "flops_per_token": flops_per_token(cfg, sample_groups[args.warmup:]),
             "peak_tflops": matmul_peak()}
 
