@@ -79,6 +79,8 @@ def _presets() -> dict[str, dict[str, dict[str, Any]]]:
 
 PRESETS = _presets()
 # a preset skips them if missing
+# fla's dtype that the kernel check does not cover (the rule below; a preset leaves fla off there)
+FLA_UNCHECKED_DTYPE = "fp32"
 PACKAGES = {"fla_kernels": "fla", "fla_gated_norm": "fla", "liger": "liger_kernel", "liger_loss": "liger_kernel"}
 
 
@@ -170,6 +172,12 @@ RULES: tuple[Rule, ...] = (
                                           or c.speed.liger_loss),
          "speed.fla_kernels, speed.fla_gated_norm, speed.liger and speed.liger_loss run Triton kernels: they need a "
          "CUDA device (this run's is {device})"),
+    Rule("speed.fla_kernels, model.llm.dtype", "device",
+         lambda c, d, w: d == "cuda" and c.speed.fla_kernels and c.model.llm.dtype == FLA_UNCHECKED_DTYPE,
+         "speed.fla_kernels with model.llm.dtype=fp32: fla's kernels take fp32 inputs through TF32 tensor cores, and "
+         "on an H200 their gate gradient came 4.0e-2 relative off the fp64 recurrence (bf16 inputs: 3.5e-3; "
+         "bench/results/2026-12-02-h200-round9); brisk checks fla in bf16 only: set model.llm.dtype=bf16 or "
+         "speed.fla_kernels=false"),
     Rule("speed.optimizer_in_backward, ranks", "ranks", lambda c, d, w: w > 1 and c.speed.optimizer_in_backward,
          "speed.optimizer_in_backward with {world} ranks: each layer would be updated before its gradients are "
          "averaged over the ranks; set speed.optimizer_in_backward=false"),
@@ -299,6 +307,8 @@ def make_plan(cfg: "Config", device: str, world: int = 1,
         off.update({k: why for k, why in (unusable or {}).items() if k in values and k not in off})
         if device != "cuda":
             off.update({s.key: "needs CUDA" for s in SWITCHES if s.gpu_only and s.key in values})
+        elif cfg.model.llm.dtype == FLA_UNCHECKED_DTYPE and "fla_kernels" in values:
+            off.setdefault("fla_kernels", "checked in bf16 only; this model is fp32")
         if world > 1:
             off.update({k: f"not with {world} ranks" for k in ("fresh_grads",) if k in values})
             if cfg.train.parallel == "fsdp":

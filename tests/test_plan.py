@@ -159,3 +159,24 @@ def test_a_preset_leaves_off_what_this_machine_cannot_run(tmp_path, monkeypatch)
     assert "left off fla_kernels (fla refuses Triton 3.6 on Hopper)" in plan.notes[0]
     # fla's fused gated norm is another kernel than the refused backward: it stays on
     assert "fla_gated_norm" in plan.on
+
+
+def test_fla_on_an_fp32_model_is_refused_and_the_preset_leaves_it_off(tmp_path, monkeypatch):
+    """Round 9 (one H200): fla's gate gradient with fp32 inputs 4.0e-2 relative off the fp64 recurrence, against
+    3.5e-3 in bf16, and a fp32 model's dt_bias gradient 3.2 relative off transformers' torch path."""
+    import sys
+    import types
+
+    from .conftest import REPO
+    from brisk.config import load_config
+
+    monkeypatch.setitem(sys.modules, "fla", types.ModuleType("fla"))  # installed
+    demo, out = REPO / "configs" / "sft_demo.yaml", f"train.output_dir={tmp_path}"
+    with pytest.raises(ConfigError, match=r"speed.fla_kernels with model.llm.dtype=fp32: .* set model.llm.dtype=bf16"):
+        make_plan(load_config(demo, [out, "model.llm.dtype=fp32", "speed.fla_kernels=true"]), "cuda", 1)
+    _, plan = make_plan(load_config(demo, [out, "model.llm.dtype=bf16", "speed.fla_kernels=true"]), "cuda", 1)
+    assert "fla_kernels" in plan.on
+    _, plan = make_plan(load_config(demo, [out, "model.llm.dtype=fp32", "speed.preset=fast"]), "cuda", 1)
+    assert "fla_kernels" not in plan.on and "left off fla_kernels (checked in bf16 only" in plan.notes[0]
+    _, plan = make_plan(load_config(demo, [out, "model.llm.dtype=bf16", "speed.preset=fast"]), "cuda", 1)
+    assert "fla_kernels" in plan.on

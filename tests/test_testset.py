@@ -100,3 +100,47 @@ def test_a_bad_line_given_to_eval_does_not_advise_a_key_eval_does_not_take(tmp_p
         read_items([str(tmp_path / "v.jsonl")])
     assert "v.jsonl:2: not valid JSON" in str(e.value) and "data.skip_bad=true to skip" not in str(e.value)
     assert str(e.value).endswith("skip them only for a run trained with data.skip_bad=true)")
+
+
+class ThreadSpy(BatchEcho):
+    """BatchEcho that records torch's CPU thread count while it decodes."""
+
+    def __init__(self, device="cpu", device_features=True):
+        super().__init__()
+        self.device, self.device_features, self.seen = torch.device(device), device_features, []
+
+    def transcribe_batches(self, chunks, max_new_tokens=None):
+        for out in super().transcribe_batches(chunks, max_new_tokens):
+            self.seen.append(torch.get_num_threads())
+            yield out
+
+
+@pytest.mark.parametrize("n, want", [(1, 1), (-1, None), (0, None)])
+def test_decoding_takes_the_thread_count_asked_and_puts_it_back(n, want):
+    before = torch.get_num_threads()
+    spy = ThreadSpy()  # on the CPU, auto (0) keeps torch's threads: the CPU decodes with them
+    run_items(spy, _items(5), None, _row, 2, threads=n)
+    assert spy.seen == [want or before] * 3 and torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("features_on_gpu, want", [(True, 1), (False, None)])
+def test_auto_threads_on_a_gpu_take_one_unless_the_cpu_makes_the_features(features_on_gpu, want):
+    from brisk.eval.testset import host_threads
+
+    before = torch.get_num_threads()
+    if before == 1 and want is None:
+        torch.set_num_threads(2)
+    try:
+        start = torch.get_num_threads()
+        with host_threads(ThreadSpy("cuda", features_on_gpu)):  # no CUDA work: only the count is read
+            inside = torch.get_num_threads()
+        assert inside == (want or start) and torch.get_num_threads() == start
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_negative_thread_count_below_minus_one_is_refused_by_name():
+    from brisk.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--host-threads -2"):
+        run_items(ThreadSpy(), _items(2), None, _row, 2, threads=-2)
