@@ -300,6 +300,7 @@ class TrainConfig:
     frozen_ref: bool = True  # frozen weights written once per run; checkpoints reference them (path + sha256)
     cpu_threads: int = -1  # torch threads when training on the CPU: -1 torch's default (one a core); 0 auto: the usable
     #                        cores less data.num_workers, at least 1 (a busy machine slows it less); N: N threads
+    #                        (on a GPU only N changes anything: the host's threads that feed the device)
 
     def __post_init__(self):
         if self.cpu_threads < -1:

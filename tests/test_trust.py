@@ -470,6 +470,11 @@ def test_thread_counts_leave_the_workers_their_cores():
         cfg = load_config(DEMO_CONFIG, ["train.cpu_threads=-1"])
         assert "torch's default" in pick_threads(cfg, torch.device("cpu"), cores=2)
         assert pick_threads(cfg, torch.device("cuda"), cores=2) is None
+        cfg = load_config(DEMO_CONFIG, ["train.cpu_threads=0"])
+        assert pick_threads(cfg, torch.device("cuda"), cores=2) is None  # auto is the CPU device's
+        cfg = load_config(DEMO_CONFIG, ["train.cpu_threads=1"])
+        assert "1 intra-op thread(s) (train.cpu_threads, on cuda" in pick_threads(cfg, torch.device("cuda"), cores=2)
+        assert torch.get_num_threads() == 1  # pick_threads touches no CUDA state: runs on the CPU machine
     finally:
         torch.set_num_threads(before)
 

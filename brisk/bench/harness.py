@@ -18,6 +18,7 @@ from ..data.loader import build_split
 from ..distributed.ranks import pick_device
 from ..speed.flags import run_scope
 from ..train.assemble import Parts, Ranks, assemble, step_function, step_hooks, train_step
+from ..train.threads import pick_threads
 from ..train.step import StepHooks, model_loss
 
 
@@ -66,7 +67,9 @@ class Runner:
 def build_runner(cfg: Config, mark=None) -> Runner:
     """``mark``: the phase-mark callback of the caller's step timer (bench times phases; profile does not)."""
     t0 = time.perf_counter()
-    parts = assemble(cfg, Ranks(pick_device(cfg.train.device)))
+    device = pick_device(cfg.train.device)
+    pick_threads(cfg, device)  # train.cpu_threads, as `brisk train` sets it
+    parts = assemble(cfg, Ranks(device))
     parts.accel.train_mode()
     hooks = step_hooks(parts, **({"mark": mark} if mark is not None else {}))
     step = step_function(parts, train_step(parts, hooks))
