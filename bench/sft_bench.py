@@ -297,7 +297,7 @@ def worker(args) -> dict:
                 "compile_s_steps": [round(x, 2) for x in STEP_COMPILE_S],
                 "triton_kernels_steps": list(STEP_TRITON)} if len(STEP_GC_MS) == len(times) else {}),
             "peak_gib": peak_gib(), "note": note, "flops_per_token": flops_per_token(cfg, sample_groups[args.warmup:]),
-            "peak_tflops": matmul_peak()}
+            "peak_tflops": matmul_peak(), "torch_threads": torch.get_num_threads()}  # train.cpu_threads' A/B
 
 
 def flops_per_token(cfg, timed_groups) -> float:
