@@ -78,9 +78,9 @@ def _presets() -> dict[str, dict[str, dict[str, Any]]]:
 
 
 PRESETS = _presets()
-# a preset skips them if missing
 # fla's dtype that the kernel check does not cover (the rule below; a preset leaves fla off there)
 FLA_UNCHECKED_DTYPE = "fp32"
+# a preset skips them if missing
 PACKAGES = {"fla_kernels": "fla", "fla_gated_norm": "fla", "liger": "liger_kernel", "liger_loss": "liger_kernel"}
 
 

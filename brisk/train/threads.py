@@ -21,7 +21,8 @@ from ..diagnose.slow import usable_cores
 
 
 def pick_threads(cfg: Config, device: torch.device, cores: int | None = None) -> str | None:
-    """Set torch's intra-op threads for a CPU run; returns the note to log (None: torch's default kept)."""
+    """Set torch's intra-op threads for the run (train.cpu_threads); returns the note to log (None: torch's
+    default kept on a GPU)."""
     want, workers = cfg.train.cpu_threads, cfg.data.num_workers
     cores = cores or usable_cores()
     if device.type != "cpu" and want > 0:
