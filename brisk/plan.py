@@ -78,8 +78,6 @@ def _presets() -> dict[str, dict[str, dict[str, Any]]]:
 
 
 PRESETS = _presets()
-# fla's dtype that the kernel check does not cover (the rule below; a preset leaves fla off there)
-FLA_UNCHECKED_DTYPE = "fp32"
 # a preset skips them if missing
 PACKAGES = {"fla_kernels": "fla", "fla_gated_norm": "fla", "liger": "liger_kernel", "liger_loss": "liger_kernel"}
 
@@ -172,12 +170,12 @@ RULES: tuple[Rule, ...] = (
                                           or c.speed.liger_loss),
          "speed.fla_kernels, speed.fla_gated_norm, speed.liger and speed.liger_loss run Triton kernels: they need a "
          "CUDA device (this run's is {device})"),
-    Rule("speed.fla_kernels, model.llm.dtype", "device",
-         lambda c, d, w: d == "cuda" and c.speed.fla_kernels and c.model.llm.dtype == FLA_UNCHECKED_DTYPE,
-         "speed.fla_kernels with model.llm.dtype=fp32: fla's kernels take fp32 inputs through TF32 tensor cores, and "
-         "on an H200 their gate gradient came 4.0e-2 relative off the fp64 recurrence (bf16 inputs: 3.5e-3; "
-         "bench/results/2026-12-02-h200-round9); brisk checks fla in bf16 only: set model.llm.dtype=bf16 or "
-         "speed.fla_kernels=false"),
+    Rule("model.llm.dtype, speed.fla_kernels", "device", lambda c, d, w: _fla_in_fp32(c, d),
+         "model.llm.dtype=fp32 with flash-linear-attention on this model's Gated DeltaNet layers (speed.fla_kernels, "
+         "or transformers itself, which binds fla for every such layer when fla-core is installed): in fp32 fla's "
+         "gate gradient came 4.0e-2 relative off the fp64 recurrence on an H200, against 3.5e-3 in bf16 (likely "
+         "TF32; bench/results/2026-12-02-h200-round9); brisk checks fla in bf16 only: set model.llm.dtype=bf16, "
+         "or uninstall fla-core for transformers' torch path"),
     Rule("speed.optimizer_in_backward, ranks", "ranks", lambda c, d, w: w > 1 and c.speed.optimizer_in_backward,
          "speed.optimizer_in_backward with {world} ranks: each layer would be updated before its gradients are "
          "averaged over the ranks; set speed.optimizer_in_backward=false"),
@@ -252,6 +250,17 @@ def expand_preset(tree: dict) -> dict:
     return out
 
 
+def _fla_in_fp32(cfg, device: str) -> bool:
+    """fla's kernels would run an fp32 model's Gated DeltaNet layers on CUDA: through speed.fla_kernels, or through
+    transformers, which binds fla for every such layer when the package is importable (speed.fla_kernels off
+    does not keep it out; brisk.speed.llm_kernels)."""
+    if device != "cuda" or cfg.model.llm.dtype == "bf16":
+        return False
+    from .config_llm import linear_key_head_dims
+
+    return bool(linear_key_head_dims(cfg.model.llm)) and (cfg.speed.fla_kernels or _installed("fla"))
+
+
 def _installed(package: str) -> bool:
     import importlib.util
     import sys
@@ -307,8 +316,6 @@ def make_plan(cfg: "Config", device: str, world: int = 1,
         off.update({k: why for k, why in (unusable or {}).items() if k in values and k not in off})
         if device != "cuda":
             off.update({s.key: "needs CUDA" for s in SWITCHES if s.gpu_only and s.key in values})
-        elif cfg.model.llm.dtype == FLA_UNCHECKED_DTYPE and "fla_kernels" in values:
-            off.setdefault("fla_kernels", "checked in bf16 only; this model is fp32")
         if world > 1:
             off.update({k: f"not with {world} ranks" for k in ("fresh_grads",) if k in values})
             if cfg.train.parallel == "fsdp":

@@ -161,22 +161,32 @@ def test_a_preset_leaves_off_what_this_machine_cannot_run(tmp_path, monkeypatch)
     assert "fla_gated_norm" in plan.on
 
 
-def test_fla_on_an_fp32_model_is_refused_and_the_preset_leaves_it_off(tmp_path, monkeypatch):
+def test_fla_on_an_fp32_hybrid_is_refused_whoever_would_call_it(tmp_path, monkeypatch):
     """Round 9 (one H200): fla's gate gradient with fp32 inputs 4.0e-2 relative off the fp64 recurrence, against
-    3.5e-3 in bf16, and a fp32 model's dt_bias gradient 3.2 relative off transformers' torch path."""
+    3.5e-3 in bf16, and a fp32 model's dt_bias gradient 3.2 relative off transformers' torch path. With fla
+    installed, transformers binds it for every Gated DeltaNet layer, speed.fla_kernels or not."""
     import sys
     import types
 
     from .conftest import REPO
     from brisk.config import load_config
 
-    monkeypatch.setitem(sys.modules, "fla", types.ModuleType("fla"))  # installed
     demo, out = REPO / "configs" / "sft_demo.yaml", f"train.output_dir={tmp_path}"
-    with pytest.raises(ConfigError, match=r"speed.fla_kernels with model.llm.dtype=fp32: .* set model.llm.dtype=bf16"):
-        make_plan(load_config(demo, [out, "model.llm.dtype=fp32", "speed.fla_kernels=true"]), "cuda", 1)
-    _, plan = make_plan(load_config(demo, [out, "model.llm.dtype=bf16", "speed.fla_kernels=true"]), "cuda", 1)
-    assert "fla_kernels" in plan.on
-    _, plan = make_plan(load_config(demo, [out, "model.llm.dtype=fp32", "speed.preset=fast"]), "cuda", 1)
-    assert "fla_kernels" not in plan.on and "left off fla_kernels (checked in bf16 only" in plan.notes[0]
-    _, plan = make_plan(load_config(demo, [out, "model.llm.dtype=bf16", "speed.preset=fast"]), "cuda", 1)
-    assert "fla_kernels" in plan.on
+    hybrid = ("model.llm.config={model_type: qwen3_5_text, vocab_size: 392, hidden_size: 64, intermediate_size: 128, "
+              "num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 1, head_dim: 32, "
+              "linear_num_key_heads: 1, linear_num_value_heads: 2, linear_key_head_dim: 128, linear_value_head_dim: 32, "
+              "layer_types: [linear_attention, full_attention]}")
+
+    def plan(*over):
+        return make_plan(load_config(demo, [out, hybrid, *over]), "cuda", 1)[1]
+
+    assert "fla_kernels" not in plan("model.llm.dtype=fp32").on  # fla not installed: transformers' torch path
+    with pytest.raises(ConfigError, match=r"model.llm.dtype=fp32 with flash-linear-attention .* set model.llm.dtype=bf16"):
+        plan("model.llm.dtype=fp32", "speed.fla_kernels=true")
+    monkeypatch.setitem(sys.modules, "fla", types.ModuleType("fla"))  # installed: transformers would call it
+    for over in (["speed.fla_kernels=false"], ["speed.preset=fast"]):
+        with pytest.raises(ConfigError, match="or uninstall fla-core"):
+            plan("model.llm.dtype=fp32", *over)
+    assert "fla_kernels" in plan("model.llm.dtype=bf16", "speed.preset=fast").on
+    # a model without Gated DeltaNet layers (the demo's Qwen3) is not concerned
+    make_plan(load_config(demo, [out, "model.llm.dtype=fp32", "speed.preset=fast"]), "cuda", 1)

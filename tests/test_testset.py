@@ -115,28 +115,39 @@ class ThreadSpy(BatchEcho):
             yield out
 
 
-@pytest.mark.parametrize("n, want", [(1, 1), (-1, None), (0, None)])
-def test_decoding_takes_the_thread_count_asked_and_puts_it_back(n, want):
+@pytest.fixture
+def three_threads():
+    """torch at 3 CPU threads for the test (other tests may have left 1), put back after."""
     before = torch.get_num_threads()
-    spy = ThreadSpy()  # on the CPU, auto (0) keeps torch's threads: the CPU decodes with them
-    run_items(spy, _items(5), None, _row, 2, threads=n)
-    assert spy.seen == [want or before] * 3 and torch.get_num_threads() == before
-
-
-@pytest.mark.parametrize("features_on_gpu, want", [(True, 1), (False, None)])
-def test_auto_threads_on_a_gpu_take_one_unless_the_cpu_makes_the_features(features_on_gpu, want):
-    from brisk.eval.testset import host_threads
-
-    before = torch.get_num_threads()
-    if before == 1 and want is None:
-        torch.set_num_threads(2)
+    torch.set_num_threads(3)
     try:
-        start = torch.get_num_threads()
-        with host_threads(ThreadSpy("cuda", features_on_gpu)):  # no CUDA work: only the count is read
-            inside = torch.get_num_threads()
-        assert inside == (want or start) and torch.get_num_threads() == start
+        yield 3
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("n, want", [(1, 1), (2, 2), (-1, 3), (0, 3)])
+def test_decoding_takes_the_thread_count_asked_and_puts_it_back(three_threads, n, want):
+    spy = ThreadSpy()  # on the CPU, auto (0) keeps the count: the CPU decodes with it
+    run_items(spy, _items(5), None, _row, 2, threads=n)
+    assert spy.seen == [want] * 3 and torch.get_num_threads() == three_threads
+
+
+def test_a_decode_that_dies_puts_the_thread_count_back(three_threads):
+    spy = ThreadSpy()
+    spy.stop_after = 1  # a kill between batches
+    with pytest.raises(KeyboardInterrupt):
+        run_items(spy, _items(5), None, _row, 2, threads=1)
+    assert spy.seen == [1] and torch.get_num_threads() == three_threads
+
+
+@pytest.mark.parametrize("features_on_gpu, want", [(True, 1), (False, 3)])
+def test_auto_threads_on_a_gpu_take_one_unless_the_cpu_makes_the_features(three_threads, features_on_gpu, want):
+    from brisk.eval.testset import host_threads
+
+    with host_threads(ThreadSpy("cuda", features_on_gpu)):  # no CUDA work: only the count is read
+        inside = torch.get_num_threads()
+    assert inside == want and torch.get_num_threads() == three_threads
 
 
 def test_a_negative_thread_count_below_minus_one_is_refused_by_name():
@@ -144,3 +155,14 @@ def test_a_negative_thread_count_below_minus_one_is_refused_by_name():
 
     with pytest.raises(ConfigError, match="--host-threads -2"):
         run_items(ThreadSpy(), _items(2), None, _row, 2, threads=-2)
+
+
+def test_a_bad_host_threads_is_refused_before_any_file_is_touched(tmp_path, capsys):
+    from brisk.cli import main
+
+    out = tmp_path / "results.jsonl"
+    out.write_text("an earlier run's line\n")
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", str(tmp_path / "run"), str(DEMO / "valid.jsonl"), "--out", str(out), "--host-threads", "-2"])
+    assert stop.value.code == 2 and out.read_text() == "an earlier run's line\n"
+    assert "--host-threads: '-2': use -1" in capsys.readouterr().err

@@ -8,6 +8,7 @@ reference against its first assistant answer.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import logging
@@ -290,6 +291,17 @@ def transcribe_main(args) -> int:
     return 0
 
 
+def host_threads_arg(text: str) -> int:
+    """--host-threads, checked when the command line is read (before a results file is opened)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -2
+    if n < -1:
+        raise argparse.ArgumentTypeError(f"{text!r}: use -1 (as they are), 0 (auto) or a count")
+    return n
+
+
 def add_verbs(sub) -> None:
     """`brisk eval` and `brisk transcribe` on the CLI's subparsers."""
     def common(p):
@@ -323,10 +335,11 @@ def add_verbs(sub) -> None:
         p.add_argument("--no-progress", action="store_true", help="no progress bar (shown on a terminal by default)")
         p.add_argument("--cpu-features", action="store_true",
                        help="fbank + LFR one utterance at a time on the CPU (default: a batch at once on --device)")
-        p.add_argument("--host-threads", type=int, default=0, metavar="N",
-                       help="torch's CPU threads while decoding, put back after: N; -1 torch's default (one a core); "
-                            "0 (default) one on a GPU with the features there (the host only pads and copies; on an "
-                            "H200's VM, batch 64: 74 utts/s with 16 threads, 160 with one), torch's default otherwise")
+        p.add_argument("--host-threads", type=host_threads_arg, default=0, metavar="N",
+                       help="torch's CPU threads while decoding, put back after: N; -1 leave them as they are (torch's "
+                            "default: one a core); 0 (default) one on a GPU with the features there (the host only "
+                            "pads and copies; on an H200's VM, batch 64: 74 utts/s with 16 threads, 160 with one), "
+                            "as they are otherwise")
 
     e = sub.add_parser("eval", help="decode a jsonl, CER/WER with jiwer, one line per utterance "
                                     "(a causal LM: loss, perplexity and greedy answers)")

@@ -177,16 +177,16 @@ def progress_bar(total: int, done: int, enabled: bool):
 def host_threads(rec, n: int = 0):
     """torch's intra-op CPU threads while ``rec`` decodes, put back after (torch.set_num_threads is process-wide).
 
-    ``n``: that many; -1 torch's default (one a core); 0 (auto) one thread when ``rec`` decodes on a GPU with
-    its features there, torch's default otherwise. On a GPU the host only reads, pads and copies, and torch's
-    threads meet at a barrier after each parallel op: on a VM whose vCPUs are not all running, each op waits
-    for the slowest. Round 9 (one H200, a 16-vCPU VM, batch 64, four interleaved fresh processes): 74.5 and
-    73.5 utterances/s with torch's 16 threads, 160.4 and 160.9 with one; the host's padding of one batch's
-    waveforms took 288 against 4 ms. Features made on the CPU (--cpu-features) keep torch's default: their
-    fbank is the CPU's own work. OpenMP keeps a count per thread: the decoder's reading and prefetch threads
-    start inside this, so they take it too."""
+    ``n``: that many; -1 the count as it is (torch's default, one a core, unless something set it); 0 (auto) one
+    thread when ``rec`` decodes on a GPU with its features there, the count as it is otherwise. On a GPU the
+    host only reads, pads and copies. Round 9 (one H200, a 16-vCPU VM, batch 64, four interleaved fresh
+    processes): 74.5 and 73.5 utterances/s with torch's 16 threads, 160.4 and 160.9 with one, with no steal
+    time recorded; in one slow process the host padding of a batch's waveforms alone took 288 ms against 4 with
+    one thread. Features made on the CPU (--cpu-features) keep the count: their fbank is the CPU's own work.
+    OpenMP keeps a count per thread: threads started inside (the decoder's prefetch thread, and its reading
+    pool when first made here) take the new count and keep it after."""
     if n < -1:
-        raise ConfigError(f"--host-threads {n}: use -1 (torch's default), 0 (auto) or a count")
+        raise ConfigError(f"--host-threads {n}: use -1 (as they are), 0 (auto) or a count")
     want = n if n else (1 if rec.device.type == "cuda" and getattr(rec, "device_features", False) else -1)
     before = torch.get_num_threads()
     if want < 1 or want == before:

@@ -6,10 +6,10 @@ thread that lost its core: on a 2-core machine with one other busy process, the 
 slower. ``train.cpu_threads=0`` leaves a core to each worker (the usable cores less data.num_workers, at
 least 1): fewer threads, but none of them waits on a stolen core.
 
-On a GPU the host only feeds the device, and the same barrier costs there too: decoding batch 64 on an H200's
-16-vCPU VM ran at 74 utterances/s with torch's 16 threads and 160 with one (round 9; decoding now takes one by
-itself, brisk.eval.testset.host_threads). A GPU run keeps torch's default unless ``train.cpu_threads=N`` asks
-for N (0, the CPU's auto, keeps the default there too): the training step's A/B is not measured yet.
+On a GPU the host only feeds the device. Decoding batch 64 on an H200's 16-vCPU VM ran at 74 utterances/s with
+torch's 16 threads and 160 with one (round 9; decoding now takes one by itself, brisk.eval.testset.host_threads);
+whether a training step pays the same is not measured yet. A GPU run keeps torch's default unless
+``train.cpu_threads=N`` asks for N (0, the CPU's auto, keeps the default there too): the A/B's switch.
 """
 
 from __future__ import annotations

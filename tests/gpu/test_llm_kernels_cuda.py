@@ -97,7 +97,7 @@ def test_the_reference_packed_equals_padded_in_fp32(batches, torch_reference):
 def test_fla_in_bf16_trains_like_the_reference_packed_and_padded(batches, torch_reference):
     """fla (brisk's launcher on Hopper) in bf16, the dtype brisk runs it in, on packed rows and on a padded batch,
     against the torch reference on the packed rows. fp32 is refused by the plan: round 9 measured fla's fp32
-    gate gradient 4.0e-2 relative off the fp64 recurrence (TF32), and this model's dt_bias gradient 3.2 off."""
+    gate gradient 4.0e-2 relative off the fp64 recurrence (likely TF32), and this model's dt_bias gradient 3.2 off."""
     needs_fla()
     padded, packed = batches
     ref, fast = model(QWEN3_5, "bf16"), model(QWEN3_5, "bf16")
@@ -189,7 +189,7 @@ def test_fla_syncs_a_step_do_not_grow_with_the_layers(batches):
         "layer_types: [linear_attention, full_attention, linear_attention, full_attention]",
         "layer_types: [linear_attention, full_attention, linear_attention, full_attention, linear_attention, "
         "full_attention, linear_attention, full_attention]")]
-    four, more = model(QWEN3_5), model(eight)
+    four, more = model(QWEN3_5, "bf16"), model(eight, "bf16")  # the dtype fla runs in (fp32: refused)
     for m in (four, more):
         assert "Gated DeltaNet" in K.apply_fla_linear_attention(m)
         loss_grads(m, packed)  # fla's autotuning and first launches
