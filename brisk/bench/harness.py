@@ -7,7 +7,6 @@ each arm collates them its own way (padded, packed, static buckets).
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 
@@ -69,9 +68,7 @@ def build_runner(cfg: Config, mark=None) -> Runner:
     """``mark``: the phase-mark callback of the caller's step timer (bench times phases; profile does not)."""
     t0 = time.perf_counter()
     device = pick_device(cfg.train.device)
-    threads = pick_threads(cfg, device)  # train.cpu_threads, as `brisk train` sets it
-    if threads:
-        logging.getLogger("brisk").info(threads)
+    pick_threads(cfg, device)  # train.cpu_threads, as `brisk train` sets it
     parts = assemble(cfg, Ranks(device))
     parts.accel.train_mode()
     hooks = step_hooks(parts, **({"mark": mark} if mark is not None else {}))

@@ -64,9 +64,7 @@ def build_trainer(cfg: Config) -> Trainer:
     run_dir = Path(broadcast_from_rank0(str(run_dir) if run_dir is not None else None))
     run_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(run_dir, rank)
-    threads = pick_threads(cfg, ranks.device)
-    if threads:
-        log.info(threads)
+    pick_threads(cfg, ranks.device)
 
     tokenizer = load_tokenizer(cfg) if (cfg.data.train or cfg.data.valid) else None
     prepared = prepare_data(cfg, tokenizer)  # a bad line or audio file: one line now, before the model is built

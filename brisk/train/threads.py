@@ -14,15 +14,26 @@ whether a training step pays the same is not measured yet. A GPU run keeps torch
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..config import Config
 from ..diagnose.slow import usable_cores
 
+log = logging.getLogger("brisk")
+
 
 def pick_threads(cfg: Config, device: torch.device, cores: int | None = None) -> str | None:
-    """Set torch's intra-op threads for the run (train.cpu_threads); returns the note to log (None: torch's
-    default kept on a GPU)."""
+    """Set torch's intra-op threads for the run (train.cpu_threads) and log what was done; returns that note
+    (None: torch's default kept on a GPU, nothing to say)."""
+    note = _pick(cfg, device, cores)
+    if note:
+        log.info(note)
+    return note
+
+
+def _pick(cfg: Config, device: torch.device, cores: int | None) -> str | None:
     want, workers = cfg.train.cpu_threads, cfg.data.num_workers
     cores = cores or usable_cores()
     if device.type != "cpu" and want > 0:
