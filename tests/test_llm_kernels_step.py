@@ -91,13 +91,9 @@ def test_norm_swaps_cover_every_norm_of_qwen3_5_and_keep_the_numbers(samples, mo
         assert torch.allclose(g0[n], g1[n], rtol=1e-4, atol=1e-6), n
 
 
-def bf16(cfg):
-    """The same config in bf16, for the CUDA plan: with fla importable (faked here) the plan refuses an fp32 Qwen3.5
-    (brisk.plan, round 9), while these CPU tests run the model in fp32."""
-    import dataclasses
-
-    llm = dataclasses.replace(cfg.model.llm, dtype="bf16")
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, llm=llm))
+# The CUDA plan is asked for in bf16: with fla importable (faked here) it refuses an fp32 Qwen3.5 (brisk.plan,
+# round 9), while these CPU tests run the model in fp32.
+PLAN_BF16 = "model.llm.dtype=bf16"
 
 
 def test_gated_norm_switch_on_and_off(tmp_path, monkeypatch):
@@ -106,9 +102,9 @@ def test_gated_norm_switch_on_and_off(tmp_path, monkeypatch):
 
     fake_fla_norm(monkeypatch)
     for on in (False, True):
-        cfg = chat_cfg(QWEN3_5 + [f"speed.fla_gated_norm={str(on).lower()}"])
-        model = build_model(cfg.model, task="chat")
-        out = accelerate(model, make_plan(bf16(cfg), "cuda")[1])
+        over = QWEN3_5 + [f"speed.fla_gated_norm={str(on).lower()}"]
+        model = build_model(chat_cfg(over).model, task="chat")
+        out = accelerate(model, make_plan(chat_cfg([*over, PLAN_BF16]), "cuda")[1])
         swapped = [m for m in model.modules() if isinstance(m, K.FlaGatedNorm)]
         assert len(swapped) == (2 if on else 0)
         assert any(n.startswith("fla_gated_norm: 2") for n in out.notes) == on
@@ -177,7 +173,7 @@ def test_compiled_packed_step_equals_eager(arch, samples, tmp_path, monkeypatch)
         K.apply_fla_linear_attention(ref)
         K.apply_fla_linear_attention(fast)
     torch._dynamo.reset()
-    note = apply_compile(fast, make_plan(bf16(cfg), "cuda")[1].speed, "cuda", backend="aot_eager")
+    note = apply_compile(fast, make_plan(chat_cfg([*over, PLAN_BF16]), "cuda")[1].speed, "cuda", backend="aot_eager")
     layers = cfg.model.llm.config["num_hidden_layers"]
     assert note.startswith(f"compile: {layers} x decoder layer")
     packed = Collator(packed=True, token_buckets=(512,))(samples)
