@@ -30,7 +30,7 @@ export PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/tmp/pycache TORCHINDUCTOR_CACHE_D
     TRITON_CACHE_DIR=/tmp/triton_cache TOKENIZERS_PARALLELISM=false PYTHONPATH=$PWD:/tmp/site
 { date -u; nvidia-smi -L; git log -1 --format='commit %h %s' 2>/dev/null; nproc; } > $R/machine.txt 2>&1
 if [ "$PART" = tests ]; then
-    timeout 420 python3 -m pytest -o addopts= -v -rA --tb=short -p no:warnings -p no:cacheprovider \
+    timeout 380 python3 -m pytest -o addopts= -v -rA --tb=short -p no:warnings -p no:cacheprovider --durations=0 \
         tests/gpu/test_llm_kernels_cuda.py > $R/gpu_tests.log 2>&1
     echo "== kernel tests exit $? at $(( $(date +%s) - T0 )) s"
     TRITON_CACHE_DIR=/tmp/tc_ieee TRITON_F32_DEFAULT=ieee timeout "$(left 560)" python3 bench/fla_fp32_check.py \

@@ -128,16 +128,13 @@ def test_batched_linear_attention_on_cuda_equals_the_reference(batches, dtype, t
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
-def test_liger_kernels_and_fused_loss(arch, batches):
+def test_liger_kernels_and_fused_loss(arch, batches, torch_reference):
+    """liger's kernels against the plain modules in fp32. The hybrid's Gated DeltaNet layers run transformers'
+    torch chunk function on both sides (torch_reference): with fla they would be fp32 fla, which the plan
+    refuses, and whose cold compile and autotune at fp32 did not finish within round 10's 420 s call."""
     pytest.importorskip("liger_kernel")
     padded, _ = batches
     over = QWEN3_5 if arch == "qwen3_5" else []
-    if arch == "qwen3_5" and K.available("fla"):  # transformers routes Gated DeltaNet to the importable fla
-        if K.fla_refusal([128]):
-            pytest.skip("fla refuses here: " + K.fla_refusal([128]))
-        from brisk.speed import fla_hopper
-
-        fla_hopper.register_launcher()  # fla's gated backward, refused on Hopper with Triton 3.4-3.7.0, at a checked width
     ref, fast = model(over), model(over)
     fast.load_state_dict(ref.state_dict())
     note = K.apply_liger_kernels(fast)
