@@ -14,8 +14,14 @@ The arms:
 - each padded arm twice: the kernel alone, and with the gather from the packed row and the scatter back that
   the packed model would need around it.
 
-Reports the median of CUDA-event timed forward + backward calls, x 28 layers, and each arm's largest output
-difference from varlen on the real tokens (bf16). FlexAttention is not measured: brisk has no path for it.
+- FlexAttention (compiled) on the packed row itself with a document-causal block mask and GQA (no gather, no
+  repeated KV heads): with the mask built once, and with the mask built in every call (as a training step with
+  new sequence lengths would).
+
+Reports two figures an arm, x 28 layers: the median of CUDA-event timed forward + backward calls (eager: host
+launches included, as an eager step pays them) and the kernels' own device time from the profiler (what a
+CUDA-graphed step such as the preset's pays), and each arm's largest output difference from varlen on the real
+tokens (bf16).
 
     python bench/attention35.py --out /tmp/attn35          # CUDA; writes attention35.md / .json, prints the table
 """
@@ -70,6 +76,45 @@ def timed(fn, warmup: int, reps: int, cuda: bool) -> float:
         b.synchronize()
         times.append(a.elapsed_time(b) / 1e3)
     return statistics.median(times)
+
+
+def device_ms(fn, reps: int) -> float:
+    """Milliseconds of GPU kernel time a call: the profiler's kernel records summed over reps calls, divided."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.autograd import DeviceType
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
+    return us / 1e3 / reps
+
+
+def flex_arms(q, k, v, g_out, lens, scale, dev):
+    """FlexAttention on the packed row: one document id a sequence (the bucket's padding its own), causal inside
+    each; GQA by the kernel. Returns (mask built once, mask built every call)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    doc = torch.repeat_interleave(torch.arange(len(lens), device=dev), torch.tensor(lens, device=dev))
+    T = doc.numel()
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+
+    flex = torch.compile(flex_attention, dynamic=False)
+    once = create_block_mask(mask_mod, 1, 1, T, T, device=dev)
+    g = g_out.transpose(1, 2)  # [1, H, T, D], flex's layout
+
+    def run(block_mask):
+        q.grad = k.grad = v.grad = None
+        out = flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
+        out.backward(g)
+        return out.transpose(1, 2)  # [1, T, H, D], varlen's layout
+
+    return (lambda: run(once)), (lambda: run(create_block_mask(mask_mod, 1, 1, T, T, device=dev)))
 
 
 def main() -> None:
@@ -160,10 +205,20 @@ def main() -> None:
             arms[f"{name}, L {L}: + gather / scatter"] = (with_copies, diff)
         except RuntimeError as e:  # a backend that does not take these shapes on this build
             results[f"{name}, L {L}"] = {"error": str(e).splitlines()[0][:160]}
+    if cuda:  # Inductor's flex kernels are Triton: the CPU smoke run stops at the SDPA arms' errors
+        try:
+            once, each = flex_arms(q, k, v, g_out, lens, scale, dev)
+            diff = float((once().detach()[0][pos].float() - ref).abs().max())
+            arms["FlexAttention on the packed row, mask built once"] = (once, diff)
+            arms["FlexAttention on the packed row, mask built every call"] = (each, diff)
+        except Exception as e:  # noqa: BLE001 - a compile failure on this build is a result to report
+            results["FlexAttention on the packed row"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:140]}"}
+        q.grad = k.grad = v.grad = None
     for name, (fn, diff) in arms.items():
         try:
             s = timed(fn, warmup=5, reps=a.reps, cuda=cuda)
-            results[name] = {"ms": s * 1e3, "ms_28_layers": s * 1e3 * LAYERS, "max_diff": diff}
+            dev_ms = device_ms(fn, reps=10) if cuda else None
+            results[name] = {"ms": s * 1e3, "ms_28_layers": s * 1e3 * LAYERS, "device_ms": dev_ms, "max_diff": diff}
         except RuntimeError as e:
             results[name] = {"error": str(e).splitlines()[0][:160]}
         q.grad = k.grad = v.grad = None
@@ -173,13 +228,17 @@ def main() -> None:
              f"{a.utts} sequences ({min(real)}-{maxlen} tokens, {sum(real)} in all) packed in a {a.bucket}-token "
              f"row; median of {a.reps} timed calls. torch {torch.__version__}, "
              f"{torch.cuda.get_device_name() if cuda else 'CPU (a smoke run: no timing worth reading)'}.", "",
-             "| arm | ms a layer | x 28 layers ms | vs varlen | max diff from varlen (real tokens) |", "|---|---|---|---|---|"]
+             "| arm | eager ms a layer | x 28 layers ms | vs varlen | kernels' device ms a layer | x 28 layers ms "
+             "| vs varlen | max diff from varlen (real tokens) |", "|---|---|---|---|---|---|---|---|"]
+    dbase = results["varlen (the preset's path)"].get("device_ms")
     for name, r in results.items():
         if "error" in r:
-            lines.append(f"| {name} | not run: {r['error']} | | | |")
+            lines.append(f"| {name} | not run: {r['error']} | | | | | | |")
             continue
         d = "-" if r["max_diff"] is None else f"{r['max_diff']:.3g}"
-        lines.append(f"| {name} | {r['ms']:.3f} | {r['ms_28_layers']:.2f} | {base / r['ms']:.2f}x | {d} |")
+        dm = r.get("device_ms")
+        dev_cols = (f"{dm:.3f} | {dm * LAYERS:.2f} | {dbase / dm:.2f}x" if dm and dbase else "- | - | -")
+        lines.append(f"| {name} | {r['ms']:.3f} | {r['ms_28_layers']:.2f} | {base / r['ms']:.2f}x | {dev_cols} | {d} |")
     table = "\n".join(lines) + "\n"
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
