@@ -453,6 +453,20 @@ def test_the_slow_steps_of_a_resumed_run_are_counted_from_its_file(tmp_path):
     assert len(det.slow) == 1 and det.run_total() == 3
 
 
+def test_a_run_puts_torchs_thread_count_back(tmp_path):
+    """train.cpu_threads is the run's: the process's count is torch's own again after train() returns."""
+    from .conftest import run_train
+
+    before = torch.get_num_threads()
+    other = 1 if before != 1 else 2
+    try:
+        run_train(tmp_path / "run", **{"train.max_steps": 1, "train.cpu_threads": other, "train.save_final": False})
+        assert f"threads: {other} intra-op thread(s)" in (tmp_path / "run" / "train.log").read_text()
+        assert torch.get_num_threads() == before
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_thread_counts_leave_the_workers_their_cores():
     import torch
 
@@ -470,8 +484,11 @@ def test_thread_counts_leave_the_workers_their_cores():
         cfg = load_config(DEMO_CONFIG, ["train.cpu_threads=-1"])
         assert "torch's default" in pick_threads(cfg, torch.device("cpu"), cores=2)
         assert pick_threads(cfg, torch.device("cuda"), cores=2) is None
+        torch.set_num_threads(2)
         cfg = load_config(DEMO_CONFIG, ["train.cpu_threads=0"])
-        assert pick_threads(cfg, torch.device("cuda"), cores=2) is None  # auto is the CPU device's
+        assert "1 intra-op thread(s) (auto, on cuda" in pick_threads(cfg, torch.device("cuda"), cores=2)
+        assert torch.get_num_threads() == 1  # auto on a GPU: one thread feeds the device
+        torch.set_num_threads(2)
         cfg = load_config(DEMO_CONFIG, ["train.cpu_threads=1"])
         assert "1 intra-op thread(s) (train.cpu_threads, on cuda" in pick_threads(cfg, torch.device("cuda"), cores=2)
         assert torch.get_num_threads() == 1  # pick_threads touches no CUDA state: runs on the CPU machine

@@ -154,11 +154,13 @@ def train(cfg: Config) -> dict:
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(None, rank)  # what is said before the run folder is ready (a cleared failed start) is shown too
     run_state.check(cfg, rank)  # a resume's config against the run's: before the folder is locked, logged to or rewritten
+    threads = torch.get_num_threads()  # train.cpu_threads sets the process's count for the run only
     with run_dirs.run_lock(cfg.train.output_dir, rank):
         try:
             return _train(cfg)
         finally:  # the run's train.log is closed: what this process says later (another command) is not its
             setup_logging(None, rank)
+            torch.set_num_threads(threads)
 
 
 def _train(cfg: Config) -> dict:

@@ -7,9 +7,11 @@ slower. ``train.cpu_threads=0`` leaves a core to each worker (the usable cores l
 least 1): fewer threads, but none of them waits on a stolen core.
 
 On a GPU the host only feeds the device. Decoding batch 64 on an H200's 16-vCPU VM ran at 74 utterances/s with
-torch's 16 threads and 160 with one (round 9; decoding now takes one by itself, brisk.eval.testset.host_threads);
-whether a training step pays the same is not measured yet. A GPU run keeps torch's default unless
-``train.cpu_threads=N`` asks for N (0, the CPU's auto, keeps the default there too): the A/B's switch.
+torch's 16 threads and 160 with one (round 9; decoding takes one by itself, brisk.eval.testset.host_threads),
+and Qwen3.5 2B's host-bound training step was 5-11% faster on its median with one (round 10, two interleaved
+pairs). So auto (0) on a GPU is one thread; -1 keeps torch's default, N sets N. DataLoader workers are
+separate processes with their own single thread either way. ``brisk.train.run.train`` puts torch's count back
+when the run ends.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ def pick_threads(cfg: Config, device: torch.device, cores: int | None = None) ->
 def _pick(cfg: Config, device: torch.device, cores: int | None) -> str | None:
     want, workers = cfg.train.cpu_threads, cfg.data.num_workers
     cores = cores or usable_cores()
-    if device.type != "cpu" and want > 0:
-        torch.set_num_threads(want)
-        return f"threads: {want} intra-op thread(s) (train.cpu_threads, on {device.type}: the host feeds the device)"
+    if device.type != "cpu" and want >= 0:
+        torch.set_num_threads(want or 1)
+        why = "train.cpu_threads" if want else "auto"
+        return f"threads: {want or 1} intra-op thread(s) ({why}, on {device.type}: the host feeds the device)"
     if device.type != "cpu" or want == -1:
         return None if device.type != "cpu" else (
             f"threads: torch's default, {torch.get_num_threads()} intra-op threads on {cores} usable cores with "
