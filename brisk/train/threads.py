@@ -8,10 +8,10 @@ least 1): fewer threads, but none of them waits on a stolen core.
 
 On a GPU the host only feeds the device. Decoding batch 64 on an H200's 16-vCPU VM ran at 74 utterances/s with
 torch's 16 threads and 160 with one (round 9; decoding takes one by itself, brisk.eval.testset.host_threads),
-and Qwen3.5 2B's host-bound training step was 5-11% faster on its median with one (round 10, two interleaved
-pairs). So auto (0) on a GPU is one thread; -1 keeps torch's default, N sets N. DataLoader workers are
-separate processes with their own single thread either way. ``brisk.train.run.train`` puts torch's count back
-when the run ends.
+and Qwen3.5 2B's host-bound training step had a 13% and a 5% faster median step with one (round 10, two
+interleaved pairs). So auto (0) on a GPU is one thread; -1 keeps torch's default, N sets N. DataLoader workers
+are separate processes with their own single thread either way. ``brisk.train.run.train`` puts torch's count
+back when the run ends.
 """
 
 from __future__ import annotations
