@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Round 10's second device call (one H200, <= 9.5 minutes; carry .whl):
+# Round 10's second device call (one H200, <= 7 minutes; carry .whl):
 #   OUT=$OUT bash bench/gpu_round10_second.sh
 # Issue 30's dense row with one host thread: Qwen3 1.7B d5 (compiled layers + optimizer_in_backward; round 7:
 # median step 43,518 tokens/s, 176 ms, of which 162.6 ms kernels, 188 ms wall when profiled) is 8% host-bound.
@@ -26,7 +26,7 @@ timeout 90 $B --arms a_loop --out $R/t0_loop --budget-s 60 > $R/t0_loop.log 2>&1
 echo "== seed loop exit $? at $(( $(date +%s) - T0 )) s"
 i=0
 for th in -1 0 -1 0; do
-    i=$(( i + 1 )); end=$(( i == 1 ? 300 : 300 + 75 * (i - 1) ))
+    i=$(( i + 1 )); end=$(( i == 1 ? 230 : 230 + 55 * (i - 1) ))
     timeout "$(( $(left $end) + 10 ))" $B --arms d5_brisk_fast_compile_oib --set train.cpu_threads=$th \
         --out $R/t${i}_$th --budget-s 30 > $R/t${i}_$th.log 2>&1
     echo "== 1.7B d5 threads $th ($i) exit $? at $(( $(date +%s) - T0 )) s"
