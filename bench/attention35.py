@@ -19,9 +19,9 @@ The arms:
   new sequence lengths would).
 
 Reports two figures an arm, x 28 layers: the median of CUDA-event timed forward + backward calls (eager: host
-launches included, as an eager step pays them) and the kernels' own device time from the profiler (what a
-CUDA-graphed step such as the preset's pays), and each arm's largest output difference from varlen on the real
-tokens (bf16).
+launches included, as an eager step pays them) and the sum of the kernels' own durations from the profiler (a
+lower bound of what a CUDA-graphed step such as the preset's pays: the gaps between kernels are not counted),
+and each arm's largest output difference from varlen on the real tokens (bf16).
 
     python bench/attention35.py --out /tmp/attn35          # CUDA; writes attention35.md / .json, prints the table
 """

@@ -4,7 +4,8 @@
 # Issue 30's dense row with one host thread: Qwen3 1.7B d5 (compiled layers + optimizer_in_backward; round 7:
 # median step 43,518 tokens/s, 176 ms, of which 162.6 ms kernels, 188 ms wall when profiled) is 8% host-bound.
 # The seed's loop first (its median step in the same call), then d5 with train.cpu_threads -1 (torch's 16) / 0
-# (auto on a GPU: one, the chat configs' setting since round 10) / -1 / 0, one process each, the same batches,
+# (auto on a GPU: one, the chat configs' setting since round 10) / -1 / 0, one process each, the same batches
+# (the seed's loop on the config's 0 as well: sft_bench applies the threads to every arm),
 # 8 timed steps after 2 (the first d5 process pays Inductor's cold compile in its warm-up; the cache is shared).
 # Prediction: one thread closes part of the 8% host gap, median step +2-6% (2.30-2.38x the loop; 2.5x stays out
 # of reach: the kernels alone are 162.6 ms against the 157 ms that 2.5x needs).
@@ -33,9 +34,9 @@ for th in -1 0 -1 0; do
 done
 tar czf "$OUT/all.tgz" -C /tmp r10_second 2>/dev/null
 { cat $R/machine.txt; python3 bench/sft_bench.py --table $R/t*/results.jsonl 2>&1
-  for f in $R/t*/results.jsonl; do python3 -c "import json, sys
+  for f in $R/t*/results.jsonl; do python3 -c "import json, statistics, sys
 for line in open(sys.argv[1]):
-    r = json.loads(line); s = sorted(r.get('tps_steps') or [0])
-    print(sys.argv[1].split('/')[-2], r.get('arm'), 'threads', r.get('torch_threads'), 'median', round(s[len(s) // 2]))" "$f"; done
-  grep -h "threads:" $R/t*/*.log 2>/dev/null | sort | uniq -c | head -n 4; } > "$OUT/summary.md"
+    r = json.loads(line)
+    print(sys.argv[1].split('/')[-2], r.get('arm'), 'threads', r.get('torch_threads'), 'median',
+          round(statistics.median(r.get('tps_steps') or [0])))" "$f"; done; } > "$OUT/summary.md"
 echo "== done in $(( $(date +%s) - T0 )) s"; cat "$OUT/summary.md"

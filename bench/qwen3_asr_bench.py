@@ -202,6 +202,9 @@ def worker(args) -> dict:
     import torch
 
     sys.path.insert(0, str(REPO))
+    from brisk.train.threads import pick_threads
+
+    pick_threads(load_cfg(args, []), torch.device(args.device))  # the recipe's arm on the config's host threads too
     torch.manual_seed(0)
     idx = groups(args)
     times, note = (recipe_arm if args.arm == "recipe" else brisk_arm)(args, idx)

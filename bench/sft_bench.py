@@ -279,6 +279,9 @@ def worker(args) -> dict:
     import torch
 
     cfg = load_cfg(args.model, Path(args.data), [])
+    from brisk.train.threads import pick_threads
+
+    pick_threads(cfg, torch.device(DEVICE))  # every arm, the loop's and TRL's too, on the config's host threads
     n = args.warmup + args.steps
     sample_groups = groups(cfg, n)
     torch.manual_seed(0)

@@ -467,10 +467,11 @@ def test_a_run_puts_torchs_thread_count_back(tmp_path):
         torch.set_num_threads(before)
 
 
-def test_thread_counts_leave_the_workers_their_cores():
+def test_thread_counts_leave_the_workers_their_cores(monkeypatch):
     import torch
 
     from brisk.config import load_config
+    from brisk.train import threads
     from brisk.train.threads import pick_threads
 
     before = torch.get_num_threads()
@@ -488,6 +489,10 @@ def test_thread_counts_leave_the_workers_their_cores():
         cfg = load_config(DEMO_CONFIG, ["train.cpu_threads=0"])
         assert "1 intra-op thread(s) (auto, on cuda" in pick_threads(cfg, torch.device("cuda"), cores=2)
         assert torch.get_num_threads() == 1  # auto on a GPU: one thread feeds the device
+        monkeypatch.setattr(threads, "TORCH_DEFAULT", 3)  # the count this process started with, as if 3
+        cfg = load_config(DEMO_CONFIG, ["train.cpu_threads=-1"])
+        assert pick_threads(cfg, torch.device("cuda"), cores=2) is None
+        assert torch.get_num_threads() == 3  # -1: the process's own count, not the last run's
         torch.set_num_threads(2)
         cfg = load_config(DEMO_CONFIG, ["train.cpu_threads=1"])
         assert "1 intra-op thread(s) (train.cpu_threads, on cuda" in pick_threads(cfg, torch.device("cuda"), cores=2)

@@ -154,16 +154,16 @@ def train(cfg: Config) -> dict:
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(None, rank)  # what is said before the run folder is ready (a cleared failed start) is shown too
     run_state.check(cfg, rank)  # a resume's config against the run's: before the folder is locked, logged to or rewritten
-    threads = torch.get_num_threads()  # train.cpu_threads sets the process's count for the run only
+    threads = torch.get_num_threads()  # train.cpu_threads sets the process's count for the steps only
     with run_dirs.run_lock(cfg.train.output_dir, rank):
         try:
-            return _train(cfg)
+            return _train(cfg, threads)
         finally:  # the run's train.log is closed: what this process says later (another command) is not its
             setup_logging(None, rank)
             torch.set_num_threads(threads)
 
 
-def _train(cfg: Config) -> dict:
+def _train(cfg: Config, threads: int) -> dict:
     export = cfg.train.export
     if export == "hf":  # fail now, not after the run, if the native class cannot hold this model
         from ..models.hf_native import check_exportable
@@ -181,6 +181,7 @@ def _train(cfg: Config) -> dict:
             result = trainer.fit(stop)  # the final checkpoint is written here, before any export
         finally:
             trainer.close_data()
+            torch.set_num_threads(threads)  # averaging and export are host work: not on the steps' one GPU thread
     if stop.requested:  # Ctrl-C or pre-emption: the checkpoint is on disk; no export, no report, exit soon
         return result
     run_dir = trainer.run_dir

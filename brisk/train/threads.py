@@ -1,4 +1,5 @@
-"""How many threads torch computes with on the CPU device, against the DataLoader's workers and the cores.
+"""How many threads torch computes with on the host: on the CPU device against the DataLoader's workers and the
+cores, on a GPU for the host that feeds it.
 
 torch's default is one intra-op thread a core. Its OpenMP threads meet at a barrier after every parallel op,
 so when another process (or this run's own DataLoader workers) takes one core, every op waits for the
@@ -8,10 +9,11 @@ least 1): fewer threads, but none of them waits on a stolen core.
 
 On a GPU the host only feeds the device. Decoding batch 64 on an H200's 16-vCPU VM ran at 74 utterances/s with
 torch's 16 threads and 160 with one (round 9; decoding takes one by itself, brisk.eval.testset.host_threads),
-and Qwen3.5 2B's host-bound training step had a 13% and a 5% faster median step with one (round 10, two
-interleaved pairs). So auto (0) on a GPU is one thread; -1 keeps torch's default, N sets N. DataLoader workers
+and Qwen3.5 2B's host-bound training step had a ~5% faster median step with one (round 10: +4.9% in the
+clean one of two interleaved pairs; the other's 16-thread process was a slow first one, +13%). So auto (0) on a GPU is one thread; -1 keeps torch's default, N sets N. DataLoader workers
 are separate processes with their own single thread either way. ``brisk.train.run.train`` puts torch's count
-back when the run ends.
+back when the steps end; -1 sets the count this process started with, so runs (and bench arms) in one process
+never inherit each other's.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ..config import Config
 from ..diagnose.slow import usable_cores
 
 log = logging.getLogger("brisk")
+TORCH_DEFAULT = torch.get_num_threads()  # the process's count before any run set one (OMP_NUM_THREADS, or a core each)
 
 
 def pick_threads(cfg: Config, device: torch.device, cores: int | None = None) -> str | None:
@@ -43,8 +46,9 @@ def _pick(cfg: Config, device: torch.device, cores: int | None) -> str | None:
         why = "train.cpu_threads" if want else "auto"
         return f"threads: {want or 1} intra-op thread(s) ({why}, on {device.type}: the host feeds the device)"
     if device.type != "cpu" or want == -1:
+        torch.set_num_threads(TORCH_DEFAULT)
         return None if device.type != "cpu" else (
-            f"threads: torch's default, {torch.get_num_threads()} intra-op threads on {cores} usable cores with "
+            f"threads: torch's default, {TORCH_DEFAULT} intra-op threads on {cores} usable cores with "
             f"{workers} DataLoader worker(s) (train.cpu_threads=0 leaves the workers their cores)")
     n = want or max(1, cores - workers)
     torch.set_num_threads(n)
