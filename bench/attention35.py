@@ -18,10 +18,12 @@ The arms:
   repeated KV heads): with the mask built once, and with the mask built in every call (as a training step with
   new sequence lengths would).
 
-Reports two figures an arm, x 28 layers: the median of CUDA-event timed forward + backward calls (eager: host
-launches included, as an eager step pays them) and the sum of the kernels' own durations from the profiler (a
-lower bound of what a CUDA-graphed step such as the preset's pays: the gaps between kernels are not counted),
-and each arm's largest output difference from varlen on the real tokens (bf16).
+Reports three times an arm, each also x 28 layers: the median of CUDA-event timed forward + backward calls
+(eager: host launches included, as an eager step pays them); the sum of the kernels' own durations from the
+profiler (a lower bound: the gaps between kernels are not counted); the median of CUDA-graph replays of the
+captured call (gaps included, launches not: what a graphed step such as the preset's pays; an arm that cannot
+be captured says why; round 10 ran without this column). And each arm's largest output difference from
+varlen on the real tokens (bf16).
 
     python bench/attention35.py --out /tmp/attn35          # CUDA; writes attention35.md / .json, prints the table
 """
@@ -91,6 +93,22 @@ def device_ms(fn, reps: int) -> float:
         torch.cuda.synchronize()
     us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
     return us / 1e3 / reps
+
+
+def graphed_ms(fn, reps: int) -> float:
+    """Median milliseconds of one CUDA-graph replay of the call (forward + backward captured once): what a
+    graphed step pays, gaps between kernels included, launches not. Raises where the call cannot be captured
+    (a host sync inside it, such as a block mask built from host values)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch's docs ask
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return timed(graph.replay, warmup=3, reps=reps, cuda=True) * 1e3
 
 
 def flex_arms(q, k, v, g_out, lens, scale, dev):
@@ -222,6 +240,13 @@ def main() -> None:
         except RuntimeError as e:
             results[name] = {"error": str(e).splitlines()[0][:160]}
         q.grad = k.grad = v.grad = None
+        if cuda and "error" not in results[name]:
+            try:
+                results[name]["graph_ms"] = graphed_ms(fn, reps=a.reps)
+            except Exception as e:  # noqa: BLE001 - "cannot be captured" is the answer for that arm
+                torch.cuda.synchronize()
+                results[name]["graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            q.grad = k.grad = v.grad = None
     results = dict(sorted(results.items(), key=lambda kv: not kv[0].startswith("varlen")))  # varlen first
     base = results["varlen (the preset's path)"].get("ms")
     lines = [f"One decoder layer's attention, forward + backward, bf16, {H} query / {HKV} KV heads of {D}: "
@@ -229,16 +254,24 @@ def main() -> None:
              f"row; median of {a.reps} timed calls. torch {torch.__version__}, "
              f"{torch.cuda.get_device_name() if cuda else 'CPU (a smoke run: no timing worth reading)'}.", "",
              "| arm | eager ms a layer | x 28 layers ms | vs varlen | kernels' device ms a layer | x 28 layers ms "
-             "| vs varlen | max diff from varlen (real tokens) |", "|---|---|---|---|---|---|---|---|"]
-    dbase = results["varlen (the preset's path)"].get("device_ms")
+             "| vs varlen | graph replay ms a layer | x 28 layers ms | vs varlen | max diff from varlen (real tokens) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def cols(r, key, ref):
+        v = r.get(key)
+        if v is None:
+            why = r.get("graph_error") if key == "graph_ms" else None
+            return f"not captured: {why} | | " if why else "- | - | -"
+        return f"{v:.3f} | {v * LAYERS:.2f} | " + (f"{ref / v:.2f}x" if ref else "-")
+
+    ref_row = results["varlen (the preset's path)"]
     for name, r in results.items():
         if "error" in r:
-            lines.append(f"| {name} | not run: {r['error']} | | | | | | |")
+            lines.append(f"| {name} | not run: {r['error']} | | | | | | | | | |")
             continue
         d = "-" if r["max_diff"] is None else f"{r['max_diff']:.3g}"
-        dm = r.get("device_ms")
-        dev_cols = (f"{dm:.3f} | {dm * LAYERS:.2f} | {dbase / dm:.2f}x" if dm and dbase else "- | - | -")
-        lines.append(f"| {name} | {r['ms']:.3f} | {r['ms_28_layers']:.2f} | {base / r['ms']:.2f}x | {dev_cols} | {d} |")
+        lines.append(f"| {name} | {r['ms']:.3f} | {r['ms_28_layers']:.2f} | {base / r['ms']:.2f}x | "
+                     f"{cols(r, 'device_ms', ref_row.get('device_ms'))} | {cols(r, 'graph_ms', ref_row.get('graph_ms'))} | {d} |")
     table = "\n".join(lines) + "\n"
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
