@@ -298,9 +298,10 @@ class TrainConfig:
     parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard of the decoder layers, then the root)
     async_checkpoint: bool = True  # snapshot to host memory, write on a background thread (same file, same bytes)
     frozen_ref: bool = True  # frozen weights written once per run; checkpoints reference them (path + sha256)
-    cpu_threads: int = -1  # torch's intra-op threads for the run: -1 torch's default (one a core); N: N threads;
-    #                        0 auto: on the CPU the usable cores less data.num_workers, at least 1 (a busy machine
-    #                        slows it less); on a GPU one (the host only feeds the device); put back after the run
+    cpu_threads: int = -1  # torch's intra-op threads for the run: -1 torch's default (the count the process had when
+    #                        brisk was imported: OMP_NUM_THREADS, else one a core); N: N threads; 0 auto: on the CPU
+    #                        the usable cores less data.num_workers, at least 1 (a busy machine slows it less), on a
+    #                        GPU one (the host only feeds the device). The process's count is put back after the steps
 
     def __post_init__(self):
         if self.cpu_threads < -1:

@@ -453,15 +453,21 @@ def test_the_slow_steps_of_a_resumed_run_are_counted_from_its_file(tmp_path):
     assert len(det.slow) == 1 and det.run_total() == 3
 
 
-def test_a_run_puts_torchs_thread_count_back(tmp_path):
-    """train.cpu_threads is the run's: the process's count is torch's own again after train() returns."""
+def test_a_run_puts_torchs_thread_count_back(tmp_path, monkeypatch):
+    """train.cpu_threads is the steps': the export (host work after them) and the caller after train() returns
+    have the process's own count again."""
+    import brisk.models.export as export_module
+
     from .conftest import run_train
 
     before = torch.get_num_threads()
     other = 1 if before != 1 else 2
+    at_export = []
+    monkeypatch.setattr(export_module, "export_folder", lambda *a, **k: at_export.append(torch.get_num_threads()))
     try:
-        run_train(tmp_path / "run", **{"train.max_steps": 1, "train.cpu_threads": other, "train.save_final": False})
+        run_train(tmp_path / "run", **{"train.max_steps": 1, "train.cpu_threads": other, "train.export": "funasr"})
         assert f"threads: {other} intra-op thread(s)" in (tmp_path / "run" / "train.log").read_text()
+        assert at_export == [before]
         assert torch.get_num_threads() == before
     finally:
         torch.set_num_threads(before)
@@ -482,17 +488,20 @@ def test_thread_counts_leave_the_workers_their_cores(monkeypatch):
         cfg = load_config(DEMO_CONFIG, ["train.cpu_threads=0", "data.num_workers=4"])
         pick_threads(cfg, torch.device("cpu"), cores=2)
         assert torch.get_num_threads() == 1  # never below one
+        monkeypatch.setattr(threads, "TORCH_DEFAULT", 3)  # the count this process started with, as if 3
         cfg = load_config(DEMO_CONFIG, ["train.cpu_threads=-1"])
-        assert "torch's default" in pick_threads(cfg, torch.device("cpu"), cores=2)
+        assert "torch's default, 3 intra-op threads" in pick_threads(cfg, torch.device("cpu"), cores=2)
+        assert torch.get_num_threads() == 3  # -1 on the CPU: the process's own count, not the last run's
+        torch.set_num_threads(1)
         assert pick_threads(cfg, torch.device("cuda"), cores=2) is None
+        assert torch.get_num_threads() == 3
         torch.set_num_threads(2)
         cfg = load_config(DEMO_CONFIG, ["train.cpu_threads=0"])
         assert "1 intra-op thread(s) (auto, on cuda" in pick_threads(cfg, torch.device("cuda"), cores=2)
         assert torch.get_num_threads() == 1  # auto on a GPU: one thread feeds the device
-        monkeypatch.setattr(threads, "TORCH_DEFAULT", 3)  # the count this process started with, as if 3
         cfg = load_config(DEMO_CONFIG, ["train.cpu_threads=-1"])
         assert pick_threads(cfg, torch.device("cuda"), cores=2) is None
-        assert torch.get_num_threads() == 3  # -1: the process's own count, not the last run's
+        assert torch.get_num_threads() == 3  # after auto's one: -1 is the process's own count again
         torch.set_num_threads(2)
         cfg = load_config(DEMO_CONFIG, ["train.cpu_threads=1"])
         assert "1 intra-op thread(s) (train.cpu_threads, on cuda" in pick_threads(cfg, torch.device("cuda"), cores=2)

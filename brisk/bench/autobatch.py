@@ -168,6 +168,7 @@ def trial_runner(cfg: Config):
     candidate's utterance count, freed afterwards. Yields (runner, peak_of)."""
     from .harness import build_runner
 
+    threads = torch.get_num_threads()  # the trial sets train.cpu_threads; the run that follows reads the process's
     runner = build_runner(scaled(cfg, cfg.data.auto_batch.candidates[-1]))
     try:
         yield runner, runner_peak(runner, cfg)
@@ -175,6 +176,7 @@ def trial_runner(cfg: Config):
         del runner
         gc.collect()
         torch.cuda.empty_cache()
+        torch.set_num_threads(threads)
 
 
 def _measured(cfg: Config, name: str, total: int) -> tuple[dict, bool]:
