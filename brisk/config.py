@@ -362,6 +362,7 @@ class SpeedConfig:
     label_head_recompute: bool = False  # with label_head: each chunk's head and loss run again in the backward instead of keeping every chunk's fp32 log-probabilities (rows x vocab x 4 bytes) for it; the same gradients, one more head GEMM a step; for large vocabularies and batches under a memory limit
     fresh_grads: bool = False  # with cuda_graph: backward writes new gradients, no zeroing + adding into buffers
     fuse_projections: bool = False  # one GEMM for q/k/v and one for gate/up in each decoder layer (same parameters)
+    flex_attention: bool = False  # with packing and compile (CUDA): the LLM's attention on a packed row as FlexAttention with a document-causal block mask built once a forward, in place of varlen_attn (brisk/speed/flex.py)
     audio_varlen: bool = False  # model.family=qwen3_asr: the audio tower's windowed attention as one call a layer for all windows (varlen_attn on CUDA in bf16), no host sync per layer
     linear_attention_batched: bool = False  # task chat, packing: a packed row's sequences go through each Gated DeltaNet layer as one right-padded batch (torch path; exact for real tokens)
     fla_kernels: bool = False  # task chat: flash-linear-attention's Triton kernels for Gated DeltaNet layers (Qwen3.5), packed rows too (CUDA, fla-core)

@@ -42,6 +42,8 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("encoder_dtype", "model", True, "the frozen encoder and adaptor as bf16 copies"),
     Switch("encoder_cache", "model", False, "each utterance's audio rows reused in later epochs"),
     Switch("fuse_projections", "model", True, "one GEMM for q/k/v and one for gate/up in each decoder layer"),
+    Switch("flex_attention", "model", True, "the LLM's packed-row attention as FlexAttention with a document-causal "
+           "block mask"),
     Switch("audio_varlen", "model", True, "the audio tower's windowed attention as one varlen call a layer"),
     Switch("compile", "model", True, "torch.compile of each decoder layer (or the stack) and the frozen encoder"),
     Switch("packing", "data", False, "one packed row a batch, per-utterance positions, varlen attention"),
@@ -116,6 +118,10 @@ RULES: tuple[Rule, ...] = (
          lambda c, d, w: c.speed.frozen_eval and not (c.model.encoder.freeze and c.model.adaptor.freeze),
          "speed.frozen_eval computes the audio rows without autograd: it needs model.encoder.freeze=true and "
          "model.adaptor.freeze=true"),
+    Rule("speed.flex_attention, speed.packing, speed.compile", "config",
+         lambda c, d, w: c.speed.flex_attention and not (c.speed.packing and c.speed.compile),
+         "speed.flex_attention replaces the packed rows' varlen attention and is fast only compiled (eagerly it runs "
+         "an unfused reference): set speed.packing=true and speed.compile=true"),
     Rule("speed.fuse_projections, train.parallel", "config",
          lambda c, d, w: c.speed.fuse_projections and c.train.parallel == "fsdp",
          "speed.fuse_projections with train.parallel=fsdp is not tested; use one of them"),
@@ -165,6 +171,8 @@ RULES: tuple[Rule, ...] = (
          lambda c, d, w: w > 1 and c.speed.cuda_graph and c.train.parallel != "ddp",
          "train.parallel={cfg.train.parallel} with speed.cuda_graph: the graphed step averages gradients DDP-style "
          "only; use train.parallel=ddp"),
+    Rule("speed.flex_attention, train.device", "device", lambda c, d, w: c.speed.flex_attention and d != "cuda",
+         "speed.flex_attention needs a CUDA device: FlexAttention has no backward on the CPU (this run's is {device})"),
     Rule("speed.fla_kernels, speed.fla_gated_norm, speed.liger, speed.liger_loss, train.device", "device",
          lambda c, d, w: d != "cuda" and (c.speed.fla_kernels or c.speed.fla_gated_norm or c.speed.liger
                                           or c.speed.liger_loss),

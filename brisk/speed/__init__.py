@@ -40,7 +40,7 @@ class Accelerated:
 def accelerate(model, plan: SpeedPlan) -> Accelerated:
     """Apply the model-side switches of ``plan`` to ``model`` (the plain model of ``plan.family``, whose hooks say
     where its audio modules and encoder blocks are), in this order: the frozen audio
-    path (its copies are what compile compiles), varlen attention, the audio tower's one-call attention, fused projections (before compile: the
+    path (its copies are what compile compiles), varlen (or flex) attention, the audio tower's one-call attention, fused projections (before compile: the
     compiled layers trace the fused forwards), the chunked embedding (graphs), compile, the label head."""
     s = plan.speed
     family = get_family(plan.family)
@@ -58,7 +58,12 @@ def accelerate(model, plan: SpeedPlan) -> Accelerated:
         if plan.device == "cuda":
             from .varlen import apply_varlen_attention, padded_attention
 
-            out.notes.append(apply_varlen_attention(model.llm))
+            if s.flex_attention:
+                from .flex import apply_flex_attention
+
+                out.notes.append(apply_flex_attention(model.llm))
+            else:
+                out.notes.append(apply_varlen_attention(model.llm))
             out.decode_context = lambda: padded_attention(model.llm)
         else:
             out.notes.append("packing: one row per batch; CPU attention gets transformers' block-diagonal mask")

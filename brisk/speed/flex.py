@@ -1,0 +1,109 @@
+"""speed.flex_attention: the LLM's attention on a packed row as FlexAttention with a document-causal block mask.
+
+Registered as ``brisk_flex`` in transformers' attention interface, like ``brisk_varlen`` (brisk/speed/varlen.py),
+whose packed rows it takes over. At FunASR's step size (about ten sequences of 130-240 tokens in a 1,792-token
+row, 16 query and 8 key/value heads of 128) torch's varlen_attn spends 0.215 ms a layer (forward + backward) in a
+graph replay, and FlexAttention compiled on the same row 0.122 ms with its block mask given
+(bench/results/2026-12-03-h200-round11): the row's 14 x 14 tiles of 128 are mostly empty, and FlexAttention skips
+them and runs the diagonal ones with the mask function.
+
+How the mask reaches the layers: a forward pre-hook on the decoder stack builds one ``BlockMask`` a forward from
+the batch's ``cu_seq_lens_q`` (``document_block_mask``: a dozen small tensor ops on the device, no host read, so
+the graphed step captures it and each replay rebuilds it from the static cu_seqlens buffer) and passes it down
+as the keyword ``brisk_block_mask``, which transformers hands every attention call. The mask function closes
+over the row's document ids; Dynamo lifts that tensor to a graph input, so a new batch does not recompile.
+
+FlexAttention needs torch.compile to be fast (eagerly it runs an unfused reference) and has no CPU backward:
+the plan asks for speed.compile and a CUDA device (brisk/plan.py). Validation runs the layers eagerly
+(``compile.eval_context``), and so the reference kernel, under no_grad; decoding goes to SDPA with its padding
+mask, as under brisk_varlen (``varlen.padded_attention``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .varlen import segment_of
+
+NAME = "brisk_flex"
+MASK_KEY = "brisk_block_mask"
+BLOCK = 128  # FlexAttention's default tile (BlockMask.BLOCK_SIZE)
+
+
+def document_block_mask(cu_seqlens: torch.Tensor, length: int, block: int = BLOCK):
+    """The BlockMask of a packed row of ``length`` tokens whose sequences start at ``cu_seqlens`` (sorted, ending
+    at ``length``; empty sequences allowed): token q sees token kv iff both are in one sequence and kv <= q.
+
+    Worked out from the first and last sequence of each tile of ``block`` tokens, not from a [T, T] mask: in a
+    sorted row, an earlier kv tile shares a sequence with a q tile iff the kv tile's last sequence is the q
+    tile's first; the tile is full (no mask function needed) iff both tiles lie inside that one sequence; a
+    diagonal tile is always partial (causal), and so is every tile of a last q tile cut short, as torch's own
+    create_block_mask has them."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    dev = cu_seqlens.device
+    n = -(-length // block)
+    pos = torch.arange(n * block, device=dev)
+    # tokens past the row's end (a last tile cut short) get a sequence of their own: never seen by real ones
+    doc = torch.where(pos < length, segment_of(cu_seqlens, pos), -1)
+    first = doc[::block]
+    last = doc[torch.clamp(torch.arange(1, n + 1, device=dev) * block, max=length) - 1]
+    i, j = torch.arange(n, device=dev)[:, None], torch.arange(n, device=dev)[None, :]
+    below = j < i
+    some = (below & (last[None, :] == first[:, None])) | (i == j)
+    whole = (torch.arange(1, n + 1, device=dev) * block <= length)[:, None]  # a q tile cut short stays partial
+    full = (below & whole & (first[:, None] == last[:, None]) & (first[None, :] == last[None, :])
+            & (first[:, None] == first[None, :]))
+    partial = some & ~full
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx)
+
+    kv_num, kv_idx = _ordered(partial)
+    full_num, full_idx = _ordered(full)
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block, mask_mod=mask_mod,
+                                    seq_lengths=(length, length))
+
+
+def _ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[n, n] bool -> (the count of set tiles in each row [1, 1, n], their column indices first, in order
+    [1, 1, n, n]), int32: BlockMask's layout."""
+    count = tiles.sum(-1, dtype=torch.int32)
+    index = torch.argsort(tiles.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
+    return count[None, None], index[None, None]
+
+
+def flex_attention_fn(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """transformers attention signature: q [1, H, T, D], k/v [1, Hkv, T, D] -> ([1, T, H, D], None)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    block_mask = kwargs.get(MASK_KEY)
+    if block_mask is None or query.shape[0] != 1:
+        raise ValueError("brisk_flex attention needs a packed batch (one row, and the decoder stack's block-mask "
+                         "hook: speed.flex_attention)")
+    out = flex_attention(query, key, value, block_mask=block_mask, scale=scaling,
+                         enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _add_block_mask(module, args, kwargs):
+    """Forward pre-hook of the decoder stack: a packed batch's block mask, built once for all its layers."""
+    cu = kwargs.get("cu_seq_lens_q")
+    embeds = kwargs.get("inputs_embeds")
+    if cu is None or embeds is None:
+        return None
+    return args, {**kwargs, MASK_KEY: document_block_mask(cu, embeds.shape[1])}
+
+
+def apply_flex_attention(llm) -> str:
+    """Switch a transformers model to brisk_flex (packed rows only) and hook its decoder stack."""
+    from transformers import AttentionInterface
+
+    from .compile import decoder_stack
+
+    AttentionInterface.register(NAME, flex_attention_fn)
+    previous = llm.config._attn_implementation
+    llm.set_attn_implementation(NAME)
+    decoder_stack(llm).register_forward_pre_hook(_add_block_mask, with_kwargs=True)
+    return (f"flex_attention: attention {previous} -> {NAME} (FlexAttention, a document-causal block mask built "
+            "once a forward from cu_seqlens)")

@@ -1,0 +1,94 @@
+"""speed.flex_attention on the CPU (forward only: FlexAttention has no CPU backward; tests/gpu/test_flex_attention_cuda.py
+trains with it): the block mask built from cu_seqlens is torch's own create_block_mask of the document-causal
+mask, the attention equals the packed reference, the model's logits do not change, and the plan asks for what
+the switch needs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from brisk.config import load_config
+from brisk.data.collate import Collator
+from brisk.errors import ConfigError
+from brisk.models.build import build_model
+from brisk.plan import make_plan
+from brisk.speed.flex import MASK_KEY, apply_flex_attention, document_block_mask, flex_attention_fn
+from brisk.speed.varlen import block_causal_mask, padded_attention, varlen_attention
+
+from .conftest import DEMO_CONFIG, tiny_overrides
+from .test_packing import _samples
+
+flex = pytest.importorskip("torch.nn.attention.flex_attention")
+
+
+def _layouts(n: int, seed: int = 0):
+    """n random packed rows: (cu_seqlens, length, tile), empty sequences and short last tiles among them."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        length = rng.choice([128, 256, 300, 384, 1000, 1792])
+        cuts = sorted(rng.choices(range(length + 1), k=rng.randint(1, 12)))
+        yield torch.tensor([0, *cuts, length]), length, rng.choice([16, 32, 128])
+
+
+def test_block_mask_is_torch_create_block_mask_of_the_document_causal_mask():
+    full = 0
+    for cu, length, tile in _layouts(60):
+        dense = block_causal_mask(cu, length)
+        ours = document_block_mask(cu, length, tile)
+        ref = flex.create_block_mask(lambda b, h, q, kv: dense[q, kv], None, None, length, length, device="cpu",
+                                     BLOCK_SIZE=tile, _compile=False)
+        for name in ("kv_num_blocks", "full_kv_num_blocks", "q_num_blocks", "full_q_num_blocks"):
+            assert torch.equal(getattr(ours, name), getattr(ref, name)), (name, cu.tolist(), length, tile)
+        assert torch.equal(ours.to_dense(), ref.to_dense())
+        full += int(ours.full_kv_num_blocks.sum())
+    assert full > 0  # the layouts exercise full tiles (no mask function), not only partial ones
+
+
+def test_flex_attention_equals_the_packed_reference_with_gqa():
+    torch.manual_seed(0)
+    for cu, length, _ in _layouts(6, seed=1):
+        q = torch.randn(1, 4, length, 16)
+        k, v = torch.randn(1, 2, length, 16), torch.randn(1, 2, length, 16)
+        mask = document_block_mask(cu, length)
+        got, _ = flex_attention_fn(None, q, k, v, None, scaling=0.3, **{MASK_KEY: mask})
+        want, _ = varlen_attention(None, q, k, v, None, scaling=0.3, cu_seq_lens_q=cu)
+        assert got.shape == want.shape == (1, length, 4, 16)
+        assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+
+
+def test_padded_batch_is_refused_by_name():
+    q = torch.randn(2, 4, 8, 16)
+    with pytest.raises(ValueError, match="brisk_flex attention needs a packed batch"):
+        flex_attention_fn(None, q, q, q, None)
+
+
+def test_model_logits_unchanged_and_decoding_goes_back_to_sdpa(tmp_path):
+    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.frontend.dither": 0.0}))
+    model = build_model(cfg.model).eval()
+    batch = Collator(packed=True, token_buckets=(256, 512), speech_buckets=(32, 64), pad_utts=8, static=True)(
+        _samples(cfg, 5))
+    with torch.no_grad():
+        plain = model(batch)
+        note = apply_flex_attention(model.llm)
+        got = model(batch)
+    assert "brisk_flex" in note and model.llm.config._attn_implementation == "brisk_flex"
+    real = torch.arange(batch.input_ids.shape[1]) < int(batch.cu_seqlens[5])  # the five utterances' tokens
+    assert 0 < int(real.sum()) < batch.input_ids.shape[1]
+    assert torch.allclose(got[0, real], plain[0, real], atol=1e-4), (got[0, real] - plain[0, real]).abs().max()
+    with padded_attention(model.llm):
+        assert model.llm.config._attn_implementation == "sdpa"
+    assert model.llm.config._attn_implementation == "brisk_flex"
+
+
+def test_plan_asks_for_packing_compile_and_cuda(tmp_path):
+    base = tiny_overrides(tmp_path)
+    with pytest.raises(ConfigError, match="speed.flex_attention .*speed.packing=true and speed.compile=true"):
+        load_config(DEMO_CONFIG, base + ["speed.flex_attention=true", "speed.packing=true"])
+    cfg = load_config(DEMO_CONFIG, base + ["speed.flex_attention=true", "speed.packing=true", "speed.compile=true"])
+    with pytest.raises(ConfigError, match="speed.flex_attention needs a CUDA device.*cpu"):
+        make_plan(cfg, "cpu")
+    _, plan = make_plan(cfg, "cuda")
+    assert "flex_attention" in plan.on
