@@ -57,6 +57,10 @@ def test_flex_attention_equals_the_packed_reference_with_gqa():
         want, _ = varlen_attention(None, q, k, v, None, scaling=0.3, cu_seq_lens_q=cu)
         assert got.shape == want.shape == (1, length, 4, 16)
         assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+        assert not torch.equal(got, want)  # two kernels: FlexAttention ran, not the reference
+        with torch.no_grad():  # validation: brisk_varlen's computation itself
+            routed, _ = flex_attention_fn(None, q, k, v, None, scaling=0.3, cu_seq_lens_q=cu, **{MASK_KEY: mask})
+        assert torch.equal(routed, want)
 
 
 def test_padded_batch_is_refused_by_name():
@@ -67,17 +71,20 @@ def test_padded_batch_is_refused_by_name():
 
 def test_model_logits_unchanged_and_decoding_goes_back_to_sdpa(tmp_path):
     cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.frontend.dither": 0.0}))
-    model = build_model(cfg.model).eval()
+    model = build_model(cfg.model).eval().requires_grad_(False)  # autograd on, nothing to differentiate (CPU)
     batch = Collator(packed=True, token_buckets=(256, 512), speech_buckets=(32, 64), pad_utts=8, static=True)(
         _samples(cfg, 5))
+    plain = model(batch)
+    note = apply_flex_attention(model.llm)
+    got = model(batch)
     with torch.no_grad():
-        plain = model(batch)
-        note = apply_flex_attention(model.llm)
-        got = model(batch)
+        validation = model(batch)
     assert "brisk_flex" in note and model.llm.config._attn_implementation == "brisk_flex"
     real = torch.arange(batch.input_ids.shape[1]) < int(batch.cu_seqlens[5])  # the five utterances' tokens
     assert 0 < int(real.sum()) < batch.input_ids.shape[1]
     assert torch.allclose(got[0, real], plain[0, real], atol=1e-4), (got[0, real] - plain[0, real]).abs().max()
+    assert not torch.equal(got[0, real], plain[0, real])  # FlexAttention ran
+    assert torch.allclose(validation[0, real], plain[0, real], atol=1e-5)
     with padded_attention(model.llm):
         assert model.llm.config._attn_implementation == "sdpa"
     assert model.llm.config._attn_implementation == "brisk_flex"
@@ -92,3 +99,9 @@ def test_plan_asks_for_packing_compile_and_cuda(tmp_path):
         make_plan(cfg, "cpu")
     _, plan = make_plan(cfg, "cuda")
     assert "flex_attention" in plan.on
+    with pytest.raises(ConfigError, match="compile_scope=layer only"):
+        load_config(DEMO_CONFIG, base + ["speed.flex_attention=true", "speed.packing=true", "speed.compile=true",
+                                         "speed.compile_scope=stack"])
+    with pytest.raises(ConfigError, match="does not take speed.flex_attention"):
+        load_config(DEMO_CONFIG, base + ["model.family=qwen3_asr", "speed.flex_attention=true",
+                                         "speed.packing=true", "speed.compile=true"])

@@ -14,16 +14,17 @@ as the keyword ``brisk_block_mask``, which transformers hands every attention ca
 over the row's document ids; Dynamo lifts that tensor to a graph input, so a new batch does not recompile.
 
 FlexAttention needs torch.compile to be fast (eagerly it runs an unfused reference) and has no CPU backward:
-the plan asks for speed.compile and a CUDA device (brisk/plan.py). Validation runs the layers eagerly
-(``compile.eval_context``), and so the reference kernel, under no_grad; decoding goes to SDPA with its padding
-mask, as under brisk_varlen (``varlen.padded_attention``).
+the plan asks for speed.compile (layer scope: the hook stays outside the compiled code) and a CUDA device
+(brisk/plan.py). Forwards without autograd (validation, whose layers run eagerly: ``compile.eval_context``) take
+brisk_varlen's kernel on the same row; decoding goes to SDPA with its padding mask, as under brisk_varlen
+(``varlen.padded_attention``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .varlen import segment_of
+from .varlen import segment_of, varlen_attention
 
 NAME = "brisk_flex"
 MASK_KEY = "brisk_block_mask"
@@ -74,16 +75,26 @@ def _ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def flex_attention_fn(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
-    """transformers attention signature: q [1, H, T, D], k/v [1, Hkv, T, D] -> ([1, T, H, D], None)."""
-    from torch.nn.attention.flex_attention import flex_attention
+    """transformers attention signature: q [1, H, T, D], k/v [1, Hkv, T, D] -> ([1, T, H, D], None).
 
+    Forwards with autograd (the training step) run FlexAttention; forwards without it (validation, where the
+    layers run eagerly and FlexAttention would be its unfused reference, a [H, T, T] score matrix a layer) run
+    brisk_varlen on the same row, which computes the same attention (within bf16 rounding, the GPU test)."""
     block_mask = kwargs.get(MASK_KEY)
     if block_mask is None or query.shape[0] != 1:
         raise ValueError("brisk_flex attention needs a packed batch (one row, and the decoder stack's block-mask "
                          "hook: speed.flex_attention)")
-    out = flex_attention(query, key, value, block_mask=block_mask, scale=scaling,
-                         enable_gqa=key.shape[1] != query.shape[1])
-    return out.transpose(1, 2).contiguous(), None
+    if not torch.is_grad_enabled():
+        return varlen_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    return flex(query, key, value, block_mask, scaling).transpose(1, 2).contiguous(), None
+
+
+def flex(query, key, value, block_mask, scale=None) -> torch.Tensor:
+    """FlexAttention on a packed row: q [1, H, T, D], k/v [1, Hkv, T, D] (GQA in the kernel) -> [1, H, T, D]."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention(query, key, value, block_mask=block_mask, scale=scale,
+                          enable_gqa=key.shape[1] != query.shape[1])
 
 
 def _add_block_mask(module, args, kwargs):

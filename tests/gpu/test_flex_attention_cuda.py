@@ -18,7 +18,7 @@ from .test_gpu_state import FAST, _cfg, _rel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-LENS = [180, 132, 238, 201, 160, 175, 150, 222, 190, 144]  # FunASR-sized utterances in a 1,792-token row
+LENS = [180, 132, 238, 201, 160, 175, 150, 222, 190, 131]  # FunASR-sized utterances in a 1,792-token row, and padding
 
 
 def _row(lens, length, seed=0):
@@ -29,9 +29,12 @@ def _row(lens, length, seed=0):
     return cu, q, k, v
 
 
-@torch.compile(dynamic=False)
-def _flex(q, k, v, mask):
+def _attend(q, k, v, mask):
     return flex_attention_fn(None, q, k, v, None, scaling=128 ** -0.5, **{MASK_KEY: mask})[0]
+
+
+_flex = torch.compile(_attend, dynamic=False)
+_flex_dynamic = torch.compile(_attend, dynamic=True)  # the compiled layers' setting (speed.compile_dynamic)
 
 
 def _fwd_bwd(fn, q, k, v, grad):
@@ -41,13 +44,17 @@ def _fwd_bwd(fn, q, k, v, grad):
     return out.float(), q.grad.float(), k.grad.float(), v.grad.float()
 
 
-def test_compiled_flex_matches_varlen_forward_and_backward():
-    cu, q, k, v = _row(LENS, 1792)
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("length", [1792, 1900], ids=["tiles", "short_last_tile"])
+def test_compiled_flex_matches_varlen_forward_and_backward(dynamic, length):
+    cu, q, k, v = _row(LENS, length)
     real = int(cu[-2])
-    grad = torch.randn(1, 1792, 16, 128, device="cuda", dtype=torch.bfloat16)
+    assert real < length
+    grad = torch.randn(1, length, 16, 128, device="cuda", dtype=torch.bfloat16)
     grad[:, real:] = 0  # the padding's rows are discarded by the loss
-    mask = document_block_mask(cu, 1792)
-    ours = _fwd_bwd(lambda a, b, c: _flex(a, b, c, mask), q, k, v, grad)
+    mask = document_block_mask(cu, length)
+    fn = _flex_dynamic if dynamic else _flex
+    ours = _fwd_bwd(lambda a, b, c: fn(a, b, c, mask), q, k, v, grad)
     ref = _fwd_bwd(lambda a, b, c: varlen_attention(None, a, b, c, None, scaling=128 ** -0.5, cu_seq_lens_q=cu)[0],
                    q, k, v, grad)
     # the real tokens (the padding sequence differs by design: varlen's is causal too, and so is ours)
@@ -78,11 +85,21 @@ def test_block_mask_is_rebuilt_inside_a_captured_graph():
     assert not torch.equal(want, before)  # the boundaries matter: the replay did rebuild the mask
 
 
+@pytest.fixture
+def loud_compile(monkeypatch):
+    """A layer that Dynamo gives up on (its recompile limit) raises instead of running eagerly."""
+    import torch._dynamo.config as dc
+
+    for name in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):
+        if hasattr(dc, name):
+            monkeypatch.setattr(dc, name, True)
+
+
 def _steps(overrides, n):
     from brisk.bench.harness import build_runner, sample_stream, sync
     from brisk.speed.compile import compile_counters
 
-    cfg = _cfg(*overrides)
+    cfg = _cfg(*overrides, "speed.compile_on_error=raise")
     runner = build_runner(cfg)  # compiles and captures every bucket's graph up front
     before = compile_counters()
     losses = [float(runner.run(runner.collate(s))["loss"]) for s in sample_stream(cfg, n, 4096)]
@@ -91,7 +108,7 @@ def _steps(overrides, n):
     return runner, losses, params, before, compile_counters()
 
 
-def test_graphed_compiled_step_trains_like_varlen():
+def test_graphed_compiled_step_trains_like_varlen(loud_compile):
     base = FAST + ["speed.compile=true", "speed.fresh_grads=true", "speed.label_head=true"]
     _, la, pa, _, _ = _steps(base, 8)
     runner, lb, pb, before, after = _steps(base + ["speed.flex_attention=true"], 8)
@@ -103,16 +120,18 @@ def test_graphed_compiled_step_trains_like_varlen():
     assert len(set(lb)) > 1
 
 
-def test_validation_runs_flex_eagerly_like_the_compiled_layers():
+def test_validation_takes_varlen_and_agrees_with_the_training_forward(loud_compile):
+    """Without autograd (validation: the layers eager) the row goes to varlen_attn; its logits are the compiled
+    training forward's (FlexAttention) within bf16 rounding."""
     from brisk.bench.harness import build_runner, sample_stream
 
-    cfg = _cfg(*FAST, "speed.compile=true", "speed.flex_attention=true")
+    cfg = _cfg(*FAST, "speed.compile=true", "speed.flex_attention=true", "speed.compile_on_error=raise")
     runner = build_runner(cfg)
     batch = runner.collate(sample_stream(cfg, 1, 4096)[0]).to("cuda")
     model, accel = runner.model, runner.parts.accel
-    model.eval()
-    with torch.no_grad():
-        compiled = model(batch, audio_rows=accel.audio(batch))
-        with accel.eval_context():
-            eager = model(batch, audio_rows=accel.audio(batch))
-    assert _rel(compiled, eager) < 1e-2
+    rows = accel.audio(batch)
+    training = model(batch, audio_rows=rows).detach()  # autograd on: compiled layers, FlexAttention
+    with torch.no_grad(), accel.eval_context():
+        validation = model(batch, audio_rows=rows)
+    assert _rel(training, validation) < 1e-2
+    assert not torch.equal(training, validation)
