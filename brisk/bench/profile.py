@@ -38,6 +38,7 @@ def launch_counts(events, steps: int) -> dict:
 # Kernel classes by name, first match wins: what a step's device time is made of. Inside a CUDA graph the
 # profiler sees kernels but not the operations that launched them, so names are what is left to go by.
 KERNEL_CLASSES = [
+    ("attention (FlexAttention, Inductor's template)", r"^triton_.*flex"),  # speed.flex_attention
     ("compiled (Triton, fused by Inductor)", r"^triton_"),  # named after the ops inside: before the op classes
     ("communication (NCCL)", r"nccl"),
     ("optimizer and norms (multi-tensor)", r"multi_tensor_apply|foreach|fused_adam"),
