@@ -142,6 +142,29 @@ def flex_arms(q, k, v, g_out, lens, scale, dev):
     return (lambda: run(once)), (lambda: run(create_block_mask(mask_mod, 1, 1, T, T, device=dev)))
 
 
+def brisk_flex_arms(q, k, v, g_out, cu, scale):
+    """speed.flex_attention as the training step runs it: brisk's block mask built from cu_seqlens in the call
+    (``brisk.speed.flex.document_block_mask``), the attention compiled with dynamic shapes (the layers'
+    speed.compile_dynamic=true) and, for comparison, static ones."""
+    from brisk.speed.flex import MASK_KEY, document_block_mask, flex_attention_fn
+
+    T = q.shape[2]
+
+    def step(q, k, v):
+        return flex_attention_fn(None, q, k, v, None, scaling=scale, **{MASK_KEY: document_block_mask(cu, T)})[0]
+
+    def arm(fn):
+        def run():
+            q.grad = k.grad = v.grad = None
+            out = fn(q, k, v)
+            out.backward(g_out)
+            return out
+        return run
+
+    return {"brisk flex_attention: mask from cu_seqlens in the call, dynamic": arm(torch.compile(step, dynamic=True)),
+            "brisk flex_attention: mask from cu_seqlens in the call, static": arm(torch.compile(step, dynamic=False))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="bench/tmp/attention35")
@@ -149,6 +172,7 @@ def main() -> None:
     ap.add_argument("--utts", type=int, default=10)
     ap.add_argument("--bucket", type=int, default=1792)
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--flex-only", action="store_true", help="varlen and the FlexAttention arms only")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only checks that the script runs (no SDPA kernels)")
     a = ap.parse_args()
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -195,10 +219,11 @@ def main() -> None:
     q.grad = k.grad = v.grad = None
     results = {}
     fixed = -(-maxlen // 256) * 256
-    for name, backend, L in (("SDPA flash", SDPBackend.FLASH_ATTENTION, maxlen),
-                             ("SDPA efficient", SDPBackend.EFFICIENT_ATTENTION, maxlen),
-                             ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION, maxlen),
-                             ("SDPA cuDNN, fixed bucket", SDPBackend.CUDNN_ATTENTION, fixed)):
+    sdpa = (("SDPA flash", SDPBackend.FLASH_ATTENTION, maxlen),
+            ("SDPA efficient", SDPBackend.EFFICIENT_ATTENTION, maxlen),
+            ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION, maxlen),
+            ("SDPA cuDNN, fixed bucket", SDPBackend.CUDNN_ATTENTION, fixed))
+    for name, backend, L in (() if a.flex_only else sdpa):
         to_p, from_p, slot = padded_io(L)
         qp0, kp0, vp0 = (to_p(x).detach().contiguous().requires_grad_() for x in (q, k, v))
         kr0, vr0 = (x.repeat_interleave(H // HKV, dim=1).detach().contiguous().requires_grad_() for x in (kp0, vp0))
@@ -235,6 +260,8 @@ def main() -> None:
             once, each = flex_arms(q, k, v, g_out, lens, scale, dev)
             diff = float((once().detach()[0][pos].float() - ref).abs().max())
             arms["FlexAttention on the packed row, mask built once"] = (once, diff)
+            for name, fn in brisk_flex_arms(q, k, v, g_out, cu, scale).items():
+                arms[name] = (fn, float((fn().detach()[0][pos].float() - ref).abs().max()))
             arms["FlexAttention on the packed row, mask built every call"] = (each, diff)
         except Exception as e:  # noqa: BLE001 - a compile failure on this build is a result to report
             results["FlexAttention on the packed row"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:140]}"}
