@@ -5,7 +5,10 @@ whose packed rows it takes over. At FunASR's step size (about ten sequences of 1
 row, 16 query and 8 key/value heads of 128) torch's varlen_attn spends 0.215 ms a layer (forward + backward) in a
 graph replay, and FlexAttention compiled on the same row 0.122 ms with its block mask given
 (bench/results/2026-12-03-h200-round11): the row's 14 x 14 tiles of 128 are mostly empty, and FlexAttention skips
-them and runs the diagonal ones with the mask function.
+them and runs the diagonal ones with the mask function. **But** compiled with dynamic shapes, as the preset's
+layers are (speed.compile_dynamic=true), the same call takes 0.301 ms, and the preset's step went from 29.5 to
+32.2 ms with this switch (round 11, same batches): it is not in the preset. Static, the call with its mask build
+takes 0.129 ms; compiling it apart from the layers is the next step (bench/LOG.md).
 
 How the mask reaches the layers: a forward pre-hook on the decoder stack builds one ``BlockMask`` a forward from
 the batch's ``cu_seq_lens_q`` (``document_block_mask``: a dozen small tensor ops on the device, no host read, so
