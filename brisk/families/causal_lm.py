@@ -17,7 +17,8 @@ FAMILY = register(Family(
     presets={"fast": {"packing": True, "fused_adamw": True, "label_head": True, "fla_kernels": True,
                       "linear_attention_batched": True, "fla_gated_norm": True}},
     labelled="assistant",
-    refused=("task chat: {bad} act on the audio path or the speech fast path's graphs; set them false "
+    refused=("task chat: {bad} act on the audio path or the speech fast path (its graphs, its decoder's "
+             "FlexAttention); set them false "
              "(model.family={family} takes {takes})"),
     rules=(
         FamilyRule("model.family, model.encoder.activation_checkpoint", lambda c: c.model.encoder.activation_checkpoint,
