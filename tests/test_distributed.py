@@ -77,6 +77,9 @@ def _init(rank: int, world: int, init_file: str) -> None:
 def _close() -> None:
     """Both ranks meet before tearing the group down: a rank that closes while the other's gloo threads still
     talk to it aborts that process ("terminate called without an active exception"; seen under CPU load)."""
+    import gc
+
+    gc.collect()  # objects in reference cycles that hold the group (a DDP wrapper) go while both ranks are alive
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
@@ -159,6 +162,14 @@ class _TwoDtypes(torch.nn.Module):
         return self.b(torch.tanh(self.a(x)).double())
 
 
+def _ddp_grads(model, x) -> list[torch.Tensor]:
+    """DDP's averaged gradients. The wrapper dies when this returns: alive (or left in a reference cycle) until
+    interpreter exit, it keeps the gloo group's threads running past destroy_process_group."""
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp(x).sum().backward()
+    return [p.grad.clone() for p in ddp.module.parameters()]
+
+
 def _grad_sync_worker(rank, world, init_file, out_file):
     import copy
 
@@ -169,9 +180,7 @@ def _grad_sync_worker(rank, world, init_file, out_file):
         torch.manual_seed(0)
         model = _TwoDtypes()
         x = torch.randn(4, 6, generator=torch.Generator().manual_seed(10 + rank))  # each rank its own batch
-        ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model))
-        ddp(x).sum().backward()
-        reference = [p.grad.clone() for p in ddp.module.parameters()]
+        reference = _ddp_grads(copy.deepcopy(model), x)
         sync = GradSync(list(model.parameters()))
         for _ in range(2):  # twice: the views must survive zeroing and a second backward
             for p in model.parameters():
