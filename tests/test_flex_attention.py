@@ -15,7 +15,7 @@ from brisk.data.collate import Collator
 from brisk.errors import ConfigError
 from brisk.models.build import build_model
 from brisk.plan import make_plan
-from brisk.speed.flex import MASK_KEY, apply_flex_attention, document_block_mask, flex_attention_fn
+from brisk.speed.flex import LENGTHS, MASK_KEY, apply_flex_attention, document_block_mask, flex_attention_fn
 from brisk.speed.varlen import block_causal_mask, padded_attention, varlen_attention
 
 from .conftest import DEMO_CONFIG, tiny_overrides
@@ -61,6 +61,33 @@ def test_flex_attention_equals_the_packed_reference_with_gqa():
         with torch.no_grad():  # validation: brisk_varlen's computation itself
             routed, _ = flex_attention_fn(None, q, k, v, None, scaling=0.3, cu_seq_lens_q=cu, **{MASK_KEY: mask})
         assert torch.equal(routed, want)
+
+
+def test_static_flex_compiles_a_graph_per_length_inside_a_dynamic_layer(monkeypatch):
+    """The call compiled on its own: inside a layer compiled with dynamic shapes it keeps one static graph per row
+    length, past Dynamo's default limit of 8 (which raises here instead of falling back to the eager reference),
+    and the layer keeps its one dynamic graph. Forward only on the CPU (aot_eager: no Inductor code)."""
+    import torch._dynamo.config as dc
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from brisk.speed import flex as flex_module
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(dc, "fail_on_recompile_limit_hit", True)
+    assert dc.recompile_limit < 10 <= LENGTHS
+
+    def layer(q, k, v, mask):
+        return flex_module.static_flex(q * 2, k, v, mask, 0.3, backend="aot_eager").sin()
+
+    compiled = torch.compile(layer, dynamic=True, backend="aot_eager")
+    for length in range(64, 384, 32):  # 10 lengths
+        cu = torch.tensor([0, length // 3, length // 2, length])
+        q, k, v = torch.randn(1, 4, length, 16), torch.randn(1, 2, length, 16), torch.randn(1, 2, length, 16)
+        mask = document_block_mask(cu, length, 32)
+        assert torch.equal(compiled(q, k, v, mask), flex_module.flex(q * 2, k, v, mask, 0.3).sin())
+    assert len(_debug_get_cache_entry_list(flex_module.flex.__code__)) == 10
+    assert len(_debug_get_cache_entry_list(layer.__code__)) == 1
+    torch._dynamo.reset()
 
 
 def test_padded_batch_is_refused_by_name():

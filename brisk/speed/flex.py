@@ -5,10 +5,11 @@ whose packed rows it takes over. At FunASR's step size (about ten sequences of 1
 row, 16 query and 8 key/value heads of 128) torch's varlen_attn spends 0.215 ms a layer (forward + backward) in a
 graph replay, and FlexAttention compiled on the same row 0.122 ms with its block mask given
 (bench/results/2026-12-03-h200-round11): the row's 14 x 14 tiles of 128 are mostly empty, and FlexAttention skips
-them and runs the diagonal ones with the mask function. **But** compiled with dynamic shapes, as the preset's
-layers are (speed.compile_dynamic=true), the same call takes 0.301 ms, and the preset's step went from 29.5 to
-32.2 ms with this switch (round 11, same batches): it is not in the preset. Static, the call with its mask build
-takes 0.129 ms; compiling it apart from the layers is the next step (bench/LOG.md).
+them and runs the diagonal ones with the mask function. Compiled with dynamic shapes, as the preset's layers are
+(speed.compile_dynamic=true), the same call took 0.301 ms, and the preset's step went from 29.5 to 32.2 ms
+(round 11, same batches); compiled static, 0.129 ms with its mask build. So on CUDA the call is compiled on its
+own, static (``static_flex``): a graph break in each compiled layer, and one graph per row length (the packed rows
+come in speed.pack_buckets lengths) under a recompile limit of its own (``LENGTHS``).
 
 How the mask reaches the layers: a forward pre-hook on the decoder stack builds one ``BlockMask`` a forward from
 the batch's ``cu_seq_lens_q`` (``document_block_mask``: a dozen small tensor ops on the device, no host read, so
@@ -50,12 +51,13 @@ def document_block_mask(cu_seqlens: torch.Tensor, length: int, block: int = BLOC
     pos = torch.arange(n * block, device=dev)
     # tokens past the row's end (a last tile cut short) get a sequence of their own: never seen by real ones
     doc = torch.where(pos < length, segment_of(cu_seqlens, pos), -1)
+    ends = torch.arange(1, n + 1, device=dev) * block
     first = doc[::block]
-    last = doc[torch.clamp(torch.arange(1, n + 1, device=dev) * block, max=length) - 1]
+    last = doc[torch.clamp(ends, max=length) - 1]
     i, j = torch.arange(n, device=dev)[:, None], torch.arange(n, device=dev)[None, :]
     below = j < i
     some = (below & (last[None, :] == first[:, None])) | (i == j)
-    whole = (torch.arange(1, n + 1, device=dev) * block <= length)[:, None]  # a q tile cut short stays partial
+    whole = (ends <= length)[:, None]  # a q tile cut short stays partial
     full = (below & whole & (first[:, None] == last[:, None]) & (first[None, :] == last[None, :])
             & (first[:, None] == first[None, :]))
     partial = some & ~full
@@ -83,13 +85,14 @@ def flex_attention_fn(module, query, key, value, attention_mask, dropout: float 
     Forwards with autograd (the training step) run FlexAttention; forwards without it (validation, where the
     layers run eagerly and FlexAttention would be its unfused reference, a [H, T, T] score matrix a layer) run
     brisk_varlen on the same row, which computes the same attention (within bf16 rounding, the GPU test)."""
+    if not torch.is_grad_enabled():
+        return varlen_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     block_mask = kwargs.get(MASK_KEY)
     if block_mask is None or query.shape[0] != 1:
         raise ValueError("brisk_flex attention needs a packed batch (one row, and the decoder stack's block-mask "
                          "hook: speed.flex_attention)")
-    if not torch.is_grad_enabled():
-        return varlen_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-    return flex(query, key, value, block_mask, scaling).transpose(1, 2).contiguous(), None
+    attend = static_flex if query.is_cuda else flex  # the CPU (tests only: the plan asks for CUDA) runs it eagerly
+    return attend(query, key, value, block_mask, scaling).transpose(1, 2).contiguous(), None
 
 
 def flex(query, key, value, block_mask, scale=None) -> torch.Tensor:
@@ -100,11 +103,33 @@ def flex(query, key, value, block_mask, scale=None) -> torch.Tensor:
                           enable_gqa=key.shape[1] != query.shape[1])
 
 
+# One graph per packed row length: speed.pack_buckets has 13 by default, and a run past the largest bucket adds
+# its multiples. Dynamo's default limit (8 graphs a function) would send the 9th length to FlexAttention's
+# unfused eager reference, a [H, T, T] score matrix a layer.
+LENGTHS = 64
+_compiled: dict[str, object] = {}
+
+
+@torch.compiler.disable
+def static_flex(query, key, value, block_mask, scale=None, backend: str = "inductor") -> torch.Tensor:
+    """``flex`` compiled on its own with static shapes, called from inside the dynamically compiled layers.
+
+    Inside a layer compiled with dynamic=True the FlexAttention kernel is built for a symbolic length: 0.301 ms a
+    layer against 0.129 ms static (round 11). ``torch.compiler.disable`` makes a graph break in the layer (its
+    graph before and after the attention stay dynamic) and this function's own ``torch.compile`` runs instead.
+    Under the graphed step the break costs nothing after capture. ``backend``: aot_eager in the CPU tests."""
+    fn = _compiled.get(backend)
+    if fn is None:
+        fn = _compiled[backend] = torch.compile(flex, dynamic=False, backend=backend)
+    with torch._dynamo.config.patch(recompile_limit=LENGTHS):
+        return fn(query, key, value, block_mask, scale)
+
+
 def _add_block_mask(module, args, kwargs):
     """Forward pre-hook of the decoder stack: a packed batch's block mask, built once for all its layers."""
     cu = kwargs.get("cu_seq_lens_q")
     embeds = kwargs.get("inputs_embeds")
-    if cu is None or embeds is None:
+    if cu is None or embeds is None or not torch.is_grad_enabled():  # without autograd the layers take varlen_attn
         return None
     return args, {**kwargs, MASK_KEY: document_block_mask(cu, embeds.shape[1])}
 

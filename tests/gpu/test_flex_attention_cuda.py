@@ -34,7 +34,7 @@ def _attend(q, k, v, mask):
 
 
 _flex = torch.compile(_attend, dynamic=False)
-_flex_dynamic = torch.compile(_attend, dynamic=True)  # the compiled layers' setting (speed.compile_dynamic)
+_flex_dynamic = torch.compile(_attend, dynamic=True)  # the layers' setting: the call breaks out to static_flex
 
 
 def _fwd_bwd(fn, q, k, v, grad):
@@ -115,6 +115,11 @@ def test_graphed_compiled_step_trains_like_varlen(loud_compile):
     assert "flex_attention" in runner.parts.plan.on
     assert runner.model.llm.config._attn_implementation == "brisk_flex"
     assert after == before, (before, after)  # new batches replay their bucket's graph: nothing compiles
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from brisk.speed import flex
+
+    assert _debug_get_cache_entry_list(flex.flex.__code__)  # the call compiled on its own (static_flex)
     assert max(abs(x - y) / abs(x) for x, y in zip(la, lb)) < 1e-2, (la, lb)
     # Adam's first steps move a weight by about lr whatever its gradient's size, so two kernels' bf16 rounding
     # shows in the smallest tensors (5.0e-3 on the H200 in round 11); the 120-step probe is the gate on the numbers
