@@ -144,14 +144,18 @@ def flex_arms(q, k, v, g_out, lens, scale, dev):
 
 def brisk_flex_arms(q, k, v, g_out, cu, scale):
     """speed.flex_attention as the training step runs it: brisk's block mask built from cu_seqlens in the call
-    (``brisk.speed.flex.document_block_mask``), the attention compiled with dynamic shapes (the layers'
-    speed.compile_dynamic=true) and, for comparison, static ones."""
-    from brisk.speed.flex import MASK_KEY, document_block_mask, flex_attention_fn
+    (``brisk.speed.flex.document_block_mask``) inside a function compiled with dynamic shapes (the layers'
+    speed.compile_dynamic=true), the FlexAttention call broken out to its own static compile (``static_flex``,
+    round 12); and round 11's two arms for comparison, the call inline (``flex``) compiled dynamic and static."""
+    from brisk.speed.flex import MASK_KEY, document_block_mask, flex, flex_attention_fn
 
     T = q.shape[2]
 
     def step(q, k, v):
         return flex_attention_fn(None, q, k, v, None, scaling=scale, **{MASK_KEY: document_block_mask(cu, T)})[0]
+
+    def inline(q, k, v):
+        return flex(q, k, v, document_block_mask(cu, T), scale).transpose(1, 2)
 
     def arm(fn):
         def run():
@@ -161,8 +165,9 @@ def brisk_flex_arms(q, k, v, g_out, cu, scale):
             return out
         return run
 
-    return {"brisk flex_attention: mask from cu_seqlens in the call, dynamic": arm(torch.compile(step, dynamic=True)),
-            "brisk flex_attention: mask from cu_seqlens in the call, static": arm(torch.compile(step, dynamic=False))}
+    return {"brisk flex_attention: mask from cu_seqlens, dynamic layer, static_flex call": arm(torch.compile(step, dynamic=True)),
+            "FlexAttention inline, mask from cu_seqlens in the call, dynamic (round 11's switch)": arm(torch.compile(inline, dynamic=True)),
+            "FlexAttention inline, mask from cu_seqlens in the call, static": arm(torch.compile(inline, dynamic=False))}
 
 
 def main() -> None:

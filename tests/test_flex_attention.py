@@ -65,28 +65,34 @@ def test_flex_attention_equals_the_packed_reference_with_gqa():
 
 def test_static_flex_compiles_a_graph_per_length_inside_a_dynamic_layer(monkeypatch):
     """The call compiled on its own: inside a layer compiled with dynamic shapes it keeps one static graph per row
-    length, past Dynamo's default limit of 8 (which raises here instead of falling back to the eager reference),
-    and the layer keeps its one dynamic graph. Forward only on the CPU (aot_eager: no Inductor code)."""
+    length, past Dynamo's default limit of 8, and the layer keeps its one dynamic graph; a length past its own
+    limit raises (fullgraph) instead of running FlexAttention's unfused reference. Forward only on the CPU
+    (aot_eager: no Inductor code)."""
     import torch._dynamo.config as dc
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
     from brisk.speed import flex as flex_module
 
     torch._dynamo.reset()
-    monkeypatch.setattr(dc, "fail_on_recompile_limit_hit", True)
     assert dc.recompile_limit < 10 <= LENGTHS
 
     def layer(q, k, v, mask):
         return flex_module.static_flex(q * 2, k, v, mask, 0.3, backend="aot_eager").sin()
 
     compiled = torch.compile(layer, dynamic=True, backend="aot_eager")
-    for length in range(64, 384, 32):  # 10 lengths
+    def row(length):
         cu = torch.tensor([0, length // 3, length // 2, length])
         q, k, v = torch.randn(1, 4, length, 16), torch.randn(1, 2, length, 16), torch.randn(1, 2, length, 16)
-        mask = document_block_mask(cu, length, 32)
+        return q, k, v, document_block_mask(cu, length, 32)
+
+    for length in range(64, 384, 32):  # 10 lengths
+        q, k, v, mask = row(length)
         assert torch.equal(compiled(q, k, v, mask), flex_module.flex(q * 2, k, v, mask, 0.3).sin())
     assert len(_debug_get_cache_entry_list(flex_module.flex.__code__)) == 10
     assert len(_debug_get_cache_entry_list(layer.__code__)) == 1
+    monkeypatch.setattr(flex_module, "LENGTHS", 10)
+    with pytest.raises(Exception, match="fullgraph"):
+        compiled(*row(384))
     torch._dynamo.reset()
 
 
@@ -129,6 +135,9 @@ def test_plan_asks_for_packing_compile_and_cuda(tmp_path):
     with pytest.raises(ConfigError, match="compile_scope=layer only"):
         load_config(DEMO_CONFIG, base + ["speed.flex_attention=true", "speed.packing=true", "speed.compile=true",
                                          "speed.compile_scope=stack"])
+    with pytest.raises(ConfigError, match="model.llm.activation_checkpoint is untested"):
+        load_config(DEMO_CONFIG, base + ["speed.flex_attention=true", "speed.packing=true", "speed.compile=true",
+                                         "model.llm.activation_checkpoint=1"])
     with pytest.raises(ConfigError, match="does not take speed.flex_attention"):
         load_config(DEMO_CONFIG, base + ["model.family=qwen3_asr", "speed.flex_attention=true",
                                          "speed.packing=true", "speed.compile=true"])

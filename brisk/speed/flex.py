@@ -105,7 +105,7 @@ def flex(query, key, value, block_mask, scale=None) -> torch.Tensor:
 
 # One graph per packed row length: speed.pack_buckets has 13 by default, and a run past the largest bucket adds
 # its multiples. Dynamo's default limit (8 graphs a function) would send the 9th length to FlexAttention's
-# unfused eager reference, a [H, T, T] score matrix a layer.
+# unfused eager reference, a [H, T, T] score matrix a layer; past this limit the compile raises (fullgraph).
 LENGTHS = 64
 _compiled: dict[str, object] = {}
 
@@ -119,9 +119,9 @@ def static_flex(query, key, value, block_mask, scale=None, backend: str = "induc
     graph before and after the attention stay dynamic) and this function's own ``torch.compile`` runs instead.
     Under the graphed step the break costs nothing after capture. ``backend``: aot_eager in the CPU tests."""
     fn = _compiled.get(backend)
-    if fn is None:
-        fn = _compiled[backend] = torch.compile(flex, dynamic=False, backend=backend)
-    with torch._dynamo.config.patch(recompile_limit=LENGTHS):
+    if fn is None:  # fullgraph: a graph break or a length past the limit raises instead of running unfused
+        fn = _compiled[backend] = torch.compile(flex, dynamic=False, fullgraph=True, backend=backend)
+    with torch._dynamo.config.patch(recompile_limit=max(LENGTHS, torch._dynamo.config.recompile_limit)):
         return fn(query, key, value, block_mask, scale)
 
 
