@@ -10,6 +10,7 @@
 # 2. configs/bench_flex35.yaml on FunASR's workload: the preset against the preset + flex_attention, interleaved,
 #    with pack_buckets cut to the lengths that workload's rows reach (both arms alike: each step lands in the same
 #    bucket either way; fewer cold compiles of the static call).
+# 3. brisk profile of the preset + flex_attention on the same workload (the step's new split), if time is left.
 # Prediction (round 11, attention35 --flex-only: the call 0.301 -> 0.129 ms a layer, varlen 0.203, 28 layers):
 # the preset + flex median ~27.4 ms against the preset's ~29.5; the probe meets the preset's own gates.
 set -uo pipefail
@@ -56,10 +57,15 @@ tar czf "$OUT/probe_runs.tgz" -C /tmp --exclude='*.pt' --exclude=checkpoints --e
 
 # 2. the bench on FunASR's workload
 W="model.path=/tmp/nano data.train=$WD/train.jsonl speed.pack_buckets=[1280,1536,1792,2048,2304,2560]"
-timeout "$(left ${BENCH_END:-575})" python3 -m brisk bench configs/bench_flex35.yaml $W --out /tmp/flex35 \
+timeout "$(left ${BENCH_END:-480})" python3 -m brisk bench configs/bench_flex35.yaml $W --out /tmp/flex35 \
     > "$OUT/bench_flex35.log" 2>&1 || echo "bench exited with $? (the table holds the runs that finished)"
 cp /tmp/flex35/bench.md "$OUT/bench_flex35.md" 2>/dev/null; cp /tmp/flex35/bench.json "$OUT/" 2>/dev/null
 grep -h "bench: .* run [0-9]*: mean" "$OUT/bench_flex35.log" | sed 's/.*bench: /  /'
+
+# 3. the step's split with the switch (kernel classes: GEMMs, attention, optimizer, Inductor, other), if time is left
+timeout "$(left ${PROFILE_END:-590})" python3 -m brisk profile configs/bench_prompt.yaml $W speed.preset=fast \
+    speed.flex_attention=true --out /tmp/profile_flex > "$OUT/profile_flex.log" 2>&1 || echo "profile exited with $?"
+tar czf "$OUT/profile_flex.tgz" -C /tmp --exclude='*.json.gz' --exclude='*trace*' profile_flex 2>/dev/null
 
 echo "== elapsed $(( $(date +%s) - T0 )) s"
 for pair in $PAIRS; do a=${pair%:*}; b=${pair#*:}
