@@ -77,7 +77,7 @@ def test_static_flex_compiles_a_graph_per_length_inside_a_dynamic_layer(monkeypa
     assert dc.recompile_limit < 10 <= LENGTHS
 
     def layer(q, k, v, mask):
-        return flex_module.static_flex(q * 2, k, v, mask, 0.3, backend="aot_eager").sin()
+        return flex_module.static_flex(q * 2, k, v, mask, 0.3).sin()
 
     compiled = torch.compile(layer, dynamic=True, backend="aot_eager")
     def row(length):
@@ -93,6 +93,36 @@ def test_static_flex_compiles_a_graph_per_length_inside_a_dynamic_layer(monkeypa
     monkeypatch.setattr(flex_module, "LENGTHS", 10)
     with pytest.raises(Exception, match="fullgraph"):
         compiled(*row(384))
+    torch._dynamo.reset()
+
+
+def test_compiled_layers_break_out_to_one_static_graph_per_length(tmp_path):
+    """The model's decoder layers compiled as speed.compile compiles them (layer scope, dynamic shapes; aot_eager
+    on the CPU) with brisk_flex: the logits are the eager model's, a second batch of a seen length compiles
+    nothing, and a new length compiles exactly one graph, FlexAttention's static one (the layers' graphs around
+    the break serve every length)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from brisk.speed import flex as flex_module
+    from brisk.speed.compile import compile_counters, decoder_stack
+
+    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.frontend.dither": 0.0,
+                                                               "model.llm.config.num_hidden_layers": 3}))
+    model = build_model(cfg.model).eval().requires_grad_(False)  # autograd on, nothing to differentiate (CPU)
+    apply_flex_attention(model.llm)
+    collate = Collator(packed=True, token_buckets=(256, 512), speech_buckets=(32, 64), pad_utts=8, static=True)
+    batches = [collate(_samples(cfg, n)) for n in (2, 3, 8)]
+    assert [b.input_ids.shape[1] for b in batches] == [256, 256, 512]
+    eager = [model(b) for b in batches]
+    torch._dynamo.reset()
+    for layer in decoder_stack(model.llm).layers:
+        layer.compile(dynamic=True, backend="aot_eager")
+    graphs = []
+    for batch, want in zip(batches, eager):
+        assert torch.equal(model(batch), want)
+        graphs.append(compile_counters()["graphs"])
+    assert graphs[1] == graphs[0] and graphs[2] == graphs[1] + 1, graphs
+    assert len(_debug_get_cache_entry_list(flex_module.flex.__code__)) == 2
     torch._dynamo.reset()
 
 

@@ -91,8 +91,7 @@ def flex_attention_fn(module, query, key, value, attention_mask, dropout: float 
     if block_mask is None or query.shape[0] != 1:
         raise ValueError("brisk_flex attention needs a packed batch (one row, and the decoder stack's block-mask "
                          "hook: speed.flex_attention)")
-    attend = static_flex if query.is_cuda else flex  # the CPU (tests only: the plan asks for CUDA) runs it eagerly
-    return attend(query, key, value, block_mask, scaling).transpose(1, 2).contiguous(), None
+    return static_flex(query, key, value, block_mask, scaling).transpose(1, 2).contiguous(), None
 
 
 def flex(query, key, value, block_mask, scale=None) -> torch.Tensor:
@@ -111,13 +110,15 @@ _compiled: dict[str, object] = {}
 
 
 @torch.compiler.disable
-def static_flex(query, key, value, block_mask, scale=None, backend: str = "inductor") -> torch.Tensor:
+def static_flex(query, key, value, block_mask, scale=None) -> torch.Tensor:
     """``flex`` compiled on its own with static shapes, called from inside the dynamically compiled layers.
 
     Inside a layer compiled with dynamic=True the FlexAttention kernel is built for a symbolic length: 0.301 ms a
     layer against 0.129 ms static (round 11). ``torch.compiler.disable`` makes a graph break in the layer (its
     graph before and after the attention stay dynamic) and this function's own ``torch.compile`` runs instead.
-    Under the graphed step the break costs nothing after capture. ``backend``: aot_eager in the CPU tests."""
+    Under the graphed step the break costs nothing after capture. On the CPU (the tests: the plan asks for
+    CUDA) the backend is aot_eager, Dynamo and AOTAutograd without Inductor's code: FlexAttention's own math."""
+    backend = "inductor" if query.is_cuda else "aot_eager"
     fn = _compiled.get(backend)
     if fn is None:  # fullgraph: a graph break or a length past the limit raises instead of running unfused
         fn = _compiled[backend] = torch.compile(flex, dynamic=False, fullgraph=True, backend=backend)
