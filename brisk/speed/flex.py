@@ -7,7 +7,7 @@ graph replay, and FlexAttention compiled on the same row 0.122 ms with its block
 (bench/results/2026-12-03-h200-round11): the row's 14 x 14 tiles of 128 are mostly empty, and FlexAttention skips
 them and runs the diagonal ones with the mask function. Compiled with dynamic shapes, as the preset's layers are
 (speed.compile_dynamic=true), the same call took 0.301 ms, and the preset's step went from 29.5 to 32.2 ms
-(round 11, same batches); compiled static, 0.129 ms with its mask build. So on CUDA the call is compiled on its
+(round 11, same batches); compiled static, 0.129 ms with its mask build. So the call is compiled on its
 own, static (``static_flex``): a graph break in each compiled layer, and one graph per row length (the packed rows
 come in speed.pack_buckets lengths) under a recompile limit of its own (``LENGTHS``).
 
