@@ -122,11 +122,11 @@ RULES: tuple[Rule, ...] = (
          lambda c, d, w: c.speed.flex_attention and not (c.speed.packing and c.speed.compile),
          "speed.flex_attention replaces the packed rows' varlen attention and is fast only compiled (eagerly it runs "
          "an unfused reference): set speed.packing=true and speed.compile=true"),
-    # Under scope=stack the block mask's hook would be traced into the stack's graph: not tested.
     Rule("speed.flex_attention, model.llm.activation_checkpoint", "config",
          lambda c, d, w: c.speed.flex_attention and c.model.llm.activation_checkpoint,
          "speed.flex_attention with model.llm.activation_checkpoint is untested (the graph break around the "
          "attention makes Dynamo run a checkpointed layer's recompute eagerly); set one of them off"),
+    # Under scope=stack the block mask's hook would be traced into the stack's graph: not tested.
     Rule("speed.flex_attention, speed.compile_scope", "config",
          lambda c, d, w: c.speed.flex_attention and c.speed.compile_scope != "layer",
          "speed.flex_attention is tested with speed.compile_scope=layer only; set it, or speed.flex_attention=false"),

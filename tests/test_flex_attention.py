@@ -80,6 +80,7 @@ def test_static_flex_compiles_a_graph_per_length_inside_a_dynamic_layer(monkeypa
         return flex_module.static_flex(q * 2, k, v, mask, 0.3).sin()
 
     compiled = torch.compile(layer, dynamic=True, backend="aot_eager")
+
     def row(length):
         cu = torch.tensor([0, length // 3, length // 2, length])
         q, k, v = torch.randn(1, 4, length, 16), torch.randn(1, 2, length, 16), torch.randn(1, 2, length, 16)
