@@ -748,6 +748,8 @@ def read_yaml(path: Path, _seen: tuple = ()) -> dict:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None, check_paths: bool = True) -> Config:
     """YAML file (optional) + dotted overrides -> a checked ``Config``."""
+    if path is not None and not Path(path).exists():
+        path = shipped_config(str(path)) or path  # a shipped config's bare name, as `brisk train demo` takes it
     tree: dict = read_yaml(Path(path)) if path is not None else {}
     unknown = sorted(k for k in _flatten(tree) if not _known_path(k))
     if unknown:  # named with its file here; build() below no longer knows where a key came from

@@ -100,6 +100,16 @@ def test_every_shipped_config_and_bench_arm_loads(name):
         with_overrides(cfg, arm.overrides)
 
 
+def test_load_config_takes_a_shipped_configs_name(tmp_path, monkeypatch):
+    """As `brisk train demo` does: a bare name with no such file here is the shipped config (it was refused with
+    "did you mean demo?")."""
+    monkeypatch.chdir(tmp_path)
+    assert load_config("demo").model.family == "fun_asr_nano"
+    assert load_config("sft_demo.yaml").model.family == "causal_lm"
+    with pytest.raises(ConfigError, match=r"nor a shipped config of that name .*did you mean demo\?"):
+        load_config("demoo")
+
+
 def test_a_shipped_config_path_from_another_folder_names_the_shipped_one(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # README examples say configs/sft_demo.yaml: that path exists in the checkout only
     with pytest.raises(ConfigError, match=r"configs/sft_demo.yaml does not exist here; .*brisk train sft_demo"):
