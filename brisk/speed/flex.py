@@ -51,10 +51,11 @@ def document_block_mask(cu_seqlens: torch.Tensor, length: int, block: int = BLOC
     pos = torch.arange(n * block, device=dev)
     # tokens past the row's end (a last tile cut short) get a sequence of their own: never seen by real ones
     doc = torch.where(pos < length, segment_of(cu_seqlens, pos), -1)
-    ends = torch.arange(1, n + 1, device=dev) * block
+    tile = torch.arange(n, device=dev)
+    ends = (tile + 1) * block
     first = doc[::block]
     last = doc[torch.clamp(ends, max=length) - 1]
-    i, j = torch.arange(n, device=dev)[:, None], torch.arange(n, device=dev)[None, :]
+    i, j = tile[:, None], tile[None, :]
     below = j < i
     some = (below & (last[None, :] == first[:, None])) | (i == j)
     whole = (ends <= length)[:, None]  # a q tile cut short stays partial
