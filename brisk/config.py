@@ -344,7 +344,7 @@ class SpeedConfig:
     sdpa_backends: list[str] | None = None  # e.g. [flash, efficient, math]; None: torch's own choice
     compile: bool = False  # torch.compile the LLM decoder (CUDA inputs only)
     compile_scope: str = "layer"  # layer: each decoder layer; stack: the whole decoder stack
-    compile_dynamic: bool | None = True  # passed to torch.compile; True: one graph for all lengths; None: a static graph first, a dynamic one at the second length
+    compile_dynamic: bool | None = True  # passed to torch.compile; True: one graph for all lengths; None: a static graph first, a dynamic one at the second length; False: a static decoder-layer graph a row length (encoder blocks stay dynamic)
     compile_on_error: str = "warn"  # warn: fall back to eager; raise
     compile_encoder: bool = True  # with frozen_eval: compile the frozen encoder's blocks too (fewer kernels a step; one more compile at start-up)
     inductor_cache_dir: str | None = None  # persistent Inductor/Triton cache; None: $TORCHINDUCTOR_CACHE_DIR or ~/.cache/brisk/inductor

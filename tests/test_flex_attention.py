@@ -127,6 +127,63 @@ def test_compiled_layers_break_out_to_one_static_graph_per_length(tmp_path):
     torch._dynamo.reset()
 
 
+def test_static_layers_trace_flex_inline_one_graph_per_length(tmp_path):
+    """speed.compile_dynamic=false: FlexAttention is traced into the static layers (no break, nothing compiled
+    for ``flex`` on its own), the logits are the eager model's, and each row length is one layer graph."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from brisk.speed import flex as flex_module
+    from brisk.speed.compile import compile_counters, decoder_stack
+
+    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.frontend.dither": 0.0,
+                                                               "model.llm.config.num_hidden_layers": 3}))
+    model = build_model(cfg.model).eval().requires_grad_(False)
+    note = apply_flex_attention(model.llm, inline=True)
+    assert "traced into the static layers" in note
+    collate = Collator(packed=True, token_buckets=(256, 512), speech_buckets=(32, 64), pad_utts=8, static=True)
+    batches = [collate(_samples(cfg, n)) for n in (2, 3, 8)]
+    eager = [model(b) for b in batches]
+    torch._dynamo.reset()
+    layers = decoder_stack(model.llm).layers
+    for layer in layers:
+        layer.compile(dynamic=False, backend="aot_eager")
+    graphs = []
+    for batch, want in zip(batches, eager):
+        assert torch.equal(model(batch), want)
+        graphs.append(compile_counters()["graphs"])
+    assert graphs[1] == graphs[0] and graphs[2] == graphs[1] + 1, graphs
+    assert _debug_get_cache_entry_list(flex_module.flex.__code__) == []
+    assert _debug_get_cache_entry_list(flex_module.static_flex.__code__) == []
+    assert len(_debug_get_cache_entry_list(type(layers[0]).forward.__code__)) == 2
+    torch._dynamo.reset()
+
+
+def test_flops_are_counted_through_varlen(tmp_path):
+    """torch's FlopCounterMode raises inside FlexAttention's higher-order op; the bench's and the profile's count
+    (harness.count_flops) runs brisk_varlen on the same row instead, and counts what the varlen model counts."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from brisk.speed.flex import varlen_for_counting
+    from brisk.speed.varlen import apply_varlen_attention
+
+    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.frontend.dither": 0.0}))
+    model = build_model(cfg.model).eval().requires_grad_(False)  # autograd on, so brisk_flex runs FlexAttention
+    batch = Collator(packed=True, token_buckets=(256,), speech_buckets=(32, 64), pad_utts=8, static=True)(
+        _samples(cfg, 3))
+    apply_varlen_attention(model.llm)
+    with FlopCounterMode(display=False) as fc:
+        model(batch)
+    want = fc.get_total_flops()
+    apply_flex_attention(model.llm)
+    with pytest.raises(Exception, match="flex_attention"), FlopCounterMode(display=False):
+        model(batch)
+    torch._dynamo.reset()  # the failed compile left static_flex's code marked skipped for this process
+    with varlen_for_counting(model.llm), FlopCounterMode(display=False) as fc:
+        model(batch)
+    assert fc.get_total_flops() == want > 0
+    assert model.llm.config._attn_implementation == "brisk_flex"
+
+
 def test_padded_batch_is_refused_by_name():
     q = torch.randn(2, 4, 8, 16)
     with pytest.raises(ValueError, match="brisk_flex attention needs a packed batch"):

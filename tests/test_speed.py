@@ -89,6 +89,22 @@ def test_run_scope_holds_every_flag_of_the_plan_and_restores_them(tmp_path):
     assert backend_flags() == flags and torch._dynamo.config.suppress_errors == suppress
 
 
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_static_layers_get_a_recompile_limit_with_room_for_every_bucket(tmp_path, dynamic):
+    """compile_dynamic=false compiles a layer graph a row length: 15 buckets would pass Dynamo's 8, and the 9th
+    length would run the layer eagerly. The scope makes room for every bucket and 8 longer rows, then restores."""
+    import torch._dynamo
+
+    buckets = [256 * (i + 1) for i in range(15)]
+    cfg = tiny_config(tmp_path, **{"speed.compile": True, "speed.compile_dynamic": dynamic,
+                                   "speed.pack_buckets": buckets})
+    before = torch._dynamo.config.recompile_limit
+    with run_scope(cfg.speed):
+        inside = torch._dynamo.config.recompile_limit
+    assert inside == (before if dynamic else max(before, 23))
+    assert torch._dynamo.config.recompile_limit == before
+
+
 def test_compile_compiles_nothing_on_the_cpu(tmp_path):
     before = compile_counters()
     cfg, model, parts, opt, step, batches = _setup(tmp_path, **{"speed.compile": True})

@@ -105,11 +105,14 @@ def count_flops(runner: Runner, batches: list) -> float:
     """Model FLOPs of forward + backward (torch's FlopCounterMode), mean over ``batches``; nothing is updated."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    from ..speed.flex import varlen_for_counting
+
     model, hooks = runner.model, runner.hooks
     total = 0.0
     for b in batches:
         b = b.to(runner.device)
-        with run_scope(runner.cfg.speed), FlopCounterMode(display=False) as fc:
+        with run_scope(runner.cfg.speed), varlen_for_counting(getattr(model, "llm", model)), \
+                FlopCounterMode(display=False) as fc:
             _, loss, _, _ = model_loss(model, b, hooks)
             loss.backward()
         total += fc.get_total_flops()

@@ -61,7 +61,7 @@ def accelerate(model, plan: SpeedPlan) -> Accelerated:
             if s.flex_attention:
                 from .flex import apply_flex_attention
 
-                out.notes.append(apply_flex_attention(model.llm))
+                out.notes.append(apply_flex_attention(model.llm, inline=s.compile_dynamic is False))
             else:
                 out.notes.append(apply_varlen_attention(model.llm))
             out.decode_context = lambda: padded_attention(model.llm)

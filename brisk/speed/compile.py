@@ -8,7 +8,8 @@ state dict are unchanged. What the run decides once, not per call:
   to graph inputs, so one graph serves every layer and a recompile costs one layer's worth; scope=stack
   compiles the whole decoder stack;
 - ``speed.compile_dynamic=true`` (the default) compiles one graph for every length from the start; with None
-  Dynamo first compiles a static graph and then, at the second length, a dynamic one;
+  Dynamo first compiles a static graph and then, at the second length, a dynamic one; with false each row length
+  gets a static decoder-layer graph (the frozen encoder's blocks stay dynamic);
 - validation and decoding run the decoder eagerly (``eval_context``: ``torch.compiler.set_stance
   ("force_eager")``): no-grad mode would be a graph of its own, compiled for a few validation batches;
 - the first decoder layer's input is made a fresh tensor by a forward pre-hook on the decoder stack: the
@@ -118,8 +119,11 @@ def apply_compile(model: nn.Module, cfg: SpeedConfig, device_type: str, audio_pa
     if cfg.frozen_eval and cfg.compile_encoder and model.cfg.encoder.freeze and blocks:
         # A frozen encoder in eval mode has no dropout and no autograd: its blocks compile cleanly, and fusing
         # their elementwise work removes thousands of small kernels a step (the family says which blocks).
+        # Static encoder graphs would be one per (utterances, frames) bucket pair, past Dynamo's 8 a block: the
+        # blocks stay dynamic under compile_dynamic=false (which is for the decoder layers' row lengths).
+        dynamic = True if cfg.compile_dynamic is False else cfg.compile_dynamic
         for block in blocks:
-            block.compile(dynamic=cfg.compile_dynamic, backend=backend)
+            block.compile(dynamic=dynamic, backend=backend)
         what += f" + {len(blocks)} x frozen encoder block"
     return (f"compile: {what}, dynamic={cfg.compile_dynamic}, on_error={cfg.compile_on_error}, validation eager, "
             f"inductor cache {cache} ({source})")

@@ -56,7 +56,10 @@ def run_scope(speed):
     - speed.tf32: TF32 matmuls and convolutions for fp32 work;
     - speed.sdpa_backends: ``sdpa_kernel`` with exactly those backends;
     - speed.compile with compile_on_error=warn: Dynamo falls back to eager where compiling fails
-      (``suppress_errors``), with its own warning.
+      (``suppress_errors``), with its own warning;
+    - speed.compile with compile_dynamic=false: a static decoder-layer graph a row length, so Dynamo's
+      ``recompile_limit`` (8 graphs a function, past which it runs the layer eagerly) is raised to room for every
+      speed.pack_buckets length and 8 longer ones (rows past the largest bucket).
     """
     from contextlib import ExitStack
 
@@ -70,4 +73,9 @@ def run_scope(speed):
             import torch._dynamo
 
             stack.enter_context(torch._dynamo.config.patch(suppress_errors=True))
+        if speed.compile and speed.compile_dynamic is False:
+            import torch._dynamo
+
+            limit = max(torch._dynamo.config.recompile_limit, len(speed.pack_buckets) + 8)
+            stack.enter_context(torch._dynamo.config.patch(recompile_limit=limit))
         yield

@@ -9,7 +9,13 @@ them and runs the diagonal ones with the mask function. Compiled with dynamic sh
 (speed.compile_dynamic=true), the same call took 0.301 ms, and the preset's step went from 29.5 to 32.2 ms
 (round 11, same batches); compiled static, 0.129 ms with its mask build. So the call is compiled on its
 own, static (``static_flex``): a graph break in each compiled layer, and one graph per row length (the packed rows
-come in speed.pack_buckets lengths) under a recompile limit of its own (``LENGTHS``).
+come in speed.pack_buckets lengths) under a recompile limit of its own (``LENGTHS``). Round 12 measured that
+break at 30.0 ms against the preset's 29.3: the break costs more than the kernel saves. With
+speed.compile_dynamic=false the layers themselves are static, one graph a row length, and FlexAttention is traced
+into them with no break (``apply_flex_attention(inline=True)``; ``flags.run_scope`` raises Dynamo's recompile
+limit to room for every bucket, since past it a layer would run eagerly and FlexAttention as its unfused
+reference). Round 13 on FunASR's workload: the preset 29.4 ms, with static layers 28.0, with static layers and
+FlexAttention 27.6 (bench/results/2026-12-03-h200-round13).
 
 How the mask reaches the layers: a forward pre-hook on the decoder stack builds one ``BlockMask`` a forward from
 the batch's ``cu_seq_lens_q`` (``document_block_mask``: a dozen small tensor ops on the device, no host read, so
@@ -25,6 +31,9 @@ brisk_varlen's kernel on the same row; decoding goes to SDPA with its padding ma
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
+from functools import partial
 
 import torch
 
@@ -80,19 +89,21 @@ def _ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return count[None, None], index[None, None]
 
 
-def flex_attention_fn(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+def flex_attention_fn(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, call=None,
+                      **kwargs):
     """transformers attention signature: q [1, H, T, D], k/v [1, Hkv, T, D] -> ([1, T, H, D], None).
 
-    Forwards with autograd (the training step) run FlexAttention; forwards without it (validation, where the
-    layers run eagerly and FlexAttention would be its unfused reference, a [H, T, T] score matrix a layer) run
-    brisk_varlen on the same row, which computes the same attention (within bf16 rounding, the GPU test)."""
+    Forwards with autograd (the training step) run FlexAttention through ``call`` (``static_flex`` unless
+    apply_flex_attention chose ``flex``); forwards without it (validation, where the layers run eagerly and
+    FlexAttention would be its unfused reference, a [H, T, T] score matrix a layer) run brisk_varlen on the same
+    row, which computes the same attention (within bf16 rounding, the GPU test)."""
     if not torch.is_grad_enabled():
         return varlen_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     block_mask = kwargs.get(MASK_KEY)
     if block_mask is None or query.shape[0] != 1:
         raise ValueError("brisk_flex attention needs a packed batch (one row, and the decoder stack's block-mask "
                          "hook: speed.flex_attention)")
-    return static_flex(query, key, value, block_mask, scaling).transpose(1, 2).contiguous(), None
+    return (call or static_flex)(query, key, value, block_mask, scaling).transpose(1, 2).contiguous(), None
 
 
 def flex(query, key, value, block_mask, scale=None) -> torch.Tensor:
@@ -136,15 +147,40 @@ def _add_block_mask(module, args, kwargs):
     return args, {**kwargs, MASK_KEY: document_block_mask(cu, embeds.shape[1])}
 
 
-def apply_flex_attention(llm) -> str:
-    """Switch a transformers model to brisk_flex (packed rows only) and hook its decoder stack."""
+def apply_flex_attention(llm, inline: bool = False) -> str:
+    """Switch a transformers model to brisk_flex (packed rows only) and hook its decoder stack.
+
+    ``inline``: the layers are compiled with static shapes (speed.compile_dynamic=false), so FlexAttention is traced
+    into each layer's graph (one graph a row length, no break); otherwise ``static_flex`` breaks out of the
+    dynamic layers."""
     from transformers import AttentionInterface
 
     from .compile import decoder_stack
 
-    AttentionInterface.register(NAME, flex_attention_fn)
+    AttentionInterface.register(NAME, partial(flex_attention_fn, call=flex) if inline else flex_attention_fn)
     previous = llm.config._attn_implementation
     llm.set_attn_implementation(NAME)
     decoder_stack(llm).register_forward_pre_hook(_add_block_mask, with_kwargs=True)
-    return (f"flex_attention: attention {previous} -> {NAME} (FlexAttention, a document-causal block mask built "
-            "once a forward from cu_seqlens)")
+    how = "traced into the static layers" if inline else "compiled static on its own"
+    return (f"flex_attention: attention {previous} -> {NAME} (FlexAttention {how}, a document-causal block mask "
+            "built once a forward from cu_seqlens)")
+
+
+@contextmanager
+def varlen_for_counting(llm):
+    """For its duration an LLM switched to brisk_flex runs brisk_varlen instead: the same attention on the same
+    row. torch's FlopCounterMode (brisk bench's roofline, brisk profile) raises inside FlexAttention's
+    higher-order op ("no implementation found for 'torch.ops.higher_order.flex_attention'"), eager or compiled,
+    and the failed compile leaves ``static_flex`` marked skipped for the rest of the process (round 12's
+    ``brisk profile`` of speed.flex_attention exited 1)."""
+    if getattr(getattr(llm, "config", None), "_attn_implementation", None) != NAME:
+        yield
+        return
+    from .varlen import NAME as VARLEN, register
+
+    register()
+    llm.set_attn_implementation(VARLEN)
+    try:
+        yield
+    finally:
+        llm.set_attn_implementation(NAME)

@@ -1,7 +1,8 @@
 """speed.flex_attention on CUDA (skipped without CUDA): FlexAttention compiled on a packed bf16 row gives
 varlen_attn's outputs and gradients within bf16's rounding; the block mask is built inside a captured CUDA graph
 and each replay rebuilds it from the static cu_seqlens buffer; the graphed, compiled step trains with it like the
-same step on varlen_attn, without a recompile after capture; validation runs it eagerly.
+same step on varlen_attn, without a recompile after capture, with the layers compiled dynamic (FlexAttention
+compiled apart) or static (FlexAttention inside them); validation runs it eagerly.
 
     python -m pytest tests/gpu/test_flex_attention_cuda.py -q
 """
@@ -108,8 +109,12 @@ def _steps(overrides, n):
     return runner, losses, params, before, compile_counters()
 
 
-def test_graphed_compiled_step_trains_like_varlen(loud_compile):
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic_layers", "static_layers"])
+def test_graphed_compiled_step_trains_like_varlen(loud_compile, static):
+    """Dynamic layers break out to static_flex; static layers (compile_dynamic=false) trace FlexAttention inline."""
     base = FAST + ["speed.compile=true", "speed.fresh_grads=true", "speed.label_head=true"]
+    if static:
+        base += ["speed.compile_dynamic=false", "speed.pack_buckets=[256,512,1024,2048,4096]"]
     _, la, pa, _, _ = _steps(base, 8)
     torch._dynamo.reset()  # the static_flex graphs counted below are this runner's, not the tests' above
     runner, lb, pb, before, after = _steps(base + ["speed.flex_attention=true"], 8)
@@ -120,7 +125,8 @@ def test_graphed_compiled_step_trains_like_varlen(loud_compile):
 
     from brisk.speed import flex
 
-    assert _debug_get_cache_entry_list(flex.flex.__code__)  # the call compiled on its own (static_flex)
+    # dynamic layers: the call compiled on its own (static_flex); static layers: inside the layers' graphs
+    assert bool(_debug_get_cache_entry_list(flex.flex.__code__)) != static
     assert max(abs(x - y) / abs(x) for x, y in zip(la, lb)) < 1e-2, (la, lb)
     # Adam's first steps move a weight by about lr whatever its gradient's size, so two kernels' bf16 rounding
     # shows in the smallest tensors (5.0e-3 on the H200 in round 11); the 120-step probe is the gate on the numbers
