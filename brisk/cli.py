@@ -203,8 +203,9 @@ def cmd_bench(args) -> int:
     from .train.run import setup_logging
 
     cfg = _load(args.items)
+    _, given = _config_and_overrides(args.items, None)
     setup_logging(None)  # a line as each run of each arm finishes: a long bench is not silent until its table
-    run_bench(cfg, Path(args.out) if args.out else None)
+    run_bench(cfg, Path(args.out) if args.out else None, given)
     return 0
 
 

@@ -1,6 +1,6 @@
 """`brisk bench CONFIG`: arms run interleaved on the same batches, a markdown table at the end.
 
-Each arm is the config plus its own overrides (bench.arms). Runs go A B C A B C ... (bench.runs per arm),
+Each arm is the config plus its own overrides (bench.arms), then the command line's. Runs go A B C A B C ... (bench.runs per arm),
 each from a fresh model with the same seed, training on the same batch stream: ``bench.warmup`` steps,
 then ``bench.steps`` timed steps run as the trainer runs them (pinned batches, no sync inside a step; the
 device is synchronised at the two ends of the timed region). Per run: mean step time (region wall / steps),
@@ -106,14 +106,21 @@ def one_run(cfg: Config, stream: list, warmup: int, steps: int) -> tuple[dict, o
     return out, (runner, batches)
 
 
-def run_bench(cfg: Config, out_dir: Path | None = None) -> str:
+def arm_configs(cfg: Config, given: list[str] = ()) -> list[Config]:
+    """Each arm's config: the base, the arm's overrides, then ``given`` (the command line's key=value overrides,
+    already in the base) again, so that they reach every arm: an arm's speed.preset would otherwise write its own
+    values, such as pack_buckets, over them."""
+    return [with_overrides(cfg, list(arm.overrides) + list(given)) for arm in cfg.bench.arms]
+
+
+def run_bench(cfg: Config, out_dir: Path | None = None, given: list[str] = ()) -> str:
     b = cfg.bench
     if not b.arms:
         raise ValueError("bench.arms is empty: list the arms (name + overrides) in the config")
     out_dir = out_dir or Path(cfg.train.output_dir) / "bench"
     out_dir.mkdir(parents=True, exist_ok=True)
     n = b.batches or (b.warmup + b.steps + b.profile_steps)
-    configs = [with_overrides(cfg, arm.overrides) for arm in b.arms]
+    configs = arm_configs(cfg, given)
     streams = arm_streams(cfg, configs, n)
     results: dict[str, list[dict]] = {arm.name: [] for arm in b.arms}
     extra: dict[str, dict] = {}
