@@ -126,6 +126,13 @@ RULES: tuple[Rule, ...] = (
          lambda c, d, w: c.speed.flex_attention and c.model.llm.activation_checkpoint,
          "speed.flex_attention with model.llm.activation_checkpoint is untested (the graph break around the "
          "attention makes Dynamo run a checkpointed layer's recompute eagerly); set one of them off"),
+    # A static graph a shape: only the graphed step's static collation keeps the shapes to the buckets (plain packed
+    # batches carry cu_seqlens of their own length, a new graph nearly every batch, then eager layers)
+    Rule("speed.compile_dynamic, speed.cuda_graph", "config",
+         lambda c, d, w: c.speed.compile and c.speed.compile_dynamic is False and not c.speed.cuda_graph,
+         "speed.compile_dynamic=false compiles a graph for each batch shape, and only under speed.cuda_graph are the "
+         "shapes the packed buckets (else nearly every batch recompiles, then the layers run eagerly); set "
+         "speed.cuda_graph=true or speed.compile_dynamic=true"),
     # Under scope=stack the block mask's hook would be traced into the stack's graph: not tested.
     Rule("speed.flex_attention, speed.compile_scope", "config",
          lambda c, d, w: c.speed.flex_attention and c.speed.compile_scope != "layer",

@@ -15,7 +15,8 @@ from brisk.data.collate import Collator
 from brisk.errors import ConfigError
 from brisk.models.build import build_model
 from brisk.plan import make_plan
-from brisk.speed.flex import LENGTHS, MASK_KEY, apply_flex_attention, document_block_mask, flex_attention_fn
+from brisk.speed.flex import (INLINE, LENGTHS, MASK_KEY, NAME, apply_flex_attention, document_block_mask,
+                              flex_attention_fn)
 from brisk.speed.varlen import block_causal_mask, padded_attention, varlen_attention
 
 from .conftest import DEMO_CONFIG, tiny_overrides
@@ -97,63 +98,58 @@ def test_static_flex_compiles_a_graph_per_length_inside_a_dynamic_layer(monkeypa
     torch._dynamo.reset()
 
 
-def test_compiled_layers_break_out_to_one_static_graph_per_length(tmp_path):
-    """The model's decoder layers compiled as speed.compile compiles them (layer scope, dynamic shapes; aot_eager
-    on the CPU) with brisk_flex: the logits are the eager model's, a second batch of a seen length compiles
-    nothing, and a new length compiles exactly one graph, FlexAttention's static one (the layers' graphs around
-    the break serve every length)."""
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-    from brisk.speed import flex as flex_module
+def _three_rows_compiled(tmp_path, inline: bool):
+    """The tiny model (3 decoder layers) with brisk_flex, its layers compiled as speed.compile compiles them
+    (aot_eager on the CPU: dynamic shapes, or static with ``inline``), run on rows of 256, 256 and 512 tokens: the
+    logits are the eager model's, a second batch of a seen length compiles nothing, a new length exactly one
+    graph. Returns apply_flex_attention's note and the layers; Dynamo is reset by the caller."""
     from brisk.speed.compile import compile_counters, decoder_stack
 
     cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.frontend.dither": 0.0,
                                                                "model.llm.config.num_hidden_layers": 3}))
     model = build_model(cfg.model).eval().requires_grad_(False)  # autograd on, nothing to differentiate (CPU)
-    apply_flex_attention(model.llm)
+    note = apply_flex_attention(model.llm, inline=inline)
     collate = Collator(packed=True, token_buckets=(256, 512), speech_buckets=(32, 64), pad_utts=8, static=True)
     batches = [collate(_samples(cfg, n)) for n in (2, 3, 8)]
     assert [b.input_ids.shape[1] for b in batches] == [256, 256, 512]
+    chosen = model.llm.config._attn_implementation
+    model.llm.set_attn_implementation(NAME)  # the eager reference: FlexAttention compiled apart (eager inline: varlen)
     eager = [model(b) for b in batches]
+    model.llm.set_attn_implementation(chosen)
     torch._dynamo.reset()
-    for layer in decoder_stack(model.llm).layers:
-        layer.compile(dynamic=True, backend="aot_eager")
+    layers = decoder_stack(model.llm).layers
+    for layer in layers:
+        layer.compile(dynamic=not inline, backend="aot_eager")
     graphs = []
     for batch, want in zip(batches, eager):
         assert torch.equal(model(batch), want)
         graphs.append(compile_counters()["graphs"])
     assert graphs[1] == graphs[0] and graphs[2] == graphs[1] + 1, graphs
+    return note, layers
+
+
+def test_compiled_layers_break_out_to_one_static_graph_per_length(tmp_path):
+    """Dynamic layers (speed.compile's default): the new length's one graph is FlexAttention's static one, compiled
+    apart (the layers' graphs around the break serve every length)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from brisk.speed import flex as flex_module
+
+    _three_rows_compiled(tmp_path, inline=False)
     assert len(_debug_get_cache_entry_list(flex_module.flex.__code__)) == 2
     torch._dynamo.reset()
 
 
 def test_static_layers_trace_flex_inline_one_graph_per_length(tmp_path):
     """speed.compile_dynamic=false: FlexAttention is traced into the static layers (no break, nothing compiled
-    for ``flex`` on its own), the logits are the eager model's, and each row length is one layer graph."""
+    for ``flex`` on its own), and each row length is one layer graph."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
     from brisk.speed import flex as flex_module
-    from brisk.speed.compile import compile_counters, decoder_stack
 
-    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.frontend.dither": 0.0,
-                                                               "model.llm.config.num_hidden_layers": 3}))
-    model = build_model(cfg.model).eval().requires_grad_(False)
-    note = apply_flex_attention(model.llm, inline=True)
-    assert "traced into the static layers" in note
-    collate = Collator(packed=True, token_buckets=(256, 512), speech_buckets=(32, 64), pad_utts=8, static=True)
-    batches = [collate(_samples(cfg, n)) for n in (2, 3, 8)]
-    eager = [model(b) for b in batches]
-    torch._dynamo.reset()
-    layers = decoder_stack(model.llm).layers
-    for layer in layers:
-        layer.compile(dynamic=False, backend="aot_eager")
-    graphs = []
-    for batch, want in zip(batches, eager):
-        assert torch.equal(model(batch), want)
-        graphs.append(compile_counters()["graphs"])
-    assert graphs[1] == graphs[0] and graphs[2] == graphs[1] + 1, graphs
+    note, layers = _three_rows_compiled(tmp_path, inline=True)
+    assert "traced into the static layers" in note and layers[0].self_attn.config._attn_implementation == INLINE
     assert _debug_get_cache_entry_list(flex_module.flex.__code__) == []
-    assert _debug_get_cache_entry_list(flex_module.static_flex.__code__) == []
     assert len(_debug_get_cache_entry_list(type(layers[0]).forward.__code__)) == 2
     torch._dynamo.reset()
 
@@ -182,6 +178,23 @@ def test_flops_are_counted_through_varlen(tmp_path):
         model(batch)
     assert fc.get_total_flops() == want > 0
     assert model.llm.config._attn_implementation == "brisk_flex"
+
+
+def test_inline_call_outside_a_compile_takes_varlen():
+    """A static layer that Dynamo gave up on runs eagerly: brisk_flex_inline then takes varlen_attn's path on the
+    row, not FlexAttention's unfused reference (a [H, T, T] score matrix a layer)."""
+    from functools import partial
+
+    from brisk.speed.flex import flex
+
+    cu = torch.tensor([0, 40, 64, 128])
+    q, k, v = torch.randn(1, 4, 128, 16), torch.randn(1, 2, 128, 16), torch.randn(1, 2, 128, 16)
+    kwargs = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": 64, "max_length_k": 64,
+              MASK_KEY: document_block_mask(cu, 128, 32)}
+    got = partial(flex_attention_fn, call=flex)(None, q, k, v, None, scaling=0.25, **kwargs)[0]
+    want = varlen_attention(None, q, k, v, None, scaling=0.25, **kwargs)[0]
+    assert torch.equal(got, want)
+    assert not torch.equal(got, flex(q, k, v, kwargs[MASK_KEY], 0.25).transpose(1, 2))  # not FlexAttention's
 
 
 def test_padded_batch_is_refused_by_name():

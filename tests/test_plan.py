@@ -124,18 +124,20 @@ def test_a_bench_arm_takes_a_preset_over_the_base_config(tmp_path):
 
 def test_the_command_line_reaches_every_bench_arm_over_its_preset(tmp_path):
     """An arm's preset writes out its own pack_buckets over the base config's; the command line's (round 12 meant
-    to cut the buckets this way, and both arms ran with the preset's 15) is applied again after the arm's."""
+    to cut the buckets this way, and both arms ran with the preset's 15) stay, unless the arm sets its own."""
     import dataclasses
 
     from brisk.bench.bench import arm_configs
     from brisk.config import BenchArm
 
     base = tiny_config(tmp_path, **FROZEN, **{"speed.pack_buckets": [256, 512]})
-    arms = [BenchArm(name="preset", overrides=["speed.preset=fast"]), BenchArm(name="plain", overrides=[])]
+    arms = [BenchArm(name="preset", overrides=["speed.preset=fast"]), BenchArm(name="plain", overrides=[]),
+            BenchArm(name="own", overrides=["speed.preset=fast", "speed.pack_buckets=[1024]"])]
     cfg = dataclasses.replace(base, bench=dataclasses.replace(base.bench, arms=arms))
     assert arm_configs(cfg)[0].speed.pack_buckets != [256, 512]  # the preset's own
-    preset, plain = arm_configs(cfg, ["speed.pack_buckets=[256,512]"])
+    preset, plain, own = arm_configs(cfg, ["speed.pack_buckets=[256,512]", "train.max_steps=3"])
     assert preset.speed.pack_buckets == plain.speed.pack_buckets == [256, 512]
+    assert own.speed.pack_buckets == [1024]  # an arm's own key wins over the command line
     assert preset.speed.cuda_graph and not plain.speed.cuda_graph
 
 

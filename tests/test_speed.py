@@ -96,13 +96,18 @@ def test_static_layers_get_a_recompile_limit_with_room_for_every_bucket(tmp_path
     import torch._dynamo
 
     buckets = [256 * (i + 1) for i in range(15)]
+    graphed = {"speed.packing": True, "speed.cuda_graph": True, "speed.frozen_eval": True,
+               "model.encoder.freeze": True, "model.adaptor.freeze": True}
     cfg = tiny_config(tmp_path, **{"speed.compile": True, "speed.compile_dynamic": dynamic,
-                                   "speed.pack_buckets": buckets})
+                                   "speed.pack_buckets": buckets, **graphed})
     before = torch._dynamo.config.recompile_limit
     with run_scope(cfg.speed):
         inside = torch._dynamo.config.recompile_limit
     assert inside == (before if dynamic else max(before, 23))
     assert torch._dynamo.config.recompile_limit == before
+    if not dynamic:  # plain packed batches would make nearly every batch a shape of its own
+        with pytest.raises(ConfigError, match="compile_dynamic=false .* only under speed.cuda_graph"):
+            tiny_config(tmp_path, **{"speed.compile": True, "speed.compile_dynamic": False})
 
 
 def test_compile_compiles_nothing_on_the_cpu(tmp_path):

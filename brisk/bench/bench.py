@@ -1,6 +1,7 @@
 """`brisk bench CONFIG`: arms run interleaved on the same batches, a markdown table at the end.
 
-Each arm is the config plus its own overrides (bench.arms), then the command line's. Runs go A B C A B C ... (bench.runs per arm),
+Each arm is the config plus its own overrides (bench.arms); the command line's speed keys stay under an arm's
+preset. Runs go A B C A B C ... (bench.runs per arm),
 each from a fresh model with the same seed, training on the same batch stream: ``bench.warmup`` steps,
 then ``bench.steps`` timed steps run as the trainer runs them (pinned batches, no sync inside a step; the
 device is synchronised at the two ends of the timed region). Per run: mean step time (region wall / steps),
@@ -107,10 +108,11 @@ def one_run(cfg: Config, stream: list, warmup: int, steps: int) -> tuple[dict, o
 
 
 def arm_configs(cfg: Config, given: list[str] = ()) -> list[Config]:
-    """Each arm's config: the base, the arm's overrides, then ``given`` (the command line's key=value overrides,
-    already in the base) again, so that they reach every arm: an arm's speed.preset would otherwise write its own
-    values, such as pack_buckets, over them."""
-    return [with_overrides(cfg, list(arm.overrides) + list(given)) for arm in cfg.bench.arms]
+    """Each arm's config. ``given``: the command line's key=value overrides, already in the base; their speed keys
+    keep the base's value under an arm's speed.preset (which would write its own, such as pack_buckets, over
+    them), unless the arm sets the key itself."""
+    keep = [key.split(".", 1)[1] for key, _ in map(parse_override, given) if key.startswith("speed.")]
+    return [with_overrides(cfg, arm.overrides, keep) for arm in cfg.bench.arms]
 
 
 def run_bench(cfg: Config, out_dir: Path | None = None, given: list[str] = ()) -> str:
@@ -197,9 +199,10 @@ def _runs(b, configs, streams, results, extra, write) -> float | None:
     return flops
 
 
-def with_overrides(cfg: Config, overrides: list[str]) -> Config:
+def with_overrides(cfg: Config, overrides: list[str], keep: list[str] = ()) -> Config:
     """The base config with an arm's key=value overrides on top (checked like any override). An arm's
-    speed.preset wins over the base config's switches; the arm's own speed keys win over its preset."""
+    speed.preset wins over the base config's switches, except the speed keys in ``keep``; the arm's own speed keys
+    win over its preset."""
     patch: dict = {}
     for text in overrides:
         key, value = parse_override(text)
@@ -209,7 +212,8 @@ def with_overrides(cfg: Config, overrides: list[str]) -> Config:
     if "batch_tokens" in data and "max_utts" not in data:  # the same utterance density, as data.auto_batch scales it
         tree["data"]["max_utts"] = max(1, math.ceil(cfg.data.max_utts * data["batch_tokens"] / cfg.data.batch_tokens))
     if (patch.get("speed") or {}).get("preset"):
-        tree = _merge(tree, expand_preset({"model": tree["model"], "speed": patch["speed"]}))
+        kept = {k: tree["speed"][k] for k in keep if k in tree["speed"]}
+        tree = _merge(tree, expand_preset({"model": tree["model"], "speed": {**kept, **patch["speed"]}}))
     out = build(Config, tree)
     check_rules(out)
     return out

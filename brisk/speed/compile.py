@@ -124,6 +124,6 @@ def apply_compile(model: nn.Module, cfg: SpeedConfig, device_type: str, audio_pa
         dynamic = True if cfg.compile_dynamic is False else cfg.compile_dynamic
         for block in blocks:
             block.compile(dynamic=dynamic, backend=backend)
-        what += f" + {len(blocks)} x frozen encoder block"
+        what += f" + {len(blocks)} x frozen encoder block" + (" (dynamic)" if dynamic != cfg.compile_dynamic else "")
     return (f"compile: {what}, dynamic={cfg.compile_dynamic}, on_error={cfg.compile_on_error}, validation eager, "
             f"inductor cache {cache} ({source})")

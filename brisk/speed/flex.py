@@ -12,7 +12,7 @@ own, static (``static_flex``): a graph break in each compiled layer, and one gra
 come in speed.pack_buckets lengths) under a recompile limit of its own (``LENGTHS``). Round 12 measured that
 break at 30.0 ms against the preset's 29.3: the break costs more than the kernel saves. With
 speed.compile_dynamic=false the layers themselves are static, one graph a row length, and FlexAttention is traced
-into them with no break (``apply_flex_attention(inline=True)``; ``flags.run_scope`` raises Dynamo's recompile
+into them with no break (``apply_flex_attention(inline=True)``, registered as ``brisk_flex_inline``; ``flags.run_scope`` raises Dynamo's recompile
 limit to room for every bucket, since past it a layer would run eagerly and FlexAttention as its unfused
 reference). Round 13 on FunASR's workload: the preset 29.4 ms, with static layers 28.0, with static layers and
 FlexAttention 27.6 (bench/results/2026-12-03-h200-round13).
@@ -39,7 +39,8 @@ import torch
 
 from .varlen import segment_of, varlen_attention
 
-NAME = "brisk_flex"
+NAME = "brisk_flex"  # FlexAttention compiled apart (static_flex), out of dynamically compiled layers
+INLINE = "brisk_flex_inline"  # FlexAttention traced into statically compiled layers
 MASK_KEY = "brisk_block_mask"
 BLOCK = 128  # FlexAttention's default tile (BlockMask.BLOCK_SIZE)
 
@@ -96,8 +97,10 @@ def flex_attention_fn(module, query, key, value, attention_mask, dropout: float 
     Forwards with autograd (the training step) run FlexAttention through ``call`` (``static_flex`` unless
     apply_flex_attention chose ``flex``); forwards without it (validation, where the layers run eagerly and
     FlexAttention would be its unfused reference, a [H, T, T] score matrix a layer) run brisk_varlen on the same
-    row, which computes the same attention (within bf16 rounding, the GPU test)."""
-    if not torch.is_grad_enabled():
+    row, which computes the same attention (within bf16 rounding, the GPU test). So does an inline ``call``
+    outside a compile: a static layer that Dynamo gave up on (a failed compile under compile_on_error=warn)
+    runs eagerly, and eager FlexAttention is that unfused reference."""
+    if not torch.is_grad_enabled() or (call is not None and not torch.compiler.is_compiling()):
         return varlen_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     block_mask = kwargs.get(MASK_KEY)
     if block_mask is None or query.shape[0] != 1:
@@ -157,23 +160,26 @@ def apply_flex_attention(llm, inline: bool = False) -> str:
 
     from .compile import decoder_stack
 
-    AttentionInterface.register(NAME, partial(flex_attention_fn, call=flex) if inline else flex_attention_fn)
-    previous = llm.config._attn_implementation
-    llm.set_attn_implementation(NAME)
+    # two names, so that two models of one process can each keep their own way
+    AttentionInterface.register(NAME, flex_attention_fn)
+    AttentionInterface.register(INLINE, partial(flex_attention_fn, call=flex))
+    previous, name = llm.config._attn_implementation, INLINE if inline else NAME
+    llm.set_attn_implementation(name)
     decoder_stack(llm).register_forward_pre_hook(_add_block_mask, with_kwargs=True)
     how = "traced into the static layers" if inline else "compiled static on its own"
-    return (f"flex_attention: attention {previous} -> {NAME} (FlexAttention {how}, a document-causal block mask "
+    return (f"flex_attention: attention {previous} -> {name} (FlexAttention {how}, a document-causal block mask "
             "built once a forward from cu_seqlens)")
 
 
 @contextmanager
 def varlen_for_counting(llm):
-    """For its duration an LLM switched to brisk_flex runs brisk_varlen instead: the same attention on the same
-    row. torch's FlopCounterMode (brisk bench's roofline, brisk profile) raises inside FlexAttention's
+    """For its duration an LLM switched to brisk_flex (or brisk_flex_inline) runs brisk_varlen instead: the same
+    attention on the same row. torch's FlopCounterMode (brisk bench's roofline, brisk profile) raises inside FlexAttention's
     higher-order op ("no implementation found for 'torch.ops.higher_order.flex_attention'"), eager or compiled,
     and the failed compile leaves ``static_flex`` marked skipped for the rest of the process (round 12's
     ``brisk profile`` of speed.flex_attention exited 1)."""
-    if getattr(getattr(llm, "config", None), "_attn_implementation", None) != NAME:
+    previous = getattr(getattr(llm, "config", None), "_attn_implementation", None)
+    if previous not in (NAME, INLINE):
         yield
         return
     from .varlen import NAME as VARLEN, register
@@ -183,4 +189,4 @@ def varlen_for_counting(llm):
     try:
         yield
     finally:
-        llm.set_attn_implementation(NAME)
+        llm.set_attn_implementation(previous)

@@ -119,7 +119,7 @@ def test_graphed_compiled_step_trains_like_varlen(loud_compile, static):
     torch._dynamo.reset()  # the static_flex graphs counted below are this runner's, not the tests' above
     runner, lb, pb, before, after = _steps(base + ["speed.flex_attention=true"], 8)
     assert "flex_attention" in runner.parts.plan.on
-    assert runner.model.llm.config._attn_implementation == "brisk_flex"
+    assert runner.model.llm.config._attn_implementation == ("brisk_flex_inline" if static else "brisk_flex")
     assert after == before, (before, after)  # new batches replay their bucket's graph: nothing compiles
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
