@@ -12,10 +12,11 @@ own, static (``static_flex``): a graph break in each compiled layer, and one gra
 come in speed.pack_buckets lengths) under a recompile limit of its own (``LENGTHS``). Round 12 measured that
 break at 30.0 ms against the preset's 29.3: the break costs more than the kernel saves. With
 speed.compile_dynamic=false the layers themselves are static, one graph a row length, and FlexAttention is traced
-into them with no break (``apply_flex_attention(inline=True)``, registered as ``brisk_flex_inline``; ``flags.run_scope`` raises Dynamo's recompile
-limit to room for every bucket, since past it a layer would run eagerly and FlexAttention as its unfused
-reference). Round 13 on FunASR's workload: the preset 29.4 ms, with static layers 28.0, with static layers and
-FlexAttention 27.6 (bench/results/2026-12-03-h200-round13).
+into them with no break (``apply_flex_attention(inline=True)``, registered as ``brisk_flex_inline``;
+``flags.run_scope`` raises Dynamo's recompile limit to room for every bucket, since past it a layer would run
+eagerly; an inline call outside a compile takes varlen, not FlexAttention's unfused reference). Round 13 on
+FunASR's workload: the preset 29.4 ms, with static layers 28.0, with static layers and FlexAttention 27.6
+(bench/results/2026-12-03-h200-round13).
 
 How the mask reaches the layers: a forward pre-hook on the decoder stack builds one ``BlockMask`` a forward from
 the batch's ``cu_seq_lens_q`` (``document_block_mask``: a dozen small tensor ops on the device, no host read, so
@@ -174,8 +175,9 @@ def apply_flex_attention(llm, inline: bool = False) -> str:
 @contextmanager
 def varlen_for_counting(llm):
     """For its duration an LLM switched to brisk_flex (or brisk_flex_inline) runs brisk_varlen instead: the same
-    attention on the same row. torch's FlopCounterMode (brisk bench's roofline, brisk profile) raises inside FlexAttention's
-    higher-order op ("no implementation found for 'torch.ops.higher_order.flex_attention'"), eager or compiled,
+    attention on the same row. torch's FlopCounterMode (brisk bench's roofline, brisk profile) raises inside
+    FlexAttention's higher-order op ("no implementation found for 'torch.ops.higher_order.flex_attention'"), eager
+    or compiled,
     and the failed compile leaves ``static_flex`` marked skipped for the rest of the process (round 12's
     ``brisk profile`` of speed.flex_attention exited 1)."""
     previous = getattr(getattr(llm, "config", None), "_attn_implementation", None)
