@@ -69,13 +69,11 @@ def run_scope(speed):
             from .sdpa import sdpa_scope
 
             stack.enter_context(sdpa_scope(speed.sdpa_backends))
-        if speed.compile and speed.compile_on_error == "warn":
+        if speed.compile:
             import torch._dynamo
 
-            stack.enter_context(torch._dynamo.config.patch(suppress_errors=True))
-        if speed.compile and speed.compile_dynamic is False:
-            import torch._dynamo
-
-            limit = max(torch._dynamo.config.recompile_limit, len(speed.pack_buckets) + 8)
-            stack.enter_context(torch._dynamo.config.patch(recompile_limit=limit))
+            dynamo = {"suppress_errors": True} if speed.compile_on_error == "warn" else {}
+            if speed.compile_dynamic is False:
+                dynamo["recompile_limit"] = max(torch._dynamo.config.recompile_limit, len(speed.pack_buckets) + 8)
+            stack.enter_context(torch._dynamo.config.patch(**dynamo))
         yield

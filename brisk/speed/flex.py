@@ -177,9 +177,8 @@ def varlen_for_counting(llm):
     """For its duration an LLM switched to brisk_flex (or brisk_flex_inline) runs brisk_varlen instead: the same
     attention on the same row. torch's FlopCounterMode (brisk bench's roofline, brisk profile) raises inside
     FlexAttention's higher-order op ("no implementation found for 'torch.ops.higher_order.flex_attention'"), eager
-    or compiled,
-    and the failed compile leaves ``static_flex`` marked skipped for the rest of the process (round 12's
-    ``brisk profile`` of speed.flex_attention exited 1)."""
+    or compiled, and the failed compile leaves ``static_flex`` marked skipped for the rest of the process (round
+    12's ``brisk profile`` of speed.flex_attention exited 1)."""
     previous = getattr(getattr(llm, "config", None), "_attn_implementation", None)
     if previous not in (NAME, INLINE):
         yield
