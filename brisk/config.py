@@ -355,6 +355,7 @@ class SpeedConfig:
     pack_buckets: list[int] = field(default_factory=lambda: [256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 2048, 2560, 3072, 4096])  # packed row lengths (tokens)
     speech_buckets: list[int] = field(default_factory=lambda: [64, 96, 128, 160, 192, 256, 320, 384, 512])  # padded LFR frame counts of the audio
     cuda_graph: bool = False  # capture each bucket's whole step once, replay it after
+    graph_capture: str = "ahead"  # with cuda_graph: ahead: every bucket's graph before the first step; seen: a bucket's graph at the first batch that reaches it (no compile or capture for buckets the data never reaches; that first step is slower, and the slow-step log says why)
     encoder_cache: bool = False  # reuse frozen encoder+adaptor outputs per utterance across epochs
     encoder_dtype: str = "fp32"  # fp32 | bf16: dtype of the frozen encoder and adaptor
     label_head: bool = False  # LM head + loss on the labelled positions only (chunked; no full logits)
@@ -382,6 +383,8 @@ class SpeedConfig:
             raise ConfigError(f"speed.compile_scope={self.compile_scope!r}: use layer or stack")
         if self.compile_on_error not in ("warn", "raise"):
             raise ConfigError(f"speed.compile_on_error={self.compile_on_error!r}: use warn or raise")
+        if self.graph_capture not in ("ahead", "seen"):
+            raise ConfigError(f"speed.graph_capture={self.graph_capture!r}: use ahead or seen")
         if self.encoder_dtype not in ("fp32", "bf16"):
             raise ConfigError(f"speed.encoder_dtype={self.encoder_dtype!r}: use fp32 or bf16")
         if sorted(self.pack_buckets) != self.pack_buckets or sorted(self.speech_buckets) != self.speech_buckets:

@@ -131,6 +131,23 @@ def test_kernel_classes_sort_a_graphed_steps_kernels_by_name():
     assert abs(rows[0][2] - 0.02) < 1e-12 and abs(rows[1][2] - 0.002) < 1e-12
 
 
+def test_device_timeline_splits_idle_time_into_kernel_gaps_and_host_waits():
+    from types import SimpleNamespace
+
+    from brisk.bench.profile import device_timeline
+
+    ev = lambda s, e, name="k": SimpleNamespace(name=name, device_type="DeviceType.CUDA",  # noqa: E731
+                                                time_range=SimpleNamespace(start=s, end=e))
+    # us: [0, 10] and [5, 20] overlap (one busy span), a 2 us kernel-to-kernel gap, a 100 us wait for the host,
+    # a copy (not a kernel) inside the wait
+    events = [ev(0, 10), ev(5, 20), ev(22, 30), ev(130, 150), ev(40, 90, "Memcpy HtoD (Pinned -> Device)")]
+    t = device_timeline(events, steps=2)
+    assert t["busy"] == (20 + 8 + 20) / 150
+    assert (t["short_gaps"], t["long_gaps"]) == (0.5, 0.5)
+    assert abs(t["short_ms"] - 0.001) < 1e-12 and abs(t["long_ms"] - 0.05) < 1e-12
+    assert device_timeline([], steps=1)["busy"] == 0.0
+
+
 def test_probe_compare_exit_status(tmp_path, capsys):
     from .conftest import run_train
 

@@ -50,6 +50,8 @@ def test_wrong_type_is_named():
         load_config(DEMO_CONFIG, ["train.max_steps=lots"])
     with pytest.raises(ConfigError, match="speed.compile: expected true or false"):
         load_config(DEMO_CONFIG, ["speed.compile=maybe"])
+    with pytest.raises(ConfigError, match="speed.graph_capture='later': use ahead or seen"):
+        load_config(DEMO_CONFIG, ["speed.graph_capture=later"])
 
 
 def test_missing_file_is_named(tmp_path):

@@ -126,3 +126,17 @@ def test_gc_watch_counts_collections_and_stops_at_the_end_of_its_block():
     assert watch._callback not in gc.callbacks
     gc.collect()
     assert watch.collections == 2
+
+
+def test_a_step_that_captured_a_graph_says_so_before_its_compiles():
+    """speed.graph_capture=seen: a bucket's first step captures its graph (and compiles inside it under static
+    layers); the slow step is explained as the capture, with the compiles in the same sentence."""
+    from brisk.diagnose.slow import explain
+
+    rec = {"total": 2.0, "events": {}, "data": 0.0, "gc": 0.0, "new_shape": True, "compiles": 28, "captures": 1,
+           "shape": {"rows": 1, "len": 1792, "layout": "packed"}}
+    cause, why = explain(rec, 0.03, 0.001, None)
+    assert cause == "graph_capture" and "1x1792" in why and "compiling 28 graph(s)" in why
+    assert "speed.graph_capture=ahead" in why
+    cause, _ = explain({**rec, "captures": 0}, 0.03, 0.001, None)
+    assert cause == "recompile"

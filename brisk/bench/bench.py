@@ -65,9 +65,7 @@ def one_run(cfg: Config, stream: list, warmup: int, steps: int) -> tuple[dict, o
     """
     timer = StepTimer(pick_device(cfg.train.device), lag=10**9)
     runner = build_runner(cfg, mark=timer.mark)
-    pin = runner.device.type == "cuda"
-    batches = [runner.collate(s) for s in stream]
-    batches = [b.pin_memory() if pin else b for b in batches]  # as DataLoader(pin_memory=True) delivers them
+    batches = runner.batches(stream)
     dev = runner.device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()

@@ -88,28 +88,30 @@ def _table(rows: list, title: str, key: str) -> list[str]:
     return out + [""]
 
 
-def busy_fraction(events) -> float:
-    """Union of device kernel intervals over the device span (first kernel start to last kernel end).
+SHORT_GAP_US = 5.0  # an idle gap shorter than this is the device's own kernel-to-kernel latency (in a graph)
 
-    Measured on the device timeline rather than against the host's wall clock, so the profiler's own
-    start-up and the final synchronisation do not count as idle time.
-    """
+
+def device_timeline(events, steps: int) -> dict:
+    """The union of device kernel intervals against the device span (first kernel start to last kernel end),
+    and the idle gaps between them a step: short ones (< SHORT_GAP_US, one kernel following another inside a
+    graph: what fewer kernels would save) and long ones (the device waiting for the host: a launch, a copy, a
+    sync). Measured on the device timeline rather than the host's wall clock, so the profiler's own start-up
+    and the final synchronisation do not count as idle time."""
     spans = sorted((e.time_range.start, e.time_range.end) for e in events
                    if is_kernel(e) and e.time_range.end > e.time_range.start)
-    busy, cur_s, cur_e = 0.0, None, None
+    merged: list[list[float]] = []
     for s, e in spans:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                busy += cur_e - cur_s
-            cur_s, cur_e = s, e
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
         else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        busy += cur_e - cur_s
-    if not spans:
-        return 0.0
-    span = max(e for _, e in spans) - spans[0][0]
-    return busy / span if span else 0.0
+            merged.append([s, e])
+    gaps = [b[0] - a[1] for a, b in zip(merged, merged[1:])]
+    short = [g for g in gaps if g < SHORT_GAP_US]
+    span = merged[-1][1] - merged[0][0] if merged else 0.0
+    n = max(steps, 1)
+    return {"busy": sum(e - s for s, e in merged) / span if span else 0.0,
+            "short_gaps": len(short) / n, "short_ms": sum(short) / 1000 / n,
+            "long_gaps": (len(gaps) - len(short)) / n, "long_ms": (sum(gaps) - sum(short)) / 1000 / n}
 
 
 def run_profile(cfg: Config, steps: int = 3, warmup: int = 5, out: Path | None = None) -> str:
@@ -121,7 +123,7 @@ def run_profile(cfg: Config, steps: int = 3, warmup: int = 5, out: Path | None =
     out.mkdir(parents=True, exist_ok=True)
     stream = sample_stream(cfg, warmup + steps, llm_vocab(cfg))
     runner = build_runner(cfg)
-    batches = [runner.collate(s) for s in stream]
+    batches = runner.batches(stream)
     for b in batches[:warmup]:
         runner.run(b)
     sync(runner.device)
@@ -138,7 +140,8 @@ def run_profile(cfg: Config, steps: int = 3, warmup: int = 5, out: Path | None =
     events = prof.events()
     counts = launch_counts(events, steps)
     launches, kernels = counts["launches"], counts["kernels"]
-    busy = busy_fraction(events) if cuda else 1.0
+    timeline = device_timeline(events, steps) if cuda else {"busy": 1.0}
+    busy = timeline["busy"]
     flops = count_flops(runner, batches[warmup:])
     rate, rate_what = matmul_rate(runner.device)
     step_s = wall / steps
@@ -153,6 +156,9 @@ def run_profile(cfg: Config, steps: int = 3, warmup: int = 5, out: Path | None =
              f"- step time {step_s * 1000:.1f} ms with the profiler on (it slows the host), kernel launches a step "
              f"{launches:.0f}, device kernels a step {kernels:.0f}",
              f"- GPU busy {busy:.0%} of its timeline from the first kernel to the last" if cuda else "- no GPU",
+             *([f"- idle a step: {timeline['short_ms']:.2f} ms in {timeline['short_gaps']:.0f} gaps under "
+                f"{SHORT_GAP_US:.0f} us (kernel to kernel), {timeline['long_ms']:.2f} ms in {timeline['long_gaps']:.0f} "
+                "longer ones (the device waiting for the host)"] if cuda else []),
              f"- model FLOPs a step {flops_str(flops)}; roofline {roof:.1%} of {flops_str(rate)}/s ({rate_what}, measured)",
              f"- verdict: {verdict}", "", f"Trace: {out / 'trace.json'} (open in https://ui.perfetto.dev)", ""]
     lines += _table(sorted(ka, key=lambda e: e.self_cpu_time_total, reverse=True)[:20], "Top operations by CPU time (self)", "self_cpu_time_total")

@@ -25,6 +25,8 @@ Replaying a graph launches them all at once. What makes the step capturable:
 
 Graphs are captured up front for every bucket (``prepare``, from the family's ``graph_examples``), warming
 each one with lr = 0 and then restoring the optimizer state, so the run's numbers are those of the eager step.
+With speed.graph_capture=seen nothing is prepared: a bucket's graph is captured at the first batch that reaches
+it, after that batch's step has run (warmed) as the real step; buckets the data never reaches cost nothing.
 The graphs read the optimizer's lr tensor: after a resume it must be that same device tensor
 (``load_optimizer_state``). A batch longer than every bucket (or than MAX_GRAPH_TOKENS) runs the same step
 eagerly and is logged; its audio rows come from the plain provider too, so no audio graph is captured for a
@@ -300,6 +302,11 @@ class GraphedStep:
         self.step.hooks.mark("optimizer")
         self.step.advance(metrics)
         return metrics
+
+    @property
+    def captures(self) -> int:
+        """Graphs captured so far, step and audio (the slow-step detector's counter)."""
+        return len(self.graphs) + len(self.encoder.graphs)
 
     def release(self) -> int:
         """Free every captured graph (step and encoder); returns how many. Call it before

@@ -131,8 +131,9 @@ def train_step(parts: Parts, hooks: StepHooks) -> TrainStep:
 
 
 def step_function(parts: Parts, step: TrainStep):
-    """The step, or under speed.cuda_graph a GraphedStep around it with every bucket's graph captured up front,
-    inside the run's flag scope (the graphs keep the kernels those flags choose)."""
+    """The step, or under speed.cuda_graph a GraphedStep around it with every bucket's graph captured up front
+    (speed.graph_capture=ahead), inside the run's flag scope (the graphs keep the kernels those flags choose);
+    with graph_capture=seen nothing is captured here: each bucket's graph at the first batch that reaches it."""
     if not parts.plan.speed.cuda_graph:
         return step
     from ..speed.graph import MAX_GRAPH_TOKENS, GraphedStep
@@ -143,6 +144,9 @@ def step_function(parts: Parts, step: TrainStep):
     if parts.ranks.world > 1:
         log.warning("speed.cuda_graph with several ranks has not yet passed its 2-GPU test (docs/multigpu.md); "
                     "the eager path (packing, frozen_eval, fused_adamw) is the tested one")
+    if parts.plan.speed.graph_capture == "seen":
+        log.info("cuda_graph: each bucket's graphs captured at the first batch that reaches it (speed.graph_capture=seen)")
+        return graphed
     vocab = parts.model.llm.get_input_embeddings().weight.shape[0]
     made = family.graph_examples(parts.cfg, parts.collator, vocab, MAX_GRAPH_TOKENS) if family.graph_examples else []
     examples = [b.to(parts.device) for b in made]

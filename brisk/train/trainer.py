@@ -107,7 +107,8 @@ class Trainer:
         return min(self.cfg.train.max_epochs, -(-steps // per_epoch)) if steps else self.cfg.train.max_epochs
 
     def counters(self) -> dict:
-        return {**compile_counters(), "gc_seconds": self.gcwatch.seconds}
+        return {**compile_counters(), "gc_seconds": self.gcwatch.seconds,
+                "captures": getattr(self.step_fn, "captures", 0)}  # a GraphedStep's graphs so far
 
     # ------------------------------------------------------------------------------------ the loop
     def fit(self, stop=None) -> dict:

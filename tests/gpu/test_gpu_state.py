@@ -167,6 +167,29 @@ def test_release_frees_every_graph_and_a_later_step_captures_again():
     assert loss == loss and len(step.graphs) == 1 and len(step.encoder.graphs) == 1
 
 
+def test_seen_capture_captures_a_bucket_at_its_first_batch_and_trains_as_ahead():
+    """speed.graph_capture=seen: nothing captured before the first step, then one step graph per bucket and one
+    encoder graph per speech shape the batches reach, no more; the same losses and weights as capturing every
+    bucket ahead (a bucket's first step runs the step body itself, warming the graph's kernels)."""
+    from brisk.bench.harness import build_runner, sample_stream, sync
+
+    out = {}
+    for mode in ("ahead", "seen"):
+        cfg = _cfg(*FAST, f"speed.graph_capture={mode}")
+        runner = build_runner(cfg)
+        before = runner.step.captures
+        batches = runner.batches(sample_stream(cfg, 8, 4096))
+        losses = [float(runner.run(b)["loss"]) for b in batches]
+        sync(runner.device)
+        params = {k: v.detach().float().cpu() for k, v in runner.model.named_parameters() if v.requires_grad}
+        reached = len({b.input_ids.shape[1] for b in batches}) + len({tuple(b.speech.shape) for b in batches})
+        out[mode] = (before, runner.step.captures, reached, losses, params)
+    (a0, a1, _, la, pa), (s0, s1, reached, lb, pb) = out["ahead"], out["seen"]
+    assert s0 == 0 and s1 == reached and a0 == a1 > s1  # ahead: every bucket before the first step, none after
+    assert max(abs(x - y) / abs(x) for x, y in zip(la, lb)) < 1e-3
+    assert max(_rel(pa[k], pb[k]) for k in pa) < 1e-2 and len(set(la)) > 1
+
+
 def test_compiled_decoder_one_graph_for_all_layers_and_lengths_and_none_in_validation():
     """speed.compile on the real path: nn.Module.compile of every decoder layer gives one graph for all layers and
     for a second length (the first layer's view input made fresh by the stack's pre-hook), and the eval context
