@@ -4,6 +4,8 @@
 #   OUT=$OUT PART=1 bash bench/gpu_round14.sh   # GPU tests after round 13's mends + speed.graph_capture=seen;
 #                                                # the profile of preset + static layers + flex with pinned batches
 #   OUT=$OUT PART=2 bash bench/gpu_round14.sh   # whole runs: the preset, + static layers + flex, + graph_capture=seen
+#   OUT=$OUT PART=3 bash bench/gpu_round14.sh   # probe of static layers + flex + seen; bench and profile after the
+#                                                # per-tensor norm casts became one (configs/bench_preset35.yaml)
 # Predictions (bench/LOG.md, round 14):
 #   part 1: the tests pass; with pinned batches the profile's long idle gaps (device waiting for the host) fall to
 #     < 0.3 ms a step, and the ~1.7 ms between the bench's 27.6 ms and the 25.9 ms of kernels is short gaps
@@ -41,6 +43,40 @@ if [ "${PART:-1}" = 1 ]; then
     cp /tmp/profile14/profile.md "$OUT/profile_static_flex.md" 2>/dev/null
     gzip -c /tmp/profile14/trace.json > "$OUT/trace_static_flex.json.gz" 2>/dev/null
     head -n 8 "$OUT/profile_static_flex.md"
+elif [ "${PART}" = 3 ]; then
+    # probes (side by side, untimed): the eager reference and preset + static layers + flex + graph_capture=seen;
+    # then the whole run of the preset (dynamic layers) + graph_capture=seen
+    timeout 120 python3 tools/make_nano_folder.py --out /tmp/nano > /tmp/keep/make_nano.log 2>&1 &
+    R=/tmp/probe_runs; mkdir -p $R
+    P="configs/fun_asr_nano.yaml data.profile=brisk/bench/profiles/aishell1_like.jsonl train.max_steps=120
+       train.device=cuda probe.enabled=true train.progress=false train.log_every=40 train.tensorboard=false
+       train.export=none train.save_final=false data.num_workers=2 train.overwrite=true"
+    for arm in eager_ref static_seen; do
+        case $arm in
+            eager_ref) S="speed.frozen_eval=true speed.sdpa_backends=[flash,efficient,math]";;
+            static_seen) S="speed.preset=fast $STATIC speed.graph_capture=seen";;
+        esac
+        (timeout 230 python3 -m brisk train $P train.output_dir=$R/$arm $S > $R/$arm.log 2>&1 || echo "probe run $arm exited with $?") &
+    done
+    wait
+    echo "== probes done at $(( $(date +%s) - T0 )) s"
+    python3 -m brisk probe compare $R/eager_ref $R/static_seen --tolerances kernel_noise --out "$OUT/probe_static_seen_vs_eager_ref.md" \
+        > /tmp/keep/probe.txt 2>&1; echo "probe static_seen vs eager_ref: exit $?"
+    head -n 1 "$OUT/probe_static_seen_vs_eager_ref.md"; grep "unmet" "$OUT/probe_static_seen_vs_eager_ref.md" | head -n 4
+    grep -h "graph_capture\|captured\|capturing" $R/static_seen.log | cut -c1-200 | head -n 12
+    cp $R/*.log /tmp/keep/ 2>/dev/null; cp $R/static_seen/slow_steps.jsonl /tmp/keep/ 2>/dev/null
+    # the bench after the norms fix (one cast a step, not one a parameter): the preset against static layers +
+    # flex + seen, then the profile of the latter (kernels a step: 2,961 in part 1)
+    timeout "$(left ${BENCH_END:-470})" python3 -m brisk bench configs/bench_preset35.yaml model.path=/tmp/nano \
+        data.train=$WD/train.jsonl --out /tmp/preset35 > /tmp/keep/bench_preset35.log 2>&1 \
+        || echo "bench exited with $? (the table holds the runs that finished)"
+    cp /tmp/preset35/bench.md "$OUT/bench_preset35.md" 2>/dev/null
+    grep -h "bench: .* run [0-9]*: mean" /tmp/keep/bench_preset35.log | sed 's/.*bench: /  /'
+    timeout "$(left ${PROFILE_END:-560})" python3 -m brisk profile configs/bench_prompt.yaml model.path=/tmp/nano \
+        data.train=$WD/train.jsonl speed.preset=fast speed.pack_buckets=[1280,1536,1792,2048,2304,2560] $STATIC \
+        --out /tmp/profile14b > /tmp/keep/profile_b.log 2>&1 || echo "profile exited with $?"
+    cp /tmp/profile14b/profile.md "$OUT/profile_static_flex_after.md" 2>/dev/null
+    head -n 6 "$OUT/profile_static_flex_after.md"
 else
     timeout 120 python3 tools/make_nano_folder.py --out /tmp/nano > /tmp/keep/make_nano.log 2>&1
     n=0

@@ -47,6 +47,8 @@ import torch
 from torch import nn
 from torch.optim.adam import adam
 
+from ..train.optim import tensor_norms
+
 
 def layer_buckets(layers: nn.ModuleList, params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
     """The trainable parameters of each decoder layer, last layer first (the order the backward reaches them);
@@ -144,7 +146,7 @@ class OptimizerInBackward:
         if main is not None:
             self.norm_stream.wait_stream(main)
         with on_norms():
-            per = torch.stack([t.float() for t in torch._foreach_norm([p.grad for p in bucket])])
+            per = tensor_norms([p.grad for p in bucket])
             self.norms.index_copy_(0, self.slots[k], per)
             bad = torch.isfinite(per.sum()).logical_not().float()
             # cumulative: once a layer is not finite, the layers below it skip too
@@ -195,7 +197,7 @@ class OptimizerInBackward:
             torch.cuda.current_stream(self.device).wait_stream(self.norm_stream)
         rest = self._pending()
         if rest:
-            per = torch.stack([t.float() for t in torch._foreach_norm([p.grad for p in rest])])
+            per = tensor_norms([p.grad for p in rest])
             self.norms.index_copy_(0, self._slot_index(tuple(self.index[id(p)] for p in rest)), per)
         if len(grads) == len(self.params):
             return self.norms

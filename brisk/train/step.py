@@ -21,7 +21,7 @@ import torch
 
 from ..formats.batch import Batch
 from ..models.speech_llm import lm_loss
-from .optim import WarmupLR, trainable_params
+from .optim import WarmupLR, tensor_norms, trainable_params
 
 
 def _no_mark(name: str) -> None:
@@ -154,7 +154,7 @@ class TrainStep:
         elif self.hooks.in_backward is not None:  # taken per layer before its update (and any clipping)
             per = self.hooks.in_backward.tensor_norms(grads)
         else:
-            per = torch.stack([t.float() for t in torch._foreach_norm(grads)])  # [tensors]
+            per = tensor_norms(grads)  # [tensors]
         if self.group_index is not None:
             if len(grads) != len(self.params):  # a parameter without a gradient (unused in this step)
                 present = tuple(p.grad is not None for p in self.params)
