@@ -133,10 +133,14 @@ def test_a_step_that_captured_a_graph_says_so_before_its_compiles():
     layers); the slow step is explained as the capture, with the compiles in the same sentence."""
     from brisk.diagnose.slow import explain
 
-    rec = {"total": 2.0, "events": {}, "data": 0.0, "gc": 0.0, "new_shape": True, "compiles": 28, "captures": 1,
-           "shape": {"rows": 1, "len": 1792, "layout": "packed"}}
+    rec = {"total": 2.0, "events": {}, "data": 0.0, "gc": 0.0, "new_shape": True, "compiles": 28,
+           "step_captures": 1, "audio_captures": 0,
+           "shape": {"rows": 1, "len": 1792, "layout": "packed", "speech_shape": [10, 96]}}
     cause, why = explain(rec, 0.03, 0.001, None)
-    assert cause == "graph_capture" and "1x1792" in why and "compiling 28 graph(s)" in why
-    assert "speed.graph_capture=ahead" in why
-    cause, _ = explain({**rec, "captures": 0}, 0.03, 0.001, None)
+    assert cause == "graph_capture" and "step graph of a bucket" in why and "(1x1792 tokens)" in why
+    assert "compiling 28 graph(s)" in why and "speed.graph_capture=ahead" in why and "audio graph" not in why
+    cause, why = explain({**rec, "step_captures": 0, "audio_captures": 1, "compiles": 0}, 0.03, 0.001, None)
+    assert cause == "graph_capture" and "audio graph of a speech shape" in why and "(speech [10, 96])" in why
+    assert "step graph" not in why and "compiling" not in why
+    cause, _ = explain({**rec, "step_captures": 0}, 0.03, 0.001, None)
     assert cause == "recompile"

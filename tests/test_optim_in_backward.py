@@ -296,7 +296,7 @@ def test_a_chat_model_updates_equal_the_plain_fused_step_bit_for_bit(tmp_path):
 def test_tensor_norms_equal_the_per_tensor_cast_bit_for_bit():
     """The step's per-tensor norms are stacked in the gradients' dtype and cast once (one kernel, not one a
     parameter): the same bits as casting each norm first, for bf16, fp32 and a mix of both."""
-    from brisk.train.optim import tensor_norms
+    from brisk.speed.grad_norms import tensor_norms
 
     g = torch.Generator().manual_seed(0)
     bf16 = [torch.randn(n, generator=g).bfloat16() * 3 for n in (7, 128, 1024, 1)]

@@ -101,11 +101,15 @@ def explain(rec: dict, median: float, data_median: float, trap: str | None, busy
         t = rec["events"].get(name, 0.0)
         if t > 0.5 * excess:
             return name, f"{name} took {t:.2f} s inside this step"
-    if rec.get("captures", 0) > 0:
-        compiled = f", compiling {rec['compiles']} graph(s) inside it" if rec.get("compiles", 0) > 0 else ""
-        return "graph_capture", (f"speed.cuda_graph captured {rec['captures']} graph(s) for a bucket that no earlier "
-                                 f"step reached (shape {rec['shape'].get('rows')}x{rec['shape'].get('len')}){compiled}; "
-                                 "speed.graph_capture=ahead captures every bucket before the first step")
+    if rec.get("step_captures", 0) or rec.get("audio_captures", 0):
+        s = rec["shape"]
+        what = ([f"the step graph of a bucket no earlier step reached ({s.get('rows')}x{s.get('len')} tokens)"]
+                if rec.get("step_captures", 0) else [])
+        what += ([f"the audio graph of a speech shape no earlier step had (speech {s.get('speech_shape')})"]
+                 if rec.get("audio_captures", 0) else [])
+        compiled = f", compiling {rec['compiles']} graph(s)" if rec.get("compiles", 0) > 0 else ""
+        return "graph_capture", (f"speed.cuda_graph captured {' and '.join(what)}{compiled}; speed.graph_capture=ahead "
+                                 "captures every bucket and speech shape before the first step")
     if rec.get("compiles", 0) > 0:
         return "recompile", (f"torch.compile compiled {rec['compiles']} new graph(s) during this step "
                              f"(shape {rec['shape'].get('rows')}x{rec['shape'].get('len')}); see speed.compile docs")

@@ -129,7 +129,8 @@ class StepTimer:
             "host": rec["host_end"] - rec["host_start"], "cpu": rec["cpu_end"] - rec["cpu_start"],
             "events": rec["events"], "shape": rec["shape"], "new_shape": rec["new_shape"],
             "compiles": c1.get("graphs", 0) - c0.get("graphs", 0),
-            "captures": c1.get("captures", 0) - c0.get("captures", 0),
+            "step_captures": c1.get("step_captures", 0) - c0.get("step_captures", 0),
+            "audio_captures": c1.get("audio_captures", 0) - c0.get("audio_captures", 0),
             "gc": c1.get("gc_seconds", 0.0) - c0.get("gc_seconds", 0.0),
         }
         steal = steal_share(rec["steal_start"], rec["steal_end"], out["host"])

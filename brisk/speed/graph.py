@@ -304,9 +304,10 @@ class GraphedStep:
         return metrics
 
     @property
-    def captures(self) -> int:
-        """Graphs captured so far, step and audio (the slow-step detector's counter)."""
-        return len(self.graphs) + len(self.encoder.graphs)
+    def captures(self) -> dict[str, int]:
+        """Graphs captured so far: step graphs (one a bucket) and audio graphs (one a speech shape), the
+        slow-step detector's counters."""
+        return {"step_captures": len(self.graphs), "audio_captures": len(self.encoder.graphs)}
 
     def release(self) -> int:
         """Free every captured graph (step and encoder); returns how many. Call it before

@@ -47,7 +47,7 @@ import torch
 from torch import nn
 from torch.optim.adam import adam
 
-from ..train.optim import tensor_norms
+from .grad_norms import tensor_norms
 
 
 def layer_buckets(layers: nn.ModuleList, params: list[nn.Parameter]) -> list[list[nn.Parameter]]:

@@ -21,7 +21,8 @@ import torch
 
 from ..formats.batch import Batch
 from ..models.speech_llm import lm_loss
-from .optim import WarmupLR, tensor_norms, trainable_params
+from ..speed.grad_norms import tensor_norms
+from .optim import WarmupLR, trainable_params
 
 
 def _no_mark(name: str) -> None:

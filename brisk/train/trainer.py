@@ -108,7 +108,7 @@ class Trainer:
 
     def counters(self) -> dict:
         return {**compile_counters(), "gc_seconds": self.gcwatch.seconds,
-                "captures": getattr(self.step_fn, "captures", 0)}  # a GraphedStep's graphs so far
+                **getattr(self.step_fn, "captures", {})}  # a GraphedStep's graphs so far
 
     # ------------------------------------------------------------------------------------ the loop
     def fit(self, stop=None) -> dict:
