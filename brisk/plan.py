@@ -255,10 +255,24 @@ def preset_values(name: str, frozen_audio: bool, lora: bool = False, family: str
     return values
 
 
+# Preset values that only work beside another setting: (section, key, the value they need, the key's default).
+# Where the config sets that key otherwise, or the preset itself leaves it out (a trained encoder keeps the
+# frozen-audio switches off), the value is left out too: `speed.preset=fast speed.compile=false` runs the rest of
+# the preset instead of failing on a rule about a switch the user never named.
+PRESET_NEEDS: dict[str, tuple[tuple[str, str, Any, Any], ...]] = {
+    "flex_attention": (("speed", "compile", True, False), ("speed", "packing", True, False),
+                       ("speed", "compile_scope", "layer", "layer"), ("llm", "activation_checkpoint", 0, 0)),
+    "compile_dynamic": (("speed", "cuda_graph", True, False),),
+    "graph_capture": (("speed", "cuda_graph", True, False),),
+    "fresh_grads": (("speed", "cuda_graph", True, False),),
+}
+
+
 def expand_preset(tree: dict) -> dict:
     """A config tree (as merged from the YAML file and the overrides) with its preset written out: every
-    preset value the tree does not set itself. Runs before the dataclasses are built, so that a switch given
-    explicitly (also one set to its default, to turn it off) wins over the preset."""
+    preset value the tree does not set itself (nor rules out: ``PRESET_NEEDS``). Runs before the dataclasses
+    are built, so that a switch given explicitly (also one set to its default, to turn it off) wins over the
+    preset."""
     speed = tree.get("speed") or {}
     name = speed.get("preset")
     if not name:
@@ -269,7 +283,11 @@ def expand_preset(tree: dict) -> dict:
     out = dict(tree)
     fsdp = (tree.get("train") or {}).get("parallel") == "fsdp"
     family = model.get("family") or tree.get("task") or families.DEFAULT
-    out["speed"] = {**preset_values(name, frozen, lora, family, fsdp), **speed}
+    values = preset_values(name, frozen, lora, family, fsdp)
+    merged = {"speed": {**values, **speed}, "llm": model.get("llm") or {}}
+    values = {k: v for k, v in values.items() if all(merged[part].get(key, default) == need
+                                                     for part, key, need, default in PRESET_NEEDS.get(k, ()))}
+    out["speed"] = {**values, **speed}
     return out
 
 
@@ -342,8 +360,8 @@ def make_plan(cfg: "Config", device: str, world: int = 1,
         if world > 1:
             off.update({k: f"not with {world} ranks" for k in ("fresh_grads",) if k in values})
             if cfg.train.parallel == "fsdp":
-                off.update({k: "not with train.parallel=fsdp" for k in ("cuda_graph", "compile", "fresh_grads")
-                            if k in values})
+                off.update({k: "not with train.parallel=fsdp" for k in ("cuda_graph", "compile", "fresh_grads",
+                                                                         "flex_attention") if k in values})
         changes = {k: _default(speed, k) for k in off if getattr(speed, k) == values[k]}
         if changes:
             speed = dataclasses.replace(speed, **changes)

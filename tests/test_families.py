@@ -45,8 +45,8 @@ def test_presets_are_the_families_own_and_a_missing_one_is_a_config_error(monkey
 
 def test_every_family_says_where_its_layers_are():
     for fam in families.all_families():
-        assert fam.switches and "fast" in fam.presets and set(fam.presets["fast"]) - {"label_rows_frac",
-                                                                                       "pack_buckets"} <= fam.switches
+        assert fam.switches and "fast" in fam.presets and set(fam.presets["fast"]) - {
+            "label_rows_frac", "pack_buckets", "compile_dynamic", "graph_capture"} <= fam.switches  # settings
         assert set(fam.frozen_audio) <= fam.switches and bool(fam.audio_path) == bool(fam.frozen_audio)
 
 

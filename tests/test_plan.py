@@ -55,8 +55,9 @@ def test_the_fast_preset_on_a_gpu_is_the_whole_set(tmp_path):
     cfg = tiny_config(tmp_path, **{"speed.preset": "fast", **FROZEN})
     cfg, plan = make_plan(cfg, "cuda", 1)
     assert set(plan.on) == {"packing", "cuda_graph", "frozen_eval", "encoder_dtype", "compile", "fused_adamw",
-                            "label_head", "fresh_grads", "fuse_projections"}
+                            "label_head", "fresh_grads", "fuse_projections", "flex_attention"}
     assert cfg.speed.label_rows_frac == PRESETS["fast"]["speech"]["label_rows_frac"]
+    assert cfg.speed.compile_dynamic is False and cfg.speed.graph_capture == "seen"
     assert not plan.persistent_grads and plan.on_device_skip and plan.capturable
     assert plan.notes and plan.notes[0].startswith("preset fast: on ")
 
@@ -68,7 +69,8 @@ def test_the_fast_preset_on_the_cpu_leaves_gpu_switches_off_and_says_so(tmp_path
     assert set(plan.on) == {"frozen_eval", "packing", "label_head"}
     assert not cfg.speed.cuda_graph and not cfg.speed.compile and cfg.speed.encoder_dtype == "fp32"
     note = plan.notes[0]
-    for key in ("cuda_graph", "compile", "fused_adamw", "encoder_dtype", "fresh_grads", "fuse_projections"):
+    for key in ("cuda_graph", "compile", "fused_adamw", "encoder_dtype", "fresh_grads", "fuse_projections",
+                "flex_attention"):
         assert f"left off {key} (needs CUDA)" in note
 
 
@@ -78,6 +80,24 @@ def test_the_preset_without_a_frozen_encoder_leaves_the_frozen_audio_switches_of
     cfg, plan = make_plan(cfg, "cuda", 1)
     assert "frozen_eval" not in plan.on and "compile" in plan.on
     assert any("frozen-audio switches" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize("given, left_out", [
+    ({"speed.compile": False}, {"flex_attention"}),
+    ({"speed.cuda_graph": False}, {"compile_dynamic", "graph_capture", "fresh_grads"}),
+    ({"model.llm.activation_checkpoint": 2}, {"flex_attention"}),
+    ({"speed.compile_scope": "stack"}, {"flex_attention"}),
+    ({"model.encoder.freeze": False}, {"compile_dynamic", "graph_capture", "fresh_grads"}),  # the preset drops
+])                                                                                          # cuda_graph itself
+def test_the_preset_leaves_out_what_a_setting_of_the_config_rules_out(tmp_path, given, left_out):
+    """A preset value that needs a setting the config turns off is left out, instead of a refusal about a
+    switch the user never named; the rest of the preset stays."""
+    frozen = {k: v for k, v in FROZEN.items() if k not in given}
+    cfg = tiny_config(tmp_path, **{"speed.preset": "fast", **frozen, **given})
+    full = {"flex_attention": True, "compile_dynamic": False, "graph_capture": "seen", "fresh_grads": True}
+    for key, value in full.items():
+        assert (getattr(cfg.speed, key) == value) == (key not in left_out), key
+    make_plan(cfg, "cuda", 1)  # no rule broken
 
 
 def test_single_keys_win_over_the_preset(tmp_path):

@@ -33,7 +33,11 @@ FAMILY = register(Family(
                       # 1,792 and 2,304 too: FunASR's ~1,600-token steps pad to 1,741 positions, not 1,971 (28.0 ms
                       # against 30.1, bench/results/2026-12-01-h200-round3c)
                       "pack_buckets": [256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2304, 2560,
-                                       3072, 4096]}},
+                                       3072, 4096],
+                      # static decoder layers with FlexAttention traced into them, each bucket's graph captured when
+                      # the data first reaches it: 27.6 against 29.4 ms a step (round 13); the whole run 57.0 s cold
+                      # and 38.3 warm against 61.7 and 37.6 (bench/results/2026-12-03-h200-round14)
+                      "compile_dynamic": False, "flex_attention": True, "graph_capture": "seen"}},
     frozen_audio=FROZEN_AUDIO,
     refused=("{bad} are for task: chat (model.family=causal_lm; the speech-LLM's Qwen3 decoder has no linear "
              "attention, and speed.label_head is its loss without full logits) or for model.family=qwen3_asr "
