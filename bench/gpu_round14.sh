@@ -56,7 +56,7 @@ elif [ "${PART}" = 3 ]; then
             eager_ref) S="speed.frozen_eval=true speed.sdpa_backends=[flash,efficient,math]";;
             static_seen) S="speed.preset=fast";;  # static layers + flex + seen since round 14
         esac
-        (timeout 230 python3 -m brisk train $P train.output_dir=$R/$arm $S > $R/$arm.log 2>&1 || echo "probe run $arm exited with $?") &
+        (timeout 210 python3 -m brisk train $P train.output_dir=$R/$arm $S > $R/$arm.log 2>&1 || echo "probe run $arm exited with $?") &
     done
     wait
     echo "== probes done at $(( $(date +%s) - T0 )) s"
@@ -72,7 +72,7 @@ elif [ "${PART}" = 3 ]; then
         || echo "bench exited with $? (the table holds the runs that finished)"
     cp /tmp/preset35/bench.md "$OUT/bench_preset35.md" 2>/dev/null
     grep -h "bench: .* run [0-9]*: mean" /tmp/keep/bench_preset35.log | sed 's/.*bench: /  /'
-    timeout "$(left ${PROFILE_END:-560})" python3 -m brisk profile configs/bench_prompt.yaml model.path=/tmp/nano \
+    [ -n "${NO_PROFILE:-}" ] || timeout "$(left ${PROFILE_END:-560})" python3 -m brisk profile configs/bench_prompt.yaml model.path=/tmp/nano \
         data.train=$WD/train.jsonl speed.preset=fast speed.pack_buckets=[1280,1536,1792,2048,2304,2560] \
         --out /tmp/profile14b > /tmp/keep/profile_b.log 2>&1 || echo "profile exited with $?"
     cp /tmp/profile14b/profile.md "$OUT/profile_static_flex_after.md" 2>/dev/null
