@@ -83,8 +83,9 @@ else
     for arm in preset static seen; do
         n=$((n + 1))
         case $arm in
-            preset) S="";;
-            static) S="$STATIC";;
+            # as run at 73e19bb, before the preset took static layers + flex + seen (round 13's preset named)
+            preset) S="speed.compile_dynamic=true speed.flex_attention=false speed.graph_capture=ahead";;
+            static) S="$STATIC speed.graph_capture=ahead";;
             seen) S="$STATIC speed.graph_capture=seen";;
         esac
         timeout "$(left $((40 + n * 180)))" python3 bench/whole_run.py --speed preset --model /tmp/nano --data $WD \

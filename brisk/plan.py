@@ -260,8 +260,10 @@ def preset_values(name: str, frozen_audio: bool, lora: bool = False, family: str
 # frozen-audio switches off), the value is left out too: `speed.preset=fast speed.compile=false` runs the rest of
 # the preset instead of failing on a rule about a switch the user never named.
 PRESET_NEEDS: dict[str, tuple[tuple[str, str, Any, Any], ...]] = {
+    # FlexAttention pays only traced into static layers (round 13; with dynamic layers it was slower: round 12)
     "flex_attention": (("speed", "compile", True, False), ("speed", "packing", True, False),
-                       ("speed", "compile_scope", "layer", "layer"), ("llm", "activation_checkpoint", 0, 0)),
+                       ("speed", "compile_scope", "layer", "layer"), ("llm", "activation_checkpoint", 0, 0),
+                       ("speed", "cuda_graph", True, False), ("speed", "compile_dynamic", False, True)),
     "compile_dynamic": (("speed", "cuda_graph", True, False),),
     "graph_capture": (("speed", "cuda_graph", True, False),),
     "fresh_grads": (("speed", "cuda_graph", True, False),),

@@ -7,6 +7,8 @@ each arm collates them its own way (padded, packed, static buckets).
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from dataclasses import dataclass
 
@@ -70,8 +72,13 @@ class Runner:
             return self.step([batch.to(self.device, non_blocking=True)])
 
 
-def build_runner(cfg: Config, mark=None) -> Runner:
-    """``mark``: the phase-mark callback of the caller's step timer (bench times phases; profile does not)."""
+def build_runner(cfg: Config, mark=None, graph_capture: str | None = "ahead") -> Runner:
+    """``mark``: the phase-mark callback of the caller's step timer (bench times phases; profile does not).
+    ``graph_capture``: the bench, the profile and the batch-size search capture every bucket's graphs before the
+    first step (``ahead``), so that no capture or compile lands in what they time or in the memory they measure
+    (the preset's ``seen`` would capture at a bucket's first batch); None keeps the config's own."""
+    if graph_capture is not None and cfg.speed.graph_capture != graph_capture:
+        cfg = dataclasses.replace(cfg, speed=dataclasses.replace(cfg.speed, graph_capture=graph_capture))
     t0 = time.perf_counter()
     device = pick_device(cfg.train.device)
     pick_threads(cfg, device)  # train.cpu_threads, as `brisk train` sets it
