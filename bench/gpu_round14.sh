@@ -47,6 +47,10 @@ elif [ "${PART}" = 3 ]; then
     # probes (side by side, untimed): the eager reference and preset + static layers + flex + graph_capture=seen;
     # then the whole run of the preset (dynamic layers) + graph_capture=seen
     timeout 120 python3 tools/make_nano_folder.py --out /tmp/nano > /tmp/keep/make_nano.log 2>&1 &
+    timeout 200 python3 -m pytest -o addopts="" -q -rs -p no:warnings --timeout 190 \
+        "tests/gpu/test_gpu_state.py::test_validation_replays_audio_graphs_but_captures_none" \
+        "tests/gpu/test_gpu_state.py::test_seen_capture_captures_a_bucket_at_its_first_batch_and_trains_as_ahead" \
+        > "$OUT/gpu_tests.log" 2>&1 &
     R=/tmp/probe_runs; mkdir -p $R
     P="configs/fun_asr_nano.yaml data.profile=brisk/bench/profiles/aishell1_like.jsonl train.max_steps=120
        train.device=cuda probe.enabled=true train.progress=false train.log_every=40 train.tensorboard=false

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -99,6 +100,7 @@ class GraphedEncoder:
     def __init__(self, model, pool):
         self.model, self.pool = model, pool
         self.graphs: dict[tuple, tuple] = {}
+        self.capture_new = True  # False (validation): a shape without a graph runs eagerly, nothing is captured
 
     @torch.no_grad()
     def capture(self, speech: torch.Tensor, lengths: torch.Tensor):
@@ -116,6 +118,8 @@ class GraphedEncoder:
     @torch.no_grad()
     def __call__(self, batch: AudioBatch) -> torch.Tensor:
         key = tuple(batch.speech.shape)
+        if key not in self.graphs and not self.capture_new:
+            return self.model.encode_audio(batch.speech, batch.speech_lengths)[batch.audio_utt, batch.audio_frame]
         if key not in self.graphs:
             log.info("cuda_graph: capturing the encoder for speech shape %s", key)
             self.capture(batch.speech, batch.speech_lengths)
@@ -135,6 +139,7 @@ class GraphedAudioInputs:
     def __init__(self, model, pool):
         self.model, self.pool = model, pool
         self.graphs: dict[tuple, tuple] = {}
+        self.capture_new = True  # False (validation): a key without a graph runs eagerly, nothing is captured
 
     @torch.no_grad()
     def capture(self, key, inputs):
@@ -153,6 +158,8 @@ class GraphedAudioInputs:
     @torch.no_grad()
     def __call__(self, batch: AudioBatch) -> torch.Tensor:
         key, inputs = self.model.static_audio_inputs(batch)
+        if key not in self.graphs and not self.capture_new:
+            return self.model.static_audio_rows(*inputs)
         if key not in self.graphs:
             log.info("cuda_graph: capturing the audio path for its static shape %s", key)
             self.capture(key, inputs)
@@ -302,6 +309,18 @@ class GraphedStep:
         self.step.hooks.mark("optimizer")
         self.step.advance(metrics)
         return metrics
+
+    @contextmanager
+    def no_new_audio_graphs(self):
+        """Inside (validation): the audio graphs replay where a shape has one, and run the path eagerly where not.
+        Validation runs the compiled blocks eagerly (``eval_context``), so an audio graph captured there would hold
+        eager kernels, and every later training step of that shape would replay them (speed.graph_capture=seen
+        meets new shapes in validation; ahead, a shape past every speech bucket)."""
+        self.encoder.capture_new = False
+        try:
+            yield
+        finally:
+            self.encoder.capture_new = True
 
     @property
     def captures(self) -> dict[str, int]:

@@ -6,6 +6,7 @@ import gc
 import json
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -251,14 +252,15 @@ class Trainer:
         count = torch.zeros((), device=self.device, dtype=torch.long)
         # The step's own audio provider (the graphed step's replays encoder graphs), the step's loss.
         hooks = StepHooks(audio=getattr(self.step_fn, "audio", self.parts.accel.audio), loss=self.parts.accel.loss)
-        for batch in self.valid.loader:
-            if batch.n_utts == 0:
-                continue
-            batch = batch.to(self.device, non_blocking=True)
-            _, loss, c, n = model_loss(self.model, batch, hooks)
-            loss_sum += loss.double() * n
-            correct += c
-            count += n
+        with getattr(self.step_fn, "no_new_audio_graphs", nullcontext)():
+            for batch in self.valid.loader:
+                if batch.n_utts == 0:
+                    continue
+                batch = batch.to(self.device, non_blocking=True)
+                _, loss, c, n = model_loss(self.model, batch, hooks)
+                loss_sum += loss.double() * n
+                correct += c
+                count += n
         self.parts.accel.train_mode()
         if torch.distributed.is_initialized():
             for t in (loss_sum, correct, count):

@@ -190,6 +190,27 @@ def test_seen_capture_captures_a_bucket_at_its_first_batch_and_trains_as_ahead()
     assert max(_rel(pa[k], pb[k]) for k in pa) < 1e-2 and len(set(la)) > 1
 
 
+def test_validation_replays_audio_graphs_but_captures_none():
+    """Under seen, validation can meet a speech shape before training does. It computes that shape's rows
+    eagerly (its forwards run compiled blocks eagerly: a graph captured there would hold eager kernels for every
+    later training step of the shape); the next training step of the shape captures the graph."""
+    from brisk.bench.harness import build_runner, sample_stream
+
+    cfg = _cfg(*FAST, "speed.graph_capture=seen")
+    runner = build_runner(cfg, graph_capture=None)
+    step = runner.step
+    batch = runner.batches(sample_stream(cfg, 1, 4096))[0].to(runner.device)
+    with step.no_new_audio_graphs():
+        rows = step.audio(batch)
+    assert step.captures == {"step_captures": 0, "audio_captures": 0} and step.encoder.capture_new
+    assert torch.allclose(rows.float(), step.plain_audio(batch).float(), rtol=1e-2, atol=1e-2)
+    runner.run(batch)
+    assert step.captures == {"step_captures": 1, "audio_captures": 1}
+    with step.no_new_audio_graphs():  # a shape with a graph replays it
+        again = step.audio(batch)
+    assert torch.equal(again, step.audio(batch)) and step.captures["audio_captures"] == 1
+
+
 def test_compiled_decoder_one_graph_for_all_layers_and_lengths_and_none_in_validation():
     """speed.compile on the real path: nn.Module.compile of every decoder layer gives one graph for all layers and
     for a second length (the first layer's view input made fresh by the stack's pre-hook), and the eval context
