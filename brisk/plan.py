@@ -287,10 +287,15 @@ def expand_preset(tree: dict) -> dict:
     family = model.get("family") or tree.get("task") or families.DEFAULT
     values = preset_values(name, frozen, lora, family, fsdp)
     merged = {"speed": {**values, **speed}, "llm": model.get("llm") or {}}
-    values = {k: v for k, v in values.items() if all(merged[part].get(key, default) == need
-                                                     for part, key, need, default in PRESET_NEEDS.get(k, ()))}
+    values = {k: v for k, v in values.items() if needs_met(k, lambda part, key, default: merged[part].get(key, default))}
     out["speed"] = {**values, **speed}
     return out
+
+
+def needs_met(key: str, value_of: Callable[[str, str, Any], Any]) -> bool:
+    """Whether every setting that preset value ``key`` needs (``PRESET_NEEDS``) has the value it needs;
+    ``value_of(section, key, default)`` reads the config."""
+    return all(value_of(part, k, default) == need for part, k, need, default in PRESET_NEEDS.get(key, ()))
 
 
 def _fla_in_fp32(cfg, device: str) -> bool:
@@ -368,7 +373,9 @@ def make_plan(cfg: "Config", device: str, world: int = 1,
         if changes:
             speed = dataclasses.replace(speed, **changes)
         on = [k for k in switches_on(speed) if k in values]
-        settings = [f"{k}={values[k]}" for k in values if k not in SWITCH_KEYS and getattr(speed, k) == values[k]]
+        llm = cfg.model.llm
+        settings = [f"{k}={values[k]}" for k in values if k not in SWITCH_KEYS and getattr(speed, k) == values[k]
+                    and needs_met(k, lambda part, key, _: getattr(speed if part == "speed" else llm, key))]
         notes.append(f"preset {speed.preset}: on {', '.join(on) or 'nothing'}" +
                      (f"; with {', '.join(settings)}" if settings else "") +
                      "".join(f"; left off {k} ({why})" for k, why in off.items() if k in changes))

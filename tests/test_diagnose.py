@@ -137,10 +137,35 @@ def test_a_step_that_captured_a_graph_says_so_before_its_compiles():
            "step_captures": 1, "audio_captures": 0,
            "shape": {"rows": 1, "len": 1792, "layout": "packed", "speech_shape": [10, 96]}}
     cause, why = explain(rec, 0.03, 0.001, None)
-    assert cause == "graph_capture" and "step graph of a bucket" in why and "(1x1792 tokens)" in why
-    assert "compiling 28 graph(s)" in why and "speed.graph_capture=ahead" in why and "audio graph" not in why
+    assert cause == "graph_capture" and "a step graph for a batch key" in why and "(1x1792 tokens)" in why
+    assert "compiling 28 graph(s)" in why and "speed.graph_capture=seen" in why and "audio graph" not in why
     cause, why = explain({**rec, "step_captures": 0, "audio_captures": 1, "compiles": 0}, 0.03, 0.001, None)
-    assert cause == "graph_capture" and "audio graph of a speech shape" in why and "(speech [10, 96])" in why
+    assert cause == "graph_capture" and "an audio graph for a new speech shape" in why and "(speech [10, 96])" in why
     assert "step graph" not in why and "compiling" not in why
     cause, _ = explain({**rec, "step_captures": 0}, 0.03, 0.001, None)
     assert cause == "recompile"
+    cause, _ = explain({**rec, "step_captures": -3, "audio_captures": -2}, 0.03, 0.001, None)  # after release()
+    assert cause == "recompile"
+
+
+def test_gc_is_frozen_again_after_a_step_that_captured_graphs(tmp_path, monkeypatch):
+    """train.gc_every freezes what is alive after step 1; under speed.graph_capture=seen a later step's capture
+    (and its compile) makes long-lived objects too, so the collector freezes again after it."""
+    import brisk.train.trainer as trainer_module
+
+    trainer = build_trainer(tiny_config(tmp_path, **{"train.max_steps": 4, "train.gc_every": 100}))
+    frozen = []
+    monkeypatch.setattr(trainer_module, "freeze_gc", lambda: frozen.append(trainer.pos.step))
+    inner = trainer.step_fn
+
+    class Capturing:  # a graphed step whose step 3 captured a graph
+        captures = {"step_captures": 0, "audio_captures": 0}
+
+        def __call__(self, batches):
+            if trainer.pos.step == 3:
+                self.captures = {"step_captures": 1, "audio_captures": 0}
+            return inner(batches)
+
+    trainer.step_fn = Capturing()
+    trainer.fit()
+    assert frozen == [1, 3]

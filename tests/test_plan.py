@@ -101,6 +101,26 @@ def test_the_preset_leaves_out_what_a_setting_of_the_config_rules_out(tmp_path, 
     make_plan(cfg, "cuda", 1)  # no rule broken
 
 
+def test_preset_needs_name_real_keys_with_their_real_defaults():
+    """PRESET_NEEDS restates a few rules with each key's default: the defaults must stay the dataclasses' own."""
+    from brisk.config import LLMConfig
+    from brisk.plan import PRESET_NEEDS
+
+    section = {"speed": SpeedConfig(), "llm": LLMConfig()}
+    for key, needs in PRESET_NEEDS.items():
+        assert key in {f.name for f in dataclasses.fields(SpeedConfig)}, key
+        for part, name, need, default in needs:
+            assert getattr(section[part], name) == default, (key, part, name)
+
+
+def test_the_cpu_plan_note_leaves_out_settings_that_do_nothing_there(tmp_path):
+    cfg = tiny_config(tmp_path, **{"speed.preset": "fast", **FROZEN})
+    _, plan = make_plan(cfg, "cpu", 1)
+    assert "compile_dynamic" not in plan.notes[0] and "graph_capture" not in plan.notes[0]
+    _, plan = make_plan(cfg, "cuda", 1)
+    assert "compile_dynamic=False" in plan.notes[0] and "graph_capture=seen" in plan.notes[0]
+
+
 def test_single_keys_win_over_the_preset(tmp_path):
     cfg = tiny_config(tmp_path, **{"speed.preset": "fast", "speed.label_head": False, "speed.label_rows_frac": 0.5,
                                    "speed.fresh_grads": False, **FROZEN})

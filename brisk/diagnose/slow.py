@@ -101,15 +101,16 @@ def explain(rec: dict, median: float, data_median: float, trap: str | None, busy
         t = rec["events"].get(name, 0.0)
         if t > 0.5 * excess:
             return name, f"{name} took {t:.2f} s inside this step"
-    if rec.get("step_captures", 0) or rec.get("audio_captures", 0):
+    if rec.get("step_captures", 0) > 0 or rec.get("audio_captures", 0) > 0:  # (negative after a release)
         s = rec["shape"]
-        what = ([f"the step graph of a bucket no earlier step reached ({s.get('rows')}x{s.get('len')} tokens)"]
-                if rec.get("step_captures", 0) else [])
-        what += ([f"the audio graph of a speech shape no earlier step had (speech {s.get('speech_shape')})"]
-                 if rec.get("audio_captures", 0) else [])
+        what = ([f"a step graph for a batch key no graph had yet ({s.get('rows')}x{s.get('len')} tokens)"]
+                if rec.get("step_captures", 0) > 0 else [])
+        what += ([f"an audio graph for a new speech shape (speech {s.get('speech_shape')})"]
+                 if rec.get("audio_captures", 0) > 0 else [])
         compiled = f", compiling {rec['compiles']} graph(s)" if rec.get("compiles", 0) > 0 else ""
-        return "graph_capture", (f"speed.cuda_graph captured {' and '.join(what)}{compiled}; speed.graph_capture=ahead "
-                                 "captures every bucket and speech shape before the first step")
+        return "graph_capture", (f"speed.cuda_graph captured {' and '.join(what)}{compiled}; under "
+                                 "speed.graph_capture=seen each bucket's graphs come at its first batch (ahead: "
+                                 "before the first step)")
     if rec.get("compiles", 0) > 0:
         return "recompile", (f"torch.compile compiled {rec['compiles']} new graph(s) during this step "
                              f"(shape {rec['shape'].get('rows')}x{rec['shape'].get('len')}); see speed.compile docs")

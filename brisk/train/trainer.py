@@ -71,6 +71,7 @@ class Trainer:
     saved_step: int = -1
     phases: dict = field(default_factory=dict)  # seconds spent between/around steps: validation, checkpoint, gc
     stop: object | None = None  # brisk.train.stop.StopOnSignal: a SIGINT/SIGTERM ends the run after the step
+    frozen_at: int = 0  # train.gc_every: the graphs captured when the collector last froze what was alive
 
     def __post_init__(self):
         c = self.cfg
@@ -192,7 +193,9 @@ class Trainer:
         if c.save_every and p.step % c.save_every == 0:
             self.timed("checkpoint", self.save)
         if c.gc_every:
-            if p.step == 1:
+            captured = sum(getattr(self.step_fn, "captures", {}).values())
+            if p.step == 1 or captured != self.frozen_at:  # a capture's compile made long-lived objects too
+                self.frozen_at = captured
                 freeze_gc()
             elif p.step % c.gc_every == 0:
                 self.timed("gc", gc.collect)
