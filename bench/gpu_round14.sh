@@ -44,8 +44,9 @@ if [ "${PART:-1}" = 1 ]; then
     gzip -c /tmp/profile14/trace.json > "$OUT/trace_static_flex.json.gz" 2>/dev/null
     head -n 8 "$OUT/profile_static_flex.md"
 elif [ "${PART}" = 3 ]; then
-    # probes (side by side, untimed): the eager reference and preset + static layers + flex + graph_capture=seen;
-    # then the whole run of the preset (dynamic layers) + graph_capture=seen
+    # side by side, untimed: two GPU tests of graph_capture=seen and the probes (the eager reference, and the
+    # preset since round 14 through `brisk train`: static layers + flex + seen, the preset's 15 buckets); then the
+    # bench of round 13's preset against this one, after the norms fix (the bench captures every bucket ahead)
     timeout 120 python3 tools/make_nano_folder.py --out /tmp/nano > /tmp/keep/make_nano.log 2>&1 &
     timeout 200 python3 -m pytest -o addopts="" -q -rs -p no:warnings --timeout 190 \
         "tests/gpu/test_gpu_state.py::test_validation_replays_audio_graphs_but_captures_none" \
@@ -69,8 +70,7 @@ elif [ "${PART}" = 3 ]; then
     head -n 1 "$OUT/probe_static_seen_vs_eager_ref.md"; grep "unmet" "$OUT/probe_static_seen_vs_eager_ref.md" | head -n 4
     grep -h "graph_capture\|captured\|capturing" $R/static_seen.log | cut -c1-200 | head -n 12
     cp $R/*.log /tmp/keep/ 2>/dev/null; cp $R/static_seen/slow_steps.jsonl /tmp/keep/ 2>/dev/null
-    # the bench after the norms fix (one cast a step, not one a parameter): the preset against static layers +
-    # flex + seen, then the profile of the latter (kernels a step: 2,961 in part 1)
+    # the profile of the preset (kernels a step before the norms fix: 2,961 in part 1), unless NO_PROFILE
     timeout "$(left ${BENCH_END:-470})" python3 -m brisk bench configs/bench_preset35.yaml model.path=/tmp/nano \
         data.train=$WD/train.jsonl --out /tmp/preset35 > /tmp/keep/bench_preset35.log 2>&1 \
         || echo "bench exited with $? (the table holds the runs that finished)"
