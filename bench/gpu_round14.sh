@@ -70,12 +70,12 @@ elif [ "${PART}" = 3 ]; then
     head -n 1 "$OUT/probe_static_seen_vs_eager_ref.md"; grep "unmet" "$OUT/probe_static_seen_vs_eager_ref.md" | head -n 4
     grep -h "graph_capture\|captured\|capturing" $R/static_seen.log | cut -c1-200 | head -n 12
     cp $R/*.log /tmp/keep/ 2>/dev/null; cp $R/static_seen/slow_steps.jsonl /tmp/keep/ 2>/dev/null
-    # the profile of the preset (kernels a step before the norms fix: 2,961 in part 1), unless NO_PROFILE
     timeout "$(left ${BENCH_END:-470})" python3 -m brisk bench configs/bench_preset35.yaml model.path=/tmp/nano \
         data.train=$WD/train.jsonl --out /tmp/preset35 > /tmp/keep/bench_preset35.log 2>&1 \
         || echo "bench exited with $? (the table holds the runs that finished)"
     cp /tmp/preset35/bench.md "$OUT/bench_preset35.md" 2>/dev/null
     grep -h "bench: .* run [0-9]*: mean" /tmp/keep/bench_preset35.log | sed 's/.*bench: /  /'
+    # the profile of the preset (kernels a step before the norms fix: 2,961 in part 1), unless NO_PROFILE
     [ -n "${NO_PROFILE:-}" ] || timeout "$(left ${PROFILE_END:-560})" python3 -m brisk profile configs/bench_prompt.yaml model.path=/tmp/nano \
         data.train=$WD/train.jsonl speed.preset=fast speed.pack_buckets=[1280,1536,1792,2048,2304,2560] \
         --out /tmp/profile14b > /tmp/keep/profile_b.log 2>&1 || echo "profile exited with $?"
