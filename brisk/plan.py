@@ -202,6 +202,11 @@ RULES: tuple[Rule, ...] = (
     Rule("speed.optimizer_in_backward, ranks", "ranks", lambda c, d, w: w > 1 and c.speed.optimizer_in_backward,
          "speed.optimizer_in_backward with {world} ranks: each layer would be updated before its gradients are "
          "averaged over the ranks; set speed.optimizer_in_backward=false"),
+    Rule("speed.graph_capture, ranks", "ranks",
+         lambda c, d, w: w > 1 and c.speed.cuda_graph and c.speed.graph_capture == "seen",
+         "speed.graph_capture=seen with {world} ranks: a step graph holds the gradient all-reduce, so the ranks must "
+         "capture together, and the bucket keys a batch reaches are not agreed between ranks before a step; set "
+         "speed.graph_capture=ahead"),
     Rule("speed.fresh_grads, ranks", "ranks", lambda c, d, w: w > 1 and c.speed.fresh_grads,
          "speed.fresh_grads with {world} ranks: the in-graph all-reduce needs persistent gradient buffers; "
          "set speed.fresh_grads=false"),
@@ -241,8 +246,8 @@ def switches_on(speed) -> list[str]:
 def preset_values(name: str, frozen_audio: bool, lora: bool = False, family: str = families.DEFAULT,
                   fsdp: bool = False) -> dict[str, Any]:
     """The preset's values for a model family (its name or old task word), for a model whose encoder and adaptor
-    are (or are not) both frozen, with or without LoRA adapters (the fused projections would skip them) or FSDP
-    (fused projections untested there)."""
+    are (or are not) both frozen, with or without LoRA adapters (the fused projections would skip them; static
+    layers and FlexAttention have no GPU test with adapters) or FSDP (fused projections untested there)."""
     if name not in PRESETS:
         raise ConfigError(f"speed.preset={name!r}: use one of {', '.join(sorted(PRESETS))} (or leave it unset)")
     fam = families.get(family)
@@ -250,7 +255,8 @@ def preset_values(name: str, frozen_audio: bool, lora: bool = False, family: str
         raise ConfigError(f"speed.preset={name}: model.family={fam.name} has no such preset (its presets: "
                           f"{', '.join(sorted(fam.presets)) or 'none'}); leave speed.preset unset")
     values = dict(fam.presets[name])
-    for k in (() if frozen_audio else fam.frozen_audio) + (("fuse_projections",) if lora or fsdp else ()):
+    untested = (("fuse_projections",) if lora or fsdp else ()) + (("flex_attention", "compile_dynamic") if lora else ())
+    for k in (() if frozen_audio else fam.frozen_audio) + untested:
         values.pop(k, None)
     return values
 
@@ -365,7 +371,7 @@ def make_plan(cfg: "Config", device: str, world: int = 1,
         if device != "cuda":
             off.update({s.key: "needs CUDA" for s in SWITCHES if s.gpu_only and s.key in values})
         if world > 1:
-            off.update({k: f"not with {world} ranks" for k in ("fresh_grads",) if k in values})
+            off.update({k: f"not with {world} ranks" for k in ("fresh_grads", "graph_capture") if k in values})
             if cfg.train.parallel == "fsdp":
                 off.update({k: "not with train.parallel=fsdp" for k in ("cuda_graph", "compile", "fresh_grads",
                                                                          "flex_attention") if k in values})

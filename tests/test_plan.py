@@ -88,6 +88,7 @@ def test_the_preset_without_a_frozen_encoder_leaves_the_frozen_audio_switches_of
     ({"speed.compile_dynamic": True}, {"flex_attention", "compile_dynamic"}),  # given: the config's own value
     ({"model.llm.activation_checkpoint": 2}, {"flex_attention"}),
     ({"speed.compile_scope": "stack"}, {"flex_attention"}),
+    ({"model.llm.lora.enabled": True}, {"flex_attention", "compile_dynamic"}),  # untested with adapters
     ({"model.encoder.freeze": False}, {"compile_dynamic", "graph_capture", "fresh_grads", "flex_attention"}),  # drops
 ])  # (the last: the preset itself leaves cuda_graph out for a trained encoder)
 def test_the_preset_leaves_out_what_a_setting_of_the_config_rules_out(tmp_path, given, left_out):
@@ -133,6 +134,19 @@ def test_the_preset_trims_to_several_ranks(tmp_path):
     cfg, plan = make_plan(tiny_config(tmp_path, **{"speed.preset": "fast", "train.parallel": "fsdp", **FROZEN}), "cuda", 2)
     assert "cuda_graph" not in plan.on and "compile" not in plan.on and "packing" in plan.on
     assert "left off cuda_graph (not with train.parallel=fsdp)" in plan.notes[0]
+
+
+def test_several_ranks_capture_ahead(tmp_path):
+    """A lazily captured graph holds the gradient all-reduce, so ranks must capture together: the preset's
+    graph_capture=seen falls back to ahead with several ranks, and an explicit seen is refused."""
+    cfg = tiny_config(tmp_path, **{"speed.preset": "fast", **FROZEN})
+    eff, plan = make_plan(cfg, "cuda", 2)
+    assert eff.speed.graph_capture == "ahead" and "cuda_graph" in plan.on
+    assert "left off graph_capture (not with 2 ranks)" in plan.notes[0]
+    graphed = {"speed.packing": True, "speed.frozen_eval": True, "speed.cuda_graph": True, **FROZEN}
+    with pytest.raises(ConfigError, match="speed.graph_capture=seen with 2 ranks"):
+        make_plan(tiny_config(tmp_path, **{**graphed, "speed.graph_capture": "seen"}), "cuda", 2)
+    make_plan(tiny_config(tmp_path, **{**graphed, "speed.graph_capture": "seen"}), "cuda", 1)
 
 
 def test_a_wrong_preset_is_one_line(tmp_path):
