@@ -8,7 +8,6 @@ each arm collates them its own way (padded, packed, static buckets).
 from __future__ import annotations
 
 import dataclasses
-
 import time
 from dataclasses import dataclass
 

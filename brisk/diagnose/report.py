@@ -20,8 +20,8 @@ from pathlib import Path
 
 from ..plan import SWITCH_KEYS
 
-CAUSE_COLORS = {"plan_build": "#d62728", "new_shape": "#ff7f0e", "recompile": "#9467bd", "graph_capture": "#e377c2", "data": "#1f77b4",
-                "checkpoint": "#2ca02c", "validation": "#17becf", "gc": "#8c564b", "unknown": "#7f7f7f"}
+CAUSE_COLORS = {"plan_build": "#d62728", "new_shape": "#ff7f0e", "recompile": "#9467bd", "graph_capture": "#e377c2",
+                "data": "#1f77b4", "checkpoint": "#2ca02c", "validation": "#17becf", "gc": "#8c564b", "unknown": "#7f7f7f"}
 
 
 def one_line(state: dict) -> str:

@@ -35,8 +35,9 @@ FAMILY = register(Family(
                       "pack_buckets": [256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2304, 2560,
                                        3072, 4096],
                       # static decoder layers with FlexAttention traced into them, each bucket's graph captured when
-                      # the data first reaches it: 27.6 against 29.4 ms a step (round 13); the whole run 57.0 s cold
-                      # and 38.3 warm against 61.7 and 37.6 (bench/results/2026-12-03-h200-round14)
+                      # the data first reaches it: 26.5 against 28.8 ms a step on FunASR's workload, the whole run
+                      # 57.0 s cold and 38.3 warm against 61.7 and 37.6, the probe's 1,349 of 1,350 gates
+                      # (bench/results/2026-12-03-h200-round14)
                       "compile_dynamic": False, "flex_attention": True, "graph_capture": "seen"}},
     frozen_audio=FROZEN_AUDIO,
     refused=("{bad} are for task: chat (model.family=causal_lm; the speech-LLM's Qwen3 decoder has no linear "
