@@ -204,9 +204,9 @@ RULES: tuple[Rule, ...] = (
          "averaged over the ranks; set speed.optimizer_in_backward=false"),
     Rule("speed.graph_capture, ranks", "ranks",
          lambda c, d, w: w > 1 and c.speed.cuda_graph and c.speed.graph_capture == "seen",
-         "speed.graph_capture=seen with {world} ranks: a step graph holds the gradient all-reduce, so the ranks must "
-         "capture together, and the bucket keys a batch reaches are not agreed between ranks before a step; set "
-         "speed.graph_capture=ahead"),
+         "speed.graph_capture=seen with {world} ranks is untested: a step graph holds the gradient all-reduce, so "
+         "the ranks must capture together in the middle of training (the shape sync gives them the same key each "
+         "step, but no multi-GPU run has checked it); set speed.graph_capture=ahead"),
     Rule("speed.fresh_grads, ranks", "ranks", lambda c, d, w: w > 1 and c.speed.fresh_grads,
          "speed.fresh_grads with {world} ranks: the in-graph all-reduce needs persistent gradient buffers; "
          "set speed.fresh_grads=false"),

@@ -106,7 +106,10 @@ def _static_setup(run_dir):
 def _shape_sync_worker(rank, world, init_file, run_dir, out_file):
     import json
 
+    import dataclasses
+
     from brisk.distributed.sync import ShapeSync
+    from brisk.speed.label_head import LabelHead
     from brisk.train.step import StepHooks, model_loss
 
     _init(rank, world, init_file)
@@ -120,9 +123,14 @@ def _shape_sync_worker(rank, world, init_file, run_dir, out_file):
         with torch.no_grad():
             before = model_loss(model, batch, StepHooks())
             after = model_loss(model, synced, StepHooks())
+        # label_head's gathered rows (part of a graph's key): 64 of the bucket fit rank 0's labels, not rank 1's
+        head = LabelHead(static=True, frac=64 / synced.input_ids.shape[1])
+        alone = head.rows(dataclasses.replace(synced, label_rows_floor=0))
         with open(f"{out_file}.{rank}", "w") as f:
             json.dump({"keys": keys, "own": list(batch.shape_key()), "loss": [float(before[1]), float(after[1])],
-                       "count": [int(before[3]), int(after[3])], "correct": [int(before[2]), int(after[2])]}, f)
+                       "count": [int(before[3]), int(after[3])], "correct": [int(before[2]), int(after[2])],
+                       "labelled": batch.n_label_tokens, "floor": synced.label_rows_floor,
+                       "rows": [alone, head.rows(synced)]}, f)
     finally:
         _close()
 
@@ -139,6 +147,11 @@ def test_ranks_with_different_batches_get_identical_shapes(tmp_path):
     for r in res:
         assert r["count"][0] == r["count"][1] and r["correct"][0] == r["correct"][1]
         assert abs(r["loss"][0] - r["loss"][1]) <= 1e-5 * abs(r["loss"][0]), r["loss"]
+    # label_head's rows: each rank alone would pick its own (rank 1 overflows 64 rows), synced they agree
+    assert res[0]["labelled"] < 64 < res[1]["labelled"]
+    assert res[0]["rows"][0] == 64 and res[1]["rows"][0] > 64
+    assert res[0]["floor"] == res[1]["floor"] == res[1]["labelled"]
+    assert res[0]["rows"][1] == res[1]["rows"][1] == res[1]["rows"][0]
 
 
 def test_pad_static_refuses_to_shrink(tmp_path):

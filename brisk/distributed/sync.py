@@ -3,8 +3,10 @@ step, the gradient all-reduce itself.
 
 Shapes (``ShapeSync``): a CUDA graph replays fixed shapes, and a graphed step with a collective inside must
 be replayed by every rank at the same time, so every rank's batch has to land in the same static bucket.
-Each step the ranks all-reduce (MAX) four integers (row length, speech frames, speech segments, cu_seqlens
-entries) and pad their batch up to the result. Why this and not a sampler that plans all ranks' batches
+Each step the ranks all-reduce (MAX) five integers (row length, speech frames, speech segments, cu_seqlens
+entries, labelled positions) and pad their batch up to the result; the labelled positions' maximum goes into
+``Batch.label_rows_floor``, so that under speed.label_head every rank gathers the same number of rows (a rank
+whose batch alone overflowed its bucket's rows would otherwise replay, or capture, a graph of its own). Why this and not a sampler that plans all ranks' batches
 together: the sampler sees speech_length + text_length from the jsonl, not the LLM token count of the built
 prompt (system prompt, context header, multi-turn, skipped bad samples), so it cannot know the bucket; the
 collated batch does. The all-reduce runs on a gloo group over CPU tensors, so it never waits on the GPU
@@ -20,6 +22,7 @@ exists; ``warm`` runs one all-reduce eagerly before capture).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -32,7 +35,7 @@ log = logging.getLogger("brisk")
 
 
 class ShapeSync:
-    """Pads each rank's static packed batch to the ranks' common shapes (one 4-integer all-reduce a batch)."""
+    """Pads each rank's static packed batch to the ranks' common shapes (one 5-integer all-reduce a batch)."""
 
     def __init__(self, group=None):
         # A CPU group: the default NCCL group would need a device tensor and a sync to read the answer.
@@ -42,13 +45,14 @@ class ShapeSync:
         self.padded = 0  # batches that grew to match another rank (how much the sync costs in padding)
 
     def __call__(self, batch: Batch) -> Batch:
-        need = torch.tensor(static_needs(batch), dtype=torch.long)
+        need = torch.tensor(static_needs(batch) + [batch.n_label_tokens], dtype=torch.long)
         dist.all_reduce(need, op=dist.ReduceOp.MAX, group=self.group)
         if batch.n_utts == 0 or batch.layout != "packed":
             return batch
-        out = pad_static(batch, *need.tolist())
+        *shapes, labelled = need.tolist()
+        out = pad_static(batch, *shapes)
         self.padded += out is not batch
-        return out
+        return dataclasses.replace(out, label_rows_floor=labelled) if labelled != out.label_rows_floor else out
 
 
 def close_process_group(step_fn) -> None:

@@ -34,6 +34,7 @@ class Batch:
     n_utts: int = 0
     n_tokens: int = 0  # real LLM tokens
     n_label_tokens: int = 0
+    label_rows_floor: int = 0  # several ranks: the most labelled positions any rank's batch has this step (ShapeSync)
     bad: list[str] = field(default_factory=list)  # samples skipped under data.skip_bad
     notes: list[tuple[str, str]] = field(default_factory=list)  # audio conversions of its samples (resampled, down-mixed)
 

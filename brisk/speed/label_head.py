@@ -124,10 +124,12 @@ class LabelHead:
         self.static, self.frac, self.recompute = static, frac, recompute
 
     def rows(self, batch: Batch) -> int:
-        """Gathered rows for this batch: its labelled count, or in the static layout the bucket's fixed count."""
+        """Gathered rows for this batch: its labelled count, or in the static layout the bucket's fixed count (all
+        positions when its labelled ones, or another rank's this step, do not fit: every rank the same graph)."""
         n = batch.n_label_tokens
         if not self.static:
             return n
+        n = max(n, batch.label_rows_floor)
         positions = batch.labels.numel()  # one packed row of the bucket's length
         k = static_rows(positions, self.frac)
         return k if n <= k else positions
