@@ -17,7 +17,10 @@ def trainable_params(model: nn.Module) -> list[nn.Parameter]:
     return out
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, *, fused: bool = False, capturable: bool = False) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, cfg: OptimConfig, *, fused: bool = False, capturable: bool = False,
+                    cls: type[torch.optim.AdamW] = torch.optim.AdamW) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters; ``cls`` a subclass with another update kernel (speed.triton_adamw),
+    the same state."""
     params = trainable_params(model)
     if not params:
         raise ValueError("nothing to train: every module is frozen (check model.*.freeze)")
@@ -26,7 +29,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, *, fused: bool = False, 
         kwargs["fused"] = True
     if capturable:  # CUDA-graph replay: lr and step live on the device
         kwargs.update(capturable=True, lr=torch.tensor(cfg.lr, device=params[0].device))
-    return torch.optim.AdamW(params, **kwargs)
+    return cls(params, **kwargs)
 
 
 def warmup_steps(cfg) -> tuple[int, str | None]:
