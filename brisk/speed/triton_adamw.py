@@ -22,7 +22,11 @@ before any capture) is torch's own step, which creates the state.
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+log = logging.getLogger("brisk")
 
 BLOCK = 4096  # elements a program
 NUM_WARPS = 8  # 16 elements a thread at 4,096: two 16-byte loads of bf16
@@ -115,43 +119,53 @@ def _kernel():
 
 
 class _Launch:
-    """One dtype's tensors: the program-to-tensor map (fixed by the sizes) and, each step, the table of offsets
-    (a captured graph's table and its host buffer are kept: the graph's copy node reads that buffer)."""
+    """One dtype's tensors: the program-to-tensor map (fixed by the sizes) and, each step, the table of offsets.
+    Built outside any capture (a copy from pageable memory is not allowed inside one). Inside a capture the table
+    comes from one of ``SLOTS`` pinned host buffers allocated here; the graph's copy node reads it at each replay,
+    so a slot, once a graph holds it, is never written again."""
+
+    SLOTS = 64  # captured graphs a dtype's tensors can be in (the preset's buckets: 15)
 
     def __init__(self, params: list[torch.Tensor], steps: list[torch.Tensor]):
         self.base, self.step_base = params[0], steps[0]
-        sizes = [p.numel() for p in params]
-        blocks = [(n + BLOCK - 1) // BLOCK for n in sizes]
-        self.block_tensor = torch.repeat_interleave(torch.arange(len(sizes), dtype=torch.int32),
-                                                    torch.tensor(blocks)).to(params[0].device)
-        firsts = [0]
-        for b in blocks[:-1]:
-            firsts.append(firsts[-1] + b)
-        self.fixed = (sizes, firsts)
+        self.sizes = [p.numel() for p in params]
+        blocks = [(n + BLOCK - 1) // BLOCK for n in self.sizes]
+        self.firsts = [sum(blocks[:i]) for i in range(len(blocks))]
         self.programs = sum(blocks)
-        self.kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.block_tensor = torch.repeat_interleave(torch.arange(len(blocks), dtype=torch.int32),
+                                                    torch.tensor(blocks)).to(self.base.device)
+        self.pinned = torch.empty((self.SLOTS, len(blocks), 7), dtype=torch.int64, pin_memory=True)
+        self.used = 0
+        self.kept: list[torch.Tensor] = []  # the captured graphs' device tables
 
-    def offsets(self, tensors: list[torch.Tensor], base: torch.Tensor) -> list[int] | None:
+    def _offsets(self, tensors: list[torch.Tensor], base: torch.Tensor, align: int) -> list[int] | None:
         size, addr = base.element_size(), base.data_ptr()
         out = []
         for t in tensors:
             d = t.data_ptr() - addr
-            if d % 32 or not t.is_contiguous():  # 8 elements of 4 bytes: the kernel's alignment claim
+            if d % align or not t.is_contiguous():
                 return None
             out.append(d // size)
         return out
 
     def table(self, ps, grads, avgs, sqs, steps) -> torch.Tensor | None:
-        cols = [self.offsets(x, self.base) for x in (ps, grads, avgs, sqs)]
-        st = self.offsets(steps, self.step_base) if all(s.data_ptr() % 4 == 0 for s in steps) else None
-        if any(c is None for c in cols) or st is None:
+        """The offsets table on the device, or None (a tensor out of line, or no pinned slot left)."""
+        cols = [self._offsets(x, self.base, 32) for x in (ps, grads, avgs, sqs)]  # the kernel claims 8 x 4 bytes
+        cols.append(self._offsets(steps, self.step_base, 4))
+        if any(c is None for c in cols):
             return None
-        sizes, firsts = self.fixed
-        rows = [[cols[0][i], cols[1][i], cols[2][i], cols[3][i], st[i], sizes[i], firsts[i]] for i in range(len(ps))]
-        host = torch.tensor(rows, dtype=torch.int64)
-        dev = host.to(self.base.device, non_blocking=True)  # inside a capture: a copy node reading ``host``
-        if torch.cuda.is_current_stream_capturing():  # each replay reads this host buffer: kept for the graph's life
-            self.kept.append((host, dev))
+        rows = torch.tensor([[c[i] for c in cols] + [self.sizes[i], self.firsts[i]] for i in range(len(ps))],
+                            dtype=torch.int64)
+        if not torch.cuda.is_current_stream_capturing():
+            return rows.to(self.base.device)
+        if self.used == self.SLOTS:
+            return None
+        host = self.pinned[self.used]
+        self.used += 1
+        host.copy_(rows)
+        dev = torch.empty_like(host, device=self.base.device)
+        dev.copy_(host, non_blocking=True)  # a copy node: each replay reads this slot
+        self.kept.append(dev)
         return dev
 
 
@@ -170,32 +184,43 @@ class TritonAdamW(torch.optim.AdamW):
     def step(self, closure=None):
         if closure is not None:
             raise ValueError("TritonAdamW.step takes no closure")
-        if any(p.grad is not None and not self.state.get(p) for g in self.param_groups for p in g["params"]):
-            return super().step()  # torch's own step makes the state (the first step, eager)
+        first = any(p.grad is not None and not self.state.get(p) for g in self.param_groups for p in g["params"])
+        if first:
+            super().step()  # torch's own step makes the state (the first step, eager)
         grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
         launches = self.__dict__.setdefault("_launches", {})
+        capturing = torch.cuda.is_current_stream_capturing()
         for gi, group in enumerate(self.param_groups):
-            ps, grads, avgs, sqs, maxs, steps = [], [], [], [], [], []
-            has_complex = self._init_group(group, ps, grads, avgs, sqs, maxs, steps)
-            if group["amsgrad"] or group["maximize"] or has_complex or not isinstance(group["lr"], torch.Tensor):
-                raise ValueError("speed.triton_adamw covers AdamW without amsgrad or maximize, real parameters and a "
-                                 "device lr (capturable): the optimizer was built otherwise")
-            by_dtype: dict[torch.dtype, list[int]] = {}
-            for i, p in enumerate(ps):
-                by_dtype.setdefault(p.dtype, []).append(i)
-            for dtype, idx in by_dtype.items():
-                sel = [[x[i] for i in idx] for x in (ps, grads, avgs, sqs, steps)]
-                key = (gi, dtype, tuple(id(p) for p in sel[0]), BLOCK)
+            for key, sel in self._sets(gi, group):
                 launch = launches.get(key)
-                if launch is None:
+                if launch is None and not capturing and _supported(*sel[:4]):
                     launch = launches[key] = _Launch(sel[0], sel[4])
-                table = launch.table(*sel) if _supported(*sel[:4]) else None
-                if table is None:  # unaligned or unsupported tensors: torch's own kernel for this set
+                if first:
+                    continue
+                table = launch.table(*sel) if launch is not None else None
+                if table is None:  # a new set inside a capture, or tensors out of line: torch's kernel for this set
+                    if key not in self.__dict__.setdefault("_warned", set()):
+                        self._warned.add(key)
+                        log.warning("speed.triton_adamw: %d %s tensors updated by torch's fused kernel (%s)", len(sel[0]),
+                                    sel[0][0].dtype, "first met inside a graph capture" if launch is None and capturing
+                                    else "not aligned or not supported")
                     self._torch_update(group, *sel, grad_scale, found_inf)
                     continue
                 self._launch(launch, table, group, sel[4], grad_scale, found_inf)
         return None
 
+    def _sets(self, gi: int, group: dict) -> list[tuple[tuple, list[list[torch.Tensor]]]]:
+        """(key, [params, grads, exp_avgs, exp_avg_sqs, steps]) for each dtype of the group's tensors with a gradient."""
+        ps, grads, avgs, sqs, maxs, steps = [], [], [], [], [], []
+        has_complex = self._init_group(group, ps, grads, avgs, sqs, maxs, steps)
+        if group["amsgrad"] or group["maximize"] or has_complex or not isinstance(group["lr"], torch.Tensor):
+            raise ValueError("speed.triton_adamw covers AdamW without amsgrad or maximize, real parameters and a "
+                             "device lr (capturable): the optimizer was built otherwise")
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for i, p in enumerate(ps):
+            by_dtype.setdefault(p.dtype, []).append(i)
+        return [((gi, dtype, tuple(id(ps[i]) for i in idx), BLOCK), [[x[i] for i in idx] for x in (ps, grads, avgs, sqs, steps)])
+                for dtype, idx in by_dtype.items()]
     @staticmethod
     def _launch(launch: _Launch, table, group, steps, grad_scale, found_inf) -> None:
         torch._foreach_add_(steps, 1)
