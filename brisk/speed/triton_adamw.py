@@ -14,7 +14,7 @@ that replays from the same host buffer (kept for the graph's life).
 
 The same numbers: each element goes through torch's fused AdamW arithmetic for torch >= 2.11
 (aten/src/ATen/native/cuda/fused_adam_utils.cuh: fp32 math, the moments' lerps as fma, IEEE division and square
-roots, the bias corrections from the tensor's own step count). The optimizer is torch's AdamW with its own state,
+roots, the bias corrections from the tensor's own step count, its pow in double as nvcc builds it). The optimizer is torch's AdamW with its own state,
 lr tensor, grad_scale and found_inf: checkpoints do not change. What differs: the gradients keep their values
 (torch's kernel leaves them divided by grad_scale). A step before the optimizer has state (the first, eager one
 before any capture) is torch's own step, which creates the state.
@@ -28,9 +28,8 @@ import torch
 
 log = logging.getLogger("brisk")
 
-BLOCK = 4096  # elements a program
-NUM_WARPS = 8  # 16 elements a thread at 4,096: two 16-byte loads of bf16
-POW_MODE = 0  # bias corrections: 0 powf; 1 pow in fp64, 1 - p in fp64; 2 pow in fp64 rounded, 1 - p in fp32
+BLOCK = 8192  # elements a program: per-program work (the table, the bias corrections) over fewer programs
+NUM_WARPS = 16  # 16 elements a thread (two 16-byte loads of bf16)
 _KERNEL = None
 
 
@@ -79,7 +78,7 @@ def _kernel():
     @triton.jit
     def adamw_kernel(base, step_base, table, block_tensor, lr_ptr, scale_ptr, inf_ptr,
                      beta1, beta2, weight_decay, eps,
-                     HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr, HAS_WD: tl.constexpr, POW: tl.constexpr,
+                     HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr, HAS_WD: tl.constexpr,
                      BLOCK: tl.constexpr):
         pid = tl.program_id(0)
         t = tl.load(block_tensor + pid).to(tl.int64)
@@ -93,15 +92,9 @@ def _kernel():
         if skip != 1.0:
             lr = tl.load(lr_ptr)
             step = tl.load(step_base + tl.load(row + 4))
-            if POW == 0:
-                bias_correction1 = 1.0 - libdevice.pow(beta1, step)
-                bias_correction2 = 1.0 - libdevice.pow(beta2, step)
-            elif POW == 1:
-                bias_correction1 = (1.0 - libdevice.pow(beta1.to(tl.float64), step.to(tl.float64))).to(tl.float32)
-                bias_correction2 = (1.0 - libdevice.pow(beta2.to(tl.float64), step.to(tl.float64))).to(tl.float32)
-            else:
-                bias_correction1 = 1.0 - libdevice.pow(beta1.to(tl.float64), step.to(tl.float64)).to(tl.float32)
-                bias_correction2 = 1.0 - libdevice.pow(beta2.to(tl.float64), step.to(tl.float64)).to(tl.float32)
+            # at::native::pow_(float, float) is ::pow, the double pow, its result rounded to float (the bits say so)
+            bias_correction1 = 1.0 - libdevice.pow(beta1.to(tl.float64), step.to(tl.float64)).to(tl.float32)
+            bias_correction2 = 1.0 - libdevice.pow(beta2.to(tl.float64), step.to(tl.float64)).to(tl.float32)
             bias_correction2_sqrt = tl.sqrt_rn(bias_correction2)
             po = tl.max_contiguous(tl.multiple_of(tl.load(row + 0) + local, 8), BLOCK)
             go = tl.max_contiguous(tl.multiple_of(tl.load(row + 1) + local, 8), BLOCK)
@@ -231,7 +224,7 @@ class TritonAdamW(torch.optim.AdamW):
             grad_scale if grad_scale is not None else dummy, found_inf if found_inf is not None else dummy,
             beta1, beta2, group["weight_decay"], group["eps"],
             HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None, HAS_WD=group["weight_decay"] != 0,
-            POW=POW_MODE, BLOCK=BLOCK, num_warps=NUM_WARPS)
+            BLOCK=BLOCK, num_warps=NUM_WARPS)
         if found_inf is not None:  # a skipped step does not count, as in torch's fused path
             torch._foreach_sub_(steps, [found_inf] * len(steps))
 
