@@ -371,7 +371,6 @@ class SpeedConfig:
     liger: bool = False  # liger-kernel's fused RMSNorm and SwiGLU in the decoder on the same parameters (CUDA, liger-kernel; speech and chat)
     liger_loss: bool = False  # task chat: liger-kernel's fused linear cross-entropy, no full logits (CUDA; not with label_head)
     optimizer_in_backward: bool = False  # each decoder layer updated by fused AdamW as soon as its gradients are final, on a side stream under the rest of the backward (same optimizer state; needs fused_adamw, one rank; a non-finite layer skips itself and the layers below it)
-    triton_adamw: bool = False  # with cuda_graph: AdamW's update as brisk's Triton kernel for every tensor of 65,536 elements or more (torch's fused AdamW arithmetic bit for bit, 16-byte loads, the gradients not written back); the same optimizer state; the rest stay in torch's fused kernel
     clip_by_previous_norm: bool = False  # with optimizer_in_backward and optim.grad_clip > 0: clip by the last finite global norm of an earlier step (this step's is known only after the layers' updates); the first step of a run is not clipped (a checkpoint keeps the norm: a resume clips as the run would have)
 
     def __post_init__(self):

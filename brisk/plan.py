@@ -52,8 +52,6 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("cuda_graph", "step", True, "each bucket's whole step captured once as a CUDA graph, then replayed"),
     Switch("fresh_grads", "step", True, "the graphed backward writes new gradients (no zeroing, no adding)"),
     Switch("fused_adamw", "optimizer", True, "torch's fused AdamW; non-finite steps skipped on the device"),
-    Switch("triton_adamw", "optimizer", True, "AdamW's update as brisk's Triton kernel (torch's fused arithmetic, "
-           "16-byte loads, gradients not written back)"),
     Switch("tf32", "process", True, "TF32 matmuls and convolutions for fp32 work (process-wide, restored after)"),
     Switch("linear_attention_batched", "model", False, "a packed row's sequences as one padded batch in Gated DeltaNet "
            "layers"),
@@ -167,14 +165,6 @@ RULES: tuple[Rule, ...] = (
          "speed.optimizer_in_backward updates each layer before the step's gradient norm is known, so "
          "optim.grad_clip={cfg.optim.grad_clip} cannot clip by it: set optim.grad_clip=0, or "
          "speed.clip_by_previous_norm=true to clip by the previous step's norm"),
-    # Its ~200 launches a step are free only inside a graph, and its lr is the capturable optimizer's device tensor.
-    Rule("speed.triton_adamw, speed.cuda_graph", "config", lambda c, d, w: c.speed.triton_adamw and not c.speed.cuda_graph,
-         "speed.triton_adamw runs inside the graphed step (one launch a large tensor; lr on the device): set "
-         "speed.cuda_graph=true, or speed.triton_adamw=false"),
-    Rule("speed.triton_adamw, speed.optimizer_in_backward", "config",
-         lambda c, d, w: c.speed.triton_adamw and c.speed.optimizer_in_backward,
-         "speed.triton_adamw and speed.optimizer_in_backward: the layer-by-layer updates issue torch's fused kernel, "
-         "not brisk's; use one of them"),
     Rule("speed.clip_by_previous_norm, speed.optimizer_in_backward", "config",
          lambda c, d, w: c.speed.clip_by_previous_norm and not c.speed.optimizer_in_backward,
          "speed.clip_by_previous_norm belongs to speed.optimizer_in_backward (the plain step clips by its own norm); "

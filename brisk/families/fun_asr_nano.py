@@ -23,7 +23,8 @@ FAMILY = register(Family(
     task="speech",
     switches=frozenset({"frozen_eval", "encoder_dtype", "encoder_cache", "fuse_projections", "compile", "packing",
                         "label_head", "sdpa_backends", "cuda_graph", "fresh_grads", "fused_adamw", "tf32", "liger",
-                        "optimizer_in_backward", "triton_adamw", "flex_attention"}),
+                        "optimizer_in_backward",
+                        "flex_attention"}),
     # bench/results/2026-12-01-h200-round3b and round3c: 17.4 ms a step against the round-2 fast path's 20.3;
     # the probe meets the same 1,349 of 1,350 gates as that fast path.
     presets={"fast": {"packing": True, "cuda_graph": True, "frozen_eval": True, "encoder_dtype": "bf16",

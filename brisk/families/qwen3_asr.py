@@ -18,7 +18,7 @@ FAMILY = register(Family(
     summary="Qwen3-ASR (transformers' qwen3_asr) on its fine-tuning jsonl or FunASR jsonl",
     switches=frozenset({"frozen_eval", "encoder_dtype", "encoder_cache", "fuse_projections", "compile", "packing",
                         "label_head", "sdpa_backends", "fused_adamw", "tf32", "audio_varlen", "cuda_graph",
-                        "fresh_grads", "optimizer_in_backward", "triton_adamw"}),
+                        "fresh_grads", "optimizer_in_backward"}),
     presets={"fast": {"packing": True, "frozen_eval": True, "encoder_dtype": "bf16", "compile": True,
                       "fused_adamw": True, "label_head": True, "fuse_projections": True, "audio_varlen": True,
                       "cuda_graph": True, "fresh_grads": True,

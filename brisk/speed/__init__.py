@@ -99,9 +99,6 @@ def accelerate(model, plan: SpeedPlan) -> Accelerated:
                          "(process-wide, restored after)")
     if plan.fused_adamw:
         out.notes.append("fused_adamw: fused AdamW; non-finite steps skipped on the device (found_inf), no sync")
-    if s.triton_adamw:
-        out.notes.append("triton_adamw: AdamW's update as brisk's Triton kernel for tensors of 65,536 elements or more "
-                         "(torch's fused arithmetic, 16-byte loads, gradients not written back); the rest in torch's")
     if s.optimizer_in_backward:
         out.notes.append("optimizer_in_backward: each decoder layer's fused AdamW update issued on a side stream as "
                          "soon as its gradients are final" + (" (clipped by the previous step's norm)"
@@ -122,15 +119,6 @@ def accelerate(model, plan: SpeedPlan) -> Accelerated:
     if s.tf32:
         out.notes.append("tf32: TF32 matmuls/convolutions for fp32 work during training (process-wide, restored after)")
     return out
-
-
-def optimizer_class(s) -> type[torch.optim.AdamW]:
-    """The AdamW class for the speed section ``s``: torch's, or its subclass with brisk's Triton update."""
-    if s.triton_adamw:
-        from .triton_adamw import TritonAdamW
-
-        return TritonAdamW
-    return torch.optim.AdamW
 
 
 def _llm_kernels(model, plan: SpeedPlan) -> list[str]:

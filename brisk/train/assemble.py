@@ -25,7 +25,7 @@ from ..distributed.ranks import init_distributed, pick_device
 from ..models.speech_llm import human, param_count
 from ..families import family_of
 from ..plan import SpeedPlan, make_plan, preset_values
-from ..speed import Accelerated, accelerate, optimizer_class
+from ..speed import Accelerated, accelerate
 from ..speed.flags import run_scope
 from .optim import WarmupLR, build_optimizer, trainable_params, warmup_steps
 from .step import StepHooks, TrainStep
@@ -101,8 +101,7 @@ def assemble(cfg: Config, ranks: Ranks) -> Parts:
     for note in notes:
         log.info(note)
     # After FSDP sharding: the optimizer sees the shards.
-    optimizer = build_optimizer(model, cfg.optim, fused=plan.fused_adamw, capturable=plan.capturable,
-                                cls=optimizer_class(plan.speed))
+    optimizer = build_optimizer(model, cfg.optim, fused=plan.fused_adamw, capturable=plan.capturable)
     warmup, note = warmup_steps(cfg)
     if note:
         log.info(note)

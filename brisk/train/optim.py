@@ -17,10 +17,7 @@ def trainable_params(model: nn.Module) -> list[nn.Parameter]:
     return out
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, *, fused: bool = False, capturable: bool = False,
-                    cls: type[torch.optim.AdamW] = torch.optim.AdamW) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters; ``cls`` a subclass with another update kernel (speed.triton_adamw),
-    the same state."""
+def build_optimizer(model: nn.Module, cfg: OptimConfig, *, fused: bool = False, capturable: bool = False) -> torch.optim.AdamW:
     params = trainable_params(model)
     if not params:
         raise ValueError("nothing to train: every module is frozen (check model.*.freeze)")
@@ -29,7 +26,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, *, fused: bool = False, 
         kwargs["fused"] = True
     if capturable:  # CUDA-graph replay: lr and step live on the device
         kwargs.update(capturable=True, lr=torch.tensor(cfg.lr, device=params[0].device))
-    return cls(params, **kwargs)
+    return torch.optim.AdamW(params, **kwargs)
 
 
 def warmup_steps(cfg) -> tuple[int, str | None]:
