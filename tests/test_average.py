@@ -83,11 +83,13 @@ def test_average_best_over_keep_n_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_exports_the_average_of_its_best_checkpoints(tmp_path):
-    """A tiny run validating and saving every 4 steps: the export holds the average of the 2 best checkpoints."""
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_run_exports_the_average_of_its_best_checkpoints(tmp_path, workers):
+    """A tiny run validating and saving every 4 steps: the export holds the average of the 2 best checkpoints. With
+    a loader worker (the demo's data.num_workers) the validation of the average starts the workers again."""
     run = tmp_path / "run"
     run_train(run, **{"train.max_steps": 12, "train.val_every": 4, "train.save_every": 4, "train.keep_n": 2,
-                      "train.average_best": 2, "train.export": "funasr"})
+                      "train.average_best": 2, "train.export": "funasr", "data.num_workers": workers})
     ck = run / "checkpoints"
     record = json.loads((ck / "avg-best2.json").read_text())
     index = json.loads((ck / "index.json").read_text())

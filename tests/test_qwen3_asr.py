@@ -28,7 +28,7 @@ DEMO = REPO / "data" / "demo"
 # QwenLM/Qwen3-ASR, finetuning/qwen3_asr_sft.py (commit 7c6daf7): build_prefix_messages,
 # make_preprocess_fn_prefix_only and DataCollatorForQwen3ASRFinetuning, line for line, with transformers'
 # Qwen3ASRProcessor standing in for the qwen_asr package's (same chat template call, same left padding of the
-# text, same audio token count) and soundfile for librosa.load (16 kHz mono files: the same samples).
+# text, same audio token count for clips of 0.5 s or more: see test_short_clips_*) and soundfile for librosa.load (16 kHz mono files: the same samples).
 def load_audio(path: str, sr: int = 16000):
     wav, file_sr = sf.read(path, dtype="float32")
     assert file_sr == sr and wav.ndim == 1
@@ -171,6 +171,64 @@ def test_funasr_jsonl_becomes_the_recipes_prompt_with_the_chosen_language(tmp_pa
     ds, (s,) = samples_of(cfg, str(DEMO / "valid.jsonl"), 1)
     text = ds.tok.decode([t for t in s.tokens.labels if t != -100])
     assert text == f"language English<asr_text>{ds.utts[0].assistant[0]}<|im_end|>"
+
+
+def test_decoding_sees_the_training_prefix_for_funasr_lines(tmp_path):
+    """FunASR lines carry FunASR's own system message; Qwen3-ASR trains under the empty system turn that decoding
+    gives, so the decode prompt is the training row up to its first label."""
+    from brisk.eval.qwen3_asr_decode import Qwen3ASRRecognizer
+
+    cfg = config(tmp_path)
+    ds, (s,) = samples_of(cfg, str(DEMO / "valid.jsonl"), 1)
+    assert ds.utts[0].system[0]  # the jsonl has a system message: the test is not vacuous
+
+    class Model:  # what the recognizer reads of a model before decoding
+        hf_config = type("C", (), {"text_config": type("T", (), {"eos_token_id": ds.tok.eos_token_id})()})()
+
+    rec = Qwen3ASRRecognizer(Model(), ds.prompt.processor, language="English")
+    ids = rec.prompt_ids(s.tokens.audio_slots[0][1])
+    first_label = next(i for i, t in enumerate(s.tokens.labels) if t != -100)
+    # the language prefill is the first part of the target: the decode prompt runs past the unlabelled prefix
+    assert ids == s.tokens.input_ids[:len(ids)] and len(ids) > first_label
+
+
+def test_short_clips_are_padded_to_half_a_second_as_transformers_processor_pads_them(tmp_path):
+    """A clip under 0.5 s: transformers' Qwen3ASRFeatureExtractor zero-pads it to 8,000 samples (its min_length,
+    "matching the original Qwen3-ASR library") and its processor counts the padding's frames and audio tokens; brisk
+    gives the same 50 frames and 7 audio tokens for 0.3 s. The finetuning recipe's Whisper feature extractor does
+    not pad (30 frames, 4 tokens): brisk follows transformers' processor and Qwen3-ASR's inference, not the recipe,
+    here (docs/qwen3-asr.md)."""
+    import numpy as np
+
+    from brisk.data.qwen3_asr import audio_token_count, features
+
+    cfg = config(tmp_path)
+    ds, _ = samples_of(cfg, str(DEMO / "valid.jsonl"), 1)
+    processor = ds.prompt.processor
+    wave = np.random.default_rng(0).standard_normal(4800).astype(np.float32) * 0.1  # 0.3 s at 16 kHz
+    feats = features(processor.feature_extractor, torch.from_numpy(wave))
+    text = ds.prompt.prefix("")
+    theirs = processor(text=[text], audio=[wave], return_tensors="pt", padding=True)
+    audio_id = processor.tokenizer.convert_tokens_to_ids(processor.tokenizer.audio_token)
+    assert feats.shape[0] == int(theirs["input_features_mask"].sum()) == 50
+    assert audio_token_count(feats.shape[0]) == int((theirs["input_ids"] == audio_id).sum()) == 7
+
+
+def test_samples_count_audio_tokens_with_the_towers_own_window(tmp_path):
+    """With audio_config.n_window 52 (chunks of 104 frames) a 101-frame clip is one chunk for the tower but more
+    than one at the default 50: the samples count what the model's tower gives."""
+    from brisk.models.build import build_model
+
+    cfg = config(tmp_path, "model.llm.config.audio_config.n_window=52")
+    model = build_model(cfg.model).eval()
+    ds, _ = samples_of(cfg, str(DEMO / "valid.jsonl"), 1)
+    for frames in (101, 103, 230):
+        feats = torch.randn(frames, 128)
+        with torch.no_grad():
+            rows = model.encode_audio(feats[None], torch.tensor([frames]))
+        from brisk.data.qwen3_asr import audio_token_count
+
+        assert audio_token_count(frames, ds.n_window) == rows.shape[0]
 
 
 def test_features_are_the_processors_for_one_utterance(tmp_path):

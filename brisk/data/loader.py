@@ -78,10 +78,13 @@ class Split:
     def close(self) -> None:
         """Stop the persistent workers now. Left to interpreter exit, joining them can hold the process for
         many seconds after its last line (DataLoader's _clean_up_worker), or hang it."""
-        it = getattr(self.loader, "_iterator", None)
+        loader = getattr(self.loader, "loader", self.loader)  # the DataLoader inside NotedLoader
+        it = getattr(loader, "_iterator", None)
         if it is not None and hasattr(it, "_shutdown_workers"):
             it._shutdown_workers()
-        self.loader._iterator = None
+        # On the DataLoader itself: its next iter() then starts new workers. Set on the wrapper, the DataLoader kept
+        # the shut-down iterator and reused it ("Queue ... is closed" when averaging validated after the run).
+        loader._iterator = None
 
 
 def build_split(cfg: Config, which: str, collator: Collator, vocab_size: int, rank: int = 0, world: int = 1,

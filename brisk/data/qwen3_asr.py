@@ -16,7 +16,8 @@ wrong (tests/test_qwen3_asr.py shows both):
 
 FunASR jsonl lines (a ``<|startofspeech|>!path<|endofspeech|>`` user turn, the transcript as the assistant turn)
 become ``language <data.language><asr_text><transcript>`` targets (``language None`` without data.language), the
-recipe's advice for data without a language.
+recipe's advice for data without a language, under an empty system turn: the prefix decoding uses
+(``Qwen3ASRPrompt.system``).
 
 Features: the processor's feature extractor on each utterance alone (128-bin log-mel, no dither), its valid
 frames only; the model pads them to whole windows of 2 * n_window frames.
@@ -90,7 +91,7 @@ def read_recipe_jsonl(path: str | Path, skip_bad: bool) -> tuple[list[Utterance]
                 text = obj["text"]
                 utts.append(Utterance(str(obj.get("key", where)), where, [obj.get("prompt") or ""],
                                       [f"<|startofspeech|>!{audio}<|endofspeech|>"], [transcript(text)], [None],
-                                      frames, len(text), {"target": text}))
+                                      frames, len(text), {"target": text, "system": obj.get("prompt") or ""}))
             except (DataError, ValueError, RuntimeError) as e:
                 message = str(e) if isinstance(e, DataError) else f"{where}: {e}"
                 if not skip_bad:
@@ -136,8 +137,15 @@ class Qwen3ASRPrompt:
     def expand(self, text: str, n_audio: int) -> str:
         return text.replace(self.audio_token, self.audio_token * n_audio, 1)
 
+    @staticmethod
+    def system(utt: Utterance) -> str:
+        """The system turn: the recipe line's ``prompt`` (Qwen3-ASR's context text), else empty, as Qwen3-ASR's own
+        inference and brisk's decoding give it. A FunASR line's system message is FunASR's instruction to its own
+        model ("You are a helpful assistant."), not context: trained on, it would be a prompt decoding never shows."""
+        return utt.context.get("system", "")
+
     def build(self, utt: Utterance, n_audio: int) -> Tokens:
-        pre = self.expand(self.prefix(utt.system[0]), n_audio)
+        pre = self.expand(self.prefix(self.system(utt)), n_audio)
         full = pre + target_text(utt, self.language) + (self.tok.eos_token or "")
         ids = list(self.tok(full)["input_ids"])
         n_pre = len(self.tok(pre)["input_ids"])  # the recipe's prefix length: the prefix tokenized alone
@@ -162,6 +170,17 @@ def audio_token_count(frames: int, n_window: int = 50) -> int:
     return full * rows_after_convs(2 * n_window) + rows_after_convs(rest)
 
 
+def tower_window(cfg) -> int:
+    """The audio tower's n_window (its chunks are 2 * n_window mel frames): model.llm.config's audio_config, else the
+    folder's config.json (model.llm.path), else transformers' default of 50. The audio token count of a clip
+    depends on it, so the samples count with the model's own value."""
+    audio = dict(cfg.model.llm.config.get("audio_config") or {})
+    folder = Path(cfg.model.llm.path) / "config.json" if cfg.model.llm.path else None
+    if "n_window" not in audio and folder is not None and folder.is_file():
+        audio = dict(json.loads(folder.read_text(encoding="utf-8")).get("audio_config") or {})
+    return int(audio.get("n_window", 50))
+
+
 def features(feature_extractor, wave: torch.Tensor) -> torch.Tensor:
     """The processor's log-mel features of one utterance, its valid frames: [F, 128]."""
     out = feature_extractor(wave.numpy(), sampling_rate=feature_extractor.sampling_rate, padding=True,
@@ -172,8 +191,8 @@ def features(feature_extractor, wave: torch.Tensor) -> torch.Tensor:
 
 class Qwen3ASRDataset(torch.utils.data.Dataset):
     def __init__(self, utterances: list[Utterance], processor, language: str | None, skip_bad: bool,
-                 max_speech_length: int):
-        self.utts = utterances
+                 max_speech_length: int, n_window: int = 50):
+        self.utts, self.n_window = utterances, n_window
         self.fe = processor.feature_extractor
         self.prompt = Qwen3ASRPrompt(processor, language)
         self.tok = self.prompt.tok  # what train.val_decode encodes references with
@@ -194,7 +213,7 @@ class Qwen3ASRDataset(torch.utils.data.Dataset):
             feats = features(self.fe, read_audio(path, self.fe.sampling_rate, notes))
             if feats.shape[0] > self.max_frames:
                 raise DataError(f"audio file {path} gives {feats.shape[0]} mel frames, over data.max_speech_length")
-            tokens = self.prompt.build(utt, audio_token_count(feats.shape[0]))
+            tokens = self.prompt.build(utt, audio_token_count(feats.shape[0], self.n_window))
             return Sample(utt.key, [feats], tokens, notes=notes)
         except (AudioError, DataError) as e:
             message = f"{utt.source}: {e}" if not str(e).startswith(utt.source) else str(e)
@@ -212,7 +231,7 @@ def qwen3_asr_dataset(cfg, which: str, path: str | None, vocab_size: int, tokeni
         return None
     utts, skipped = read_lines(path, cfg)
     dataset = Qwen3ASRDataset(utts, load_processor(cfg), cfg.data.language, cfg.data.skip_bad,
-                              math.ceil(cfg.data.max_speech_length))
+                              math.ceil(cfg.data.max_speech_length), tower_window(cfg))
     return dataset, skipped, {"bad_lines": len(skipped)}
 
 
@@ -224,7 +243,7 @@ def graph_examples(cfg, collator, vocab: int, max_tokens: int) -> list:
     single row) and random tokens, labelled after a short prompt."""
     audio = cfg.model.llm.config.get("audio_config") or {}
     frames, prefix = 16, 8
-    n_audio = audio_token_count(frames, audio.get("n_window", 50))
+    n_audio = audio_token_count(frames, tower_window(cfg))
     g = torch.Generator().manual_seed(0)
     out = []
     for t in cfg.speed.pack_buckets:

@@ -50,6 +50,11 @@ class Qwen3ASRRecognizer(Recognizer):
         wave = read_audio(path, self.fs)
         return features(self.fe, wave), wave.numel() / self.fs
 
+    def prompt_ids(self, n_audio: int) -> list[int]:
+        """The prompt of an utterance with ``n_audio`` audio rows: the training prefix under an empty system turn
+        (``Qwen3ASRPrompt.system``), then the forced language, if any."""
+        return self.tok(self.prompter.expand(self.prompter.prefix(""), n_audio) + self.prefill)["input_ids"]
+
     def prompt_embeds(self, feats: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-mel features of each utterance -> the prompts' embeddings [B, T, D] with the audio rows spliced in,
         left padded with zeros, and their mask [B, T] (long)."""
@@ -59,10 +64,9 @@ class Qwen3ASRRecognizer(Recognizer):
         rows = model.encode_audio(speech, lengths)  # [A, D], utterance after utterance
         embed = model.llm.get_input_embeddings()
         out, at = [], 0
-        prefix = self.prompter.prefix("")
         for f in feats:
             n = audio_token_count(f.shape[0], model.n_window)
-            ids = self.tok(self.prompter.expand(prefix, n) + self.prefill)["input_ids"]
+            ids = self.prompt_ids(n)
             start = ids.index(self.prompter.audio_id)
             e = embed(torch.tensor(ids, device=self.device))  # [T_i, D]
             out.append(torch.cat([e[:start], rows[at:at + n].to(e.dtype), e[start + n:]]))

@@ -20,6 +20,7 @@ from ..formats.hf import is_hf_folder
 from ..safe_load import load_torch_file
 from .causal_lm import ChatLM
 from .hf_native import from_hf, load_hf_weights
+from .kernel_router import without_kernel_router
 from .speech_llm import DTYPES, SpeechLLM
 
 log = logging.getLogger("brisk")
@@ -27,10 +28,13 @@ log = logging.getLogger("brisk")
 
 def build_llm(cfg: ModelConfig, dtype: torch.dtype | None = None) -> nn.Module:
     """A transformers causal LM from a local folder (config.json) or an inline config, random weights (made in
-    ``dtype`` when given, else in torch's default dtype)."""
+    ``dtype`` when given, else in torch's default dtype), without transformers' hub-kernel router
+    (brisk.models.kernel_router)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_config(llm_hf_config(cfg.llm), **({"dtype": dtype} if dtype else {}))
+    llm = AutoModelForCausalLM.from_config(llm_hf_config(cfg.llm), **({"dtype": dtype} if dtype else {}))
+    without_kernel_router(llm)
+    return llm
 
 
 def llm_hf_config(llm):

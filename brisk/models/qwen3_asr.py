@@ -269,17 +269,21 @@ def build_qwen3_asr(cfg: ModelConfig, device: torch.device | str | None = None) 
     from transformers import Qwen3ASRForConditionalGeneration
 
     from .build import _after_loading, _with_adapters, load_weights
+    from .kernel_router import without_kernel_router
 
     config = hf_config(cfg)
     torch.manual_seed(cfg.seed)
     folder = Path(cfg.llm.path) if cfg.llm.path else None
     if folder is not None and cfg.llm.load_weights and any(folder.glob("*.safetensors")):
+        # no device_map: transformers needs accelerate for it; the fp32 copy is moved once instead
         hf = Qwen3ASRForConditionalGeneration.from_pretrained(folder, config=config, local_files_only=True,
-                                                              dtype=torch.float32, device_map=device)
+                                                              dtype=torch.float32)
+        hf = hf.to(device) if device is not None else hf
         log.info("loaded Qwen3-ASR weights from %s", folder)
     else:
         with torch.device(device or "cpu"):
             hf = Qwen3ASRForConditionalGeneration(config)
+    without_kernel_router(hf)
     model = _with_adapters(Qwen3ASR(cfg, hf), cfg)
     if cfg.init:
         load_weights(model, Path(cfg.init))
