@@ -205,3 +205,24 @@ def test_frozen_gc_leaves_a_callers_own_freeze_as_it_was(monkeypatch):
     with pytest.raises(KeyError), frozen_gc(True):
         raise KeyError("x")
     assert calls == ["freeze", "unfreeze"]
+
+
+def test_evals_of_two_sets_of_one_name_and_of_an_export_keep_their_files(tiny_run, tmp_path, capsys):
+    """Without --out: a/valid.jsonl and b/valid.jsonl each keep their own file in the run's eval/; a second eval of
+    a set resumes into its own; the export's eval lives in the run's eval/ (`brisk export` rewrites the export)."""
+    run, valid, _ = tiny_run
+    sets = []
+    for name, n in (("a", 2), ("b", 3)):
+        (tmp_path / name).mkdir()
+        lines = valid.read_text(encoding="utf-8").splitlines()[:n]
+        sets.append(tmp_path / name / "valid.jsonl")
+        sets[-1].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for s in sets + sets[:1]:
+        assert main(["eval", str(run), str(s), "--batch-size", "4", "--max-new-tokens", "4"]) == 0
+        assert capsys.readouterr().out.count("weights: ") == 1  # said once, before the decode
+    first, second = run / "eval" / "valid.jsonl", run / "eval" / "valid-2.jsonl"
+    assert len(first.read_text().splitlines()) == 2 and len(second.read_text().splitlines()) == 3
+    assert not (run / "eval" / "valid-3.jsonl").exists()
+    assert main(["eval", str(run / "model-funasr"), str(sets[0]), "--batch-size", "4", "--max-new-tokens", "4"]) == 0
+    assert (run / "eval" / "model-funasr" / "valid.jsonl").is_file() and not (run / "model-funasr" / "eval").exists()
+    capsys.readouterr()

@@ -77,6 +77,17 @@ def not_a_jsonl(path: Path) -> str:
     return f"data file {path} does not exist"
 
 
+CHAT_ONLY = (".parquet", ".arrow")  # data formats read for chat data alone
+
+
+def not_speech_format(path: Path) -> str | None:
+    """Why ``path`` is not a speech jsonl by its name alone (a parquet or arrow file), or None."""
+    if path.suffix.lower() in CHAT_ONLY:
+        return (f"{path} is a {path.suffix[1:]} file: speech data is a FunASR jsonl (one JSON object a line naming "
+                "its audio file); parquet and datasets folders are read for chat data (model.family=causal_lm)")
+    return None
+
+
 def no_speech_length(value: int) -> str:
     """What is wrong with a line's speech_length that is not above 0 (a missing one reads as 0)."""
     if value == 0:

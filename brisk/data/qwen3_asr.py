@@ -35,7 +35,7 @@ import torch
 from ..errors import ConfigError, DataError
 from .audio import AudioError, read_audio
 from .dataset import Sample
-from .jsonl import Utterance, decode_line, read_jsonl
+from .jsonl import Utterance, decode_line, not_speech_format, read_jsonl
 from .prompt import Tokens
 
 ASR_TEXT = "<asr_text>"
@@ -104,6 +104,8 @@ def read_recipe_jsonl(path: str | Path, skip_bad: bool) -> tuple[list[Utterance]
 
 def read_lines(path: str, cfg) -> tuple[list[Utterance], list[str]]:
     """Either jsonl: the recipe's ({"audio", "text"}) or FunASR's ({"messages": ...}), told by the first line."""
+    if not_speech_format(Path(path)):
+        raise DataError(not_speech_format(Path(path)))
     with open(path, "rb") as f:
         first = next((line for line in f if line.strip()), b"{}")
     try:

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import DataError
 from .chat_sources import Unit
 from .check import SHORT_FRAMES, SHOW, audio_problem, suspect_reason
-from .jsonl import decode_line, no_speech_length, not_a_jsonl, parse_line
+from .jsonl import decode_line, no_speech_length, not_a_jsonl, not_speech_format, parse_line
 from .token_cache import Entry, file_identity, parallel_map, workers_for
 
 log = logging.getLogger("brisk")
@@ -213,6 +213,8 @@ def build_speech_index(path: str, *, max_speech_length: int, max_text_length: in
     p = Path(path).expanduser()
     if not p.is_file():
         raise DataError(f"{what}: {not_a_jsonl(p)}")
+    if not_speech_format(p):
+        raise DataError(f"{what}: {not_speech_format(p)}")
     entry = Entry(cache_dir, "speech", str(p.resolve()), {
         "files": file_identity([p]), "max_speech_length": max_speech_length, "max_text_length": max_text_length,
         "skip_bad": skip_bad, "check_audio": check_audio})

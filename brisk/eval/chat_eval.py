@@ -89,7 +89,7 @@ def chat_eval_main(args, cfg: Config, model, tokenizer, weights, device) -> int:
         for row in answers:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     out.with_suffix(".summary.json").write_text(json.dumps(s, indent=1) + "\n", encoding="utf-8")
-    print(f"model: {args.model}; weights: {weights}; data: {args.data}")
+    print(f"model: {args.model}; weights: {weights or args.model}; data: {args.data}")
     print("| conversations | assistant tokens | loss | perplexity | accuracy | exact match |")
     print("|---|---|---|---|---|---|")
     print(f"| {s['conversations']} | {s['label_tokens']} | {s['loss']:.4f} | {s['perplexity']:.3f} | {s['accuracy']:.3f} | "

@@ -187,13 +187,17 @@ def eval_main(args) -> int:
                         "against references: give a FunASR jsonl, or use brisk transcribe for bare audio")
     run = Path(args.model)
     which = describe_weights(run, w, cfg.train.keep_metric) if folder_kind(run) == "run" else f"weights: {w or run}"
-    print(which, flush=True)
-    out = Path(args.out) if args.out else (Path(args.model) / "eval" / f"{Path(args.data).stem}.jsonl")
+    print(which, flush=True)  # before the decode, once
+    out = Path(args.out) if args.out else default_out(Path(args.model), Path(args.data))
+    if not out.with_suffix(".summary.json").exists():  # names the set from the start: a stopped eval resumes into it
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".summary.json").write_text(json.dumps({"data": str(Path(args.data).resolve())}) + "\n",
+                                                    encoding="utf-8")
     rec = recognizer(cfg, model, tok, device, **decoder_options(args))
     with frozen_gc(rec.fast):
         rows, s = evaluate(rec, items, out, args.batch_size, resume=args.resume, max_utts=args.max_utts,
                            progress=show_progress(args), threads=args.host_threads)
-    print(f"model: {args.model}; {which}; data: {args.data}")
+    print(f"model: {args.model}; data: {args.data}")
     print(summary_table(s))
     if len(rows) < len(items):
         print(f"{len(rows)} of {len(items)} utterances decoded so far (--max-utts); the table covers those; "
@@ -205,8 +209,37 @@ def eval_main(args) -> int:
           f"({s['seconds']:.1f} s for {s['audio_seconds']:.1f} s of audio, {s['decoded_now']} utterances decoded now, "
           f"batch {s['batch_size']}, greedy, {s['decoder']})")
     print(f"per utterance: {out}")
+    s["data"] = str(Path(args.data).resolve())  # which set this file scores: default_out keeps sets apart by it
     (out.with_suffix(".summary.json")).write_text(json.dumps(s, indent=1) + "\n", encoding="utf-8")
     return 0
+
+
+def default_out(model: Path, data: Path) -> Path:
+    """Where `brisk eval` writes without --out: ``eval/<stem>.jsonl`` of the run, or for an export inside a run
+    folder (which `brisk export` rewrites whole) the run's ``eval/<export folder>/``. A file of that name that
+    scores another data set is kept: this one takes the next free ``<stem>-2.jsonl``, ``-3``, ... (the summary
+    beside each names its set, so --resume finds its own)."""
+    from ..formats.run_folder import folder_kind
+
+    base = model / "eval"
+    if folder_kind(model) != "run" and model.parent.is_dir() and (model.parent / "config.yaml").is_file():
+        try:
+            if folder_kind(model.parent) == "run":
+                base = model.parent / "eval" / model.name
+        except Exception:  # a parent that is no folder of ours: keep eval/ beside the weights
+            pass
+    want = str(data.resolve())
+    for n in range(1, 1000):
+        out = base / (f"{data.stem}.jsonl" if n == 1 else f"{data.stem}-{n}.jsonl")
+        summary = out.with_suffix(".summary.json")
+        if not out.exists() and not summary.exists():
+            return out
+        try:
+            if json.loads(summary.read_text(encoding="utf-8")).get("data") == want:
+                return out
+        except (OSError, ValueError):
+            continue
+    raise ConfigError(f"{base}: 999 evaluations of sets named {data.stem}; give --out")
 
 
 def audio_note(paths: list[str], fs: int) -> str | None:

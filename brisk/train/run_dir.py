@@ -27,7 +27,7 @@ log = logging.getLogger("brisk")
 RUN_FILES = ("config.yaml", "accel.json", "steps.jsonl", "slow_steps.jsonl", "history.jsonl", "metrics.jsonl",
              "train.log", "report.md", "report.png", "model.pt", "model.safetensors")
 RUN_DIRS = ("checkpoints", "tb")
-LOCK = ".brisk.lock"  # held (flock) by the process training in the folder; never deleted (a rename would race)
+LOCK = ".brisk.lock"  # held (flock) by the process training in the folder; left in place once a run has started
 
 
 def demo_dir(root: Path | None = None) -> Path:
@@ -109,6 +109,7 @@ def run_lock(output_dir: str | Path, rank: int = 0):
         yield
         return
     run_dir = Path(output_dir)
+    before = set(os.listdir(run_dir)) if run_dir.is_dir() else None  # None: this process makes the folder
     make_output_dir(run_dir)
     f = open(run_dir / LOCK, "a+", encoding="utf-8")
     try:
@@ -126,7 +127,32 @@ def run_lock(output_dir: str | Path, rank: int = 0):
     f.flush()
     try:
         yield
-    finally:
-        f.truncate(0)
-        fcntl.flock(f, fcntl.LOCK_UN)
-        f.close()
+    except BaseException:
+        _release(f)
+        if not started(run_dir):
+            _remove_failed_start(run_dir, before)
+        raise
+    _release(f)
+
+
+def _release(f) -> None:
+    f.truncate(0)
+    fcntl.flock(f, fcntl.LOCK_UN)
+    f.close()
+
+
+def started(folder: Path) -> bool:
+    """Whether a run in ``folder`` took a step (its step log has a line) or wrote a checkpoint."""
+    steps = folder / "steps.jsonl"
+    return reached_checkpoint(folder) or (steps.is_file() and steps.stat().st_size > 0)
+
+
+def _remove_failed_start(run_dir: Path, before: set[str] | None) -> None:
+    """A start that failed before its first step leaves nothing: the folder it made, or in a folder that was there
+    already the files it wrote (a config mistake, a refused combination, a Ctrl-C while loading)."""
+    if before is None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    for name in set(os.listdir(run_dir)) - before:
+        p = run_dir / name
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
