@@ -217,8 +217,30 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def option_hint(argv: list[str], unknown: list[str]) -> str | None:
+    """For `brisk train --device cuda` and the like: settings are key=value, not options. The config keys that end
+    in the option's name, as one line, or None when the option names none."""
+    from .config import leaf_keys
+
+    for i, arg in enumerate(argv):
+        if arg in unknown and arg.startswith("--") and len(arg) > 2:
+            name, eq, value = arg[2:].partition("=")
+            if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                value = argv[i + 1]
+            keys = [k for k in leaf_keys() if k.rsplit(".", 1)[-1] == name.replace("-", "_")]
+            if keys:
+                return (f"{arg} is not an option: config settings are key=value after the config, e.g. "
+                        f"{keys[0]}={value or '...'}" + (f" (keys of that name: {', '.join(keys)})" if len(keys) > 1 else ""))
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        hint = option_hint(argv, unknown) if args.cmd in ("train", "bench", "profile") else None
+        parser.error(hint or f"unrecognized arguments: {' '.join(unknown)}")
     from .config import ConfigError
     from .data.audio import AudioError
     from .data.jsonl import DataError

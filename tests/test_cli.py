@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from brisk.cli import main
@@ -31,6 +32,12 @@ def test_demo_trains_and_validation_loss_falls(tmp_path, capsys):
     sd = torch.load(tmp_path / "model-funasr" / "model.pt", weights_only=False)["state_dict"]
     assert {k.split(".")[0] for k in sd} == {"audio_encoder", "llm", "audio_adaptor"}
     assert list((tmp_path / "tb").iterdir())
+
+
+def test_an_option_that_is_a_config_key_gets_the_key_value_form(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--device", "cuda"])
+    assert "train.device=cuda" in capsys.readouterr().err
 
 
 def test_train_errors_name_the_key(capsys):

@@ -76,6 +76,10 @@ def checked_message(msg, where: str, name: str) -> dict:
         raise DataError(f"{where}: {name} has role {msg['role']!r}; use one of {', '.join(ROLES)}")
     if not isinstance(msg["content"], str):
         raise DataError(f"{where}: {name}.content must be a string")
+    if "<|startofspeech|>" in msg["content"]:  # a speech line would train the text model on an audio path's text
+        raise DataError(f"{where}: {name} holds a <|startofspeech|> audio reference: this is speech data (FunASR "
+                        "jsonl), and a chat model (model.family=causal_lm) reads text; train it with "
+                        "model.family=fun_asr_nano or qwen3_asr")
     return {"role": msg["role"], "content": msg["content"]}
 
 
