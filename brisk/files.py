@@ -164,6 +164,7 @@ def _atomic_file(path: Path, sync: bool, mode: str = "wb"):
     """A file object on a temp name in ``path``'s folder, renamed to ``path`` when the block ends (removed if it
     raises). ``sync``: fsync the file before the rename and the folder after; else hand ``path`` to SYNCER."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0o600 is for a temporary; the file renamed to path is not
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f

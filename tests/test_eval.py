@@ -143,7 +143,7 @@ def test_eval_stopped_by_max_utts_and_resumed_equals_one_run(tiny_run, tmp_path,
     assert s2["decoded_now"] == 2 and s1["cer"] == s2["cer"] and s2["utterances"] == N_VAL
 
 
-def test_transcribe_a_folder_streams_a_jsonl(tiny_run, tmp_path):
+def test_transcribe_a_folder_streams_a_jsonl(tiny_run, tmp_path, capsys):
     run, _, _ = tiny_run
     folder = tmp_path / "audio"
     folder.mkdir()
@@ -152,6 +152,7 @@ def test_transcribe_a_folder_streams_a_jsonl(tiny_run, tmp_path):
         (folder / w.name).write_bytes(w.read_bytes())
     out = tmp_path / "t.jsonl"
     assert main(["transcribe", str(run), str(folder), "--out", str(out), "--max-new-tokens", "12", "--no-progress"]) == 0
+    assert f"wrote 3 transcript(s) to {out}" in capsys.readouterr().err
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     cfg, model, tok, _ = load_run(run)
     from brisk.eval.evaluate import recognizer

@@ -91,3 +91,19 @@ def test_a_file_removed_before_its_fsync_is_no_error(tmp_path):
     files.SYNCER._queue.put([p])
     assert files.SYNCER.wait(timeout=30)
     assert files.SYNCER.errors == before
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_atomic_writes_get_the_modes_of_a_plain_write(tmp_path, sync):
+    """Checkpoints, eval jsonl and transcribe --out go through a temp file (mkstemp: 0o600); the file left behind has
+    the mode a plain open() would give under the process's umask (0o644 under 022)."""
+    import os
+
+    from brisk.files import atomic_save, current_umask, write_json_atomic
+
+    atomic_save({"x": torch.zeros(2)}, tmp_path / "a.pt", sync=sync)
+    write_json_atomic({"a": 1}, tmp_path / "b.json", sync=sync)
+    plain = tmp_path / "c.txt"
+    plain.write_text("x")
+    want = 0o666 & ~current_umask()
+    assert {os.stat(tmp_path / n).st_mode & 0o777 for n in ("a.pt", "b.json", "c.txt")} == {want}

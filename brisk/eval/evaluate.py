@@ -321,6 +321,8 @@ def transcribe_main(args) -> int:
     if out is None or args.print:
         for row in rows:
             print(f"{row['audio']}\t{row['text']}")
+    if out is not None:  # on stderr: stdout holds only the transcripts
+        print(f"wrote {len(rows)} transcript(s) to {out}", file=sys.stderr)
     return 0
 
 
