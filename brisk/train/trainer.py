@@ -119,7 +119,7 @@ class Trainer:
         self.parts.accel.train_mode()
         log.info("training from step %d (epoch %d)", self.pos.step, self.pos.epoch)  # the first step's start, in train.log
         with run_scope(self.cfg.speed):
-            if c.val_decode and self.pos.step == 0:  # the "before" of the CER curve
+            if self.pos.step == 0:  # the "before" of the validation curves (nothing without a validation set)
                 self.validate()
             while self.pos.epoch < c.max_epochs and not self.done():
                 self.monitor.epoch = (self.pos.epoch + 1, self.total_epochs())
