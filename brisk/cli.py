@@ -124,6 +124,11 @@ def cmd_report(args) -> int:
 
 
 def cmd_doctor(args) -> int:
+    if args.constraints:
+        from .versions import CONSTRAINTS
+
+        print(CONSTRAINTS)
+        return 0
     if args.kernels:
         from .diagnose.kernel_doctor import kernel_doctor
 
@@ -277,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="check this machine for known traps")
     d.add_argument("--kernels", metavar="CONFIG", help="run each kernel CONFIG's speed plan would use here, at its "
                    "shapes: checked against its reference, timed against the path it replaces")
+    d.add_argument("--constraints", action="store_true", help="print the path of the pip constraints file of the "
+                   "last releases brisk was tested on (pip install -c PATH)")
     d.add_argument("overrides", nargs="*", help="key=value overrides of CONFIG")
     d.set_defaults(fn=cmd_doctor)
 

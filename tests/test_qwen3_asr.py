@@ -463,3 +463,15 @@ def test_encoder_bf16_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="--encoder-bf16: Qwen3-ASR's audio tower") as e:
         Qwen3ASRRecognizer(None, None, encoder_dtype=torch.bfloat16)
     assert "\n" not in str(e.value)
+
+
+def test_an_hf_export_trains_again_from_the_shipped_config(tmp_path):
+    """The demo config names its sizes in model.llm.config (audio_config and text_config as dicts); set on top of
+    the export's own config they stay sub-configs, and no device_map (accelerate) is needed to load it."""
+    from brisk.cli import main
+
+    common = ["train.max_steps=1", "data.valid=null", f"data.train={DEMO / 'valid.jsonl'}", "train.val_decode=0",
+              "train.progress=false", "train.tensorboard=false", "diagnose.report=false"]
+    assert main(["train", str(CONFIG), *common, "train.export=hf", f"train.output_dir={tmp_path / 'a'}"]) == 0
+    assert main(["train", str(CONFIG), *common, "train.export=none", f"model.llm.path={tmp_path / 'a' / 'model-hf'}",
+                 f"train.output_dir={tmp_path / 'b'}"]) == 0

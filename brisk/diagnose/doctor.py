@@ -25,6 +25,11 @@ def doctor() -> str:
         lines.append(f"- transformers {transformers.__version__}")
     except ImportError:
         lines.append("- transformers is NOT installed")
+    from ..versions import outside_tested
+
+    versions = outside_tested()
+    lines += [f"- {v}" for v in versions] or ["- every installed package brisk uses is within its tested range "
+                                              "(floors in brisk's metadata, last tested in brisk/constraints.txt)"]
     order = sdpa_order()
     lines.append(f"- SDPA priority order: {' > '.join(order) or 'unknown'}; enabled: flash={torch.backends.cuda.flash_sdp_enabled()}, "
                  f"efficient={torch.backends.cuda.mem_efficient_sdp_enabled()}, math={torch.backends.cuda.math_sdp_enabled()}, "

@@ -13,6 +13,21 @@ def encoder_blocks(model, compile: bool = False) -> list:
     return [model.audio_tower.layers]
 
 
+def _transformers_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("transformers")
+    except PackageNotFoundError:
+        return "none"
+
+
+def _has_qwen3_asr() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformers.models.qwen3_asr") is not None
+
+
 FAMILY = register(Family(
     name="qwen3_asr",
     summary="Qwen3-ASR (transformers' qwen3_asr) on its fine-tuning jsonl or FunASR jsonl",
@@ -37,6 +52,9 @@ FAMILY = register(Family(
     audio_static_inputs=lambda speed: speed.audio_varlen,
     graph_examples=Ref("brisk.data.qwen3_asr:graph_examples"),
     rules=(
+        FamilyRule("model.family", lambda c: not _has_qwen3_asr(),
+                   "model.family=qwen3_asr needs transformers >= 5.24 (its Qwen3ASRForConditionalGeneration); "
+                   "installed: transformers " + _transformers_version() + "; pip install -U transformers"),
         FamilyRule("model.family, model.path", lambda c: c.model.path,
                    "model.path is a FunASR model folder; with model.family=qwen3_asr give the transformers Qwen3-ASR "
                    "folder as model.llm.path (or model.llm.config for a random one)"),

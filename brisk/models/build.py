@@ -44,13 +44,23 @@ def llm_hf_config(llm):
 
     if llm.path:
         hf_cfg = AutoConfig.from_pretrained(llm.path, local_files_only=True)
-        for k, v in llm.config.items():
-            setattr(hf_cfg, k, v)
+        _set_on(hf_cfg, llm.config)
         return hf_cfg
     if "model_type" not in llm.config:
         raise ConfigError("model.llm: give model.llm.path (a local folder) or model.llm.config with a model_type")
     extra = dict(llm.config)
     return AutoConfig.for_model(extra.pop("model_type"), **extra)
+
+
+def _set_on(hf_cfg, keys: dict) -> None:
+    """model.llm.config's keys on a folder's config: a dict for a sub-config (Qwen3-ASR's audio_config and
+    text_config) sets its keys on that sub-config, which stays a config object (transformers reads its attributes)."""
+    for k, v in keys.items():
+        sub = getattr(hf_cfg, k, None)
+        if isinstance(v, dict) and hasattr(sub, "to_dict"):
+            _set_on(sub, {kk: vv for kk, vv in v.items() if kk != "model_type"})
+        else:
+            setattr(hf_cfg, k, v)
 
 
 def build_model(cfg: ModelConfig, device: torch.device | str | None = None, task: str | None = None) -> nn.Module:
