@@ -192,7 +192,7 @@ def _runs(b, configs, streams, results, extra, write) -> float | None:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             # Each run compiles afresh, as its own `brisk train` process would: on the H200 the later compiled arms
-            # of a process ran without their compiled code (bench/LOG.md, round 3). Unverified as the fix.
+            # of a process ran without their compiled code. Unverified as the fix.
             torch._dynamo.reset()
     return flops
 

@@ -53,7 +53,7 @@ FAMILY = register(Family(
     graph_examples=Ref("brisk.data.qwen3_asr:graph_examples"),
     rules=(
         FamilyRule("model.family", lambda c: not _has_qwen3_asr(),
-                   "model.family=qwen3_asr needs transformers >= 5.24 (its Qwen3ASRForConditionalGeneration); "
+                   "model.family=qwen3_asr needs a transformers with Qwen3-ASR (transformers.models.qwen3_asr); "
                    "installed: transformers " + _transformers_version() + "; pip install -U transformers"),
         FamilyRule("model.family, model.path", lambda c: c.model.path,
                    "model.path is a FunASR model folder; with model.family=qwen3_asr give the transformers Qwen3-ASR "
