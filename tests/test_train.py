@@ -83,6 +83,29 @@ def test_non_finite_step_is_skipped(tmp_path, fused):
     assert all(torch.equal(moments[id(p)], s["exp_avg"]) for p, s in opt.state.items())
 
 
+def test_a_dry_step_runs_the_update_kernel_and_changes_nothing(tmp_path):
+    """TrainStep.dry (a graph's extra warm-up): the fused update is skipped as for a non-finite norm, so parameters,
+    moments and step counts stay as they were; the next real step updates them."""
+    cfg = tiny_config(tmp_path)
+    model = build_model(cfg.model).train()
+    opt = build_optimizer(model, cfg.optim, fused=True)
+    step = TrainStep(model, opt, WarmupLR(opt, cfg.optim.lr, cfg.optim.warmup_steps), grad_clip=5.0,
+                     on_device_skip=True)
+    split = build_split(cfg, "train", Collator(), 483)
+    batch = split.loader.collate_fn([split.dataset[(i, 0)] for i in split.sampler.batches(0)[0]])
+    step([batch])
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    state = {id(p): {k: v.clone() for k, v in s.items()} for p, s in opt.state.items()}
+    step.dry = True
+    dry = step.body([batch])
+    step.dry = False
+    assert dry["skipped"].item() == 1 and torch.isfinite(dry["loss"])
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(torch.equal(state[id(p)][k], v) for p, s in opt.state.items() for k, v in s.items())
+    step([batch])
+    assert not all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
 def test_warmup_schedule_matches_funasr():
     from funasr.schedulers.warmup_lr import WarmupLR as FunASRWarmupLR
 

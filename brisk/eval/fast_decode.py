@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import ConfigError
+from ..speed.capture import no_compiles, settle
 from .decode_step import FusedStep, compiled, refusal
 
 log = logging.getLogger("brisk")
@@ -250,16 +251,20 @@ class FastGreedy:
         """Warm the step up on a side stream, put its state back (``saved``), then capture ``steps`` of it in one
         graph (capture runs nothing)."""
         side = _capture_stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            # Compiles here, if at all. The cache slot it writes is written again, with the same values, by the
-            # first replay.
-            self.run_step(r, span)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        for buf, old in zip(r.state(), saved):
-            buf.copy_(old)
+
+        def warm():
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                # Compiles here, if at all. The cache slot it writes is written again, with the same values, by the
+                # first replay.
+                self.run_step(r, span)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            for buf, old in zip(r.state(), saved):
+                buf.copy_(old)
+
+        settle(warm, what="the decode step")  # until a warm-up compiles nothing: the capture may not compile
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
+        with no_compiles(), torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
             for _ in range(steps):
                 self.run_step(r, span)
         r.graphs[span, steps] = graph
@@ -337,7 +342,7 @@ class FastGreedy:
             graph = torch.cuda.CUDAGraph()
             side = _capture_stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
+            with no_compiles(), torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
                 self._prefill(r, p)
             torch.cuda.current_stream(self.device).wait_stream(side)
             p.graph = graph
@@ -459,12 +464,16 @@ class GraphedEncode:
         x = torch.zeros(rows, frames, dim, dtype=dtype, device=self.device)
         lens = torch.ones(rows, dtype=torch.long, device=self.device)
         side = _capture_stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            self.model.encode_audio(x, lens)  # warm-up: lazy initialisation, cuBLAS workspaces
-        torch.cuda.current_stream(self.device).wait_stream(side)
+
+        def warm():  # lazy initialisation, cuBLAS workspaces, compiled blocks
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self.model.encode_audio(x, lens)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+
+        settle(warm, what="the decode encoder")
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
+        with no_compiles(), torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
             out = self.model.encode_audio(x, lens)
         torch.cuda.current_stream(self.device).wait_stream(side)
         return graph, x, lens, out

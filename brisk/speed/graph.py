@@ -48,6 +48,7 @@ import torch
 
 from ..formats.batch import AudioBatch
 from ..swap import swapped
+from .capture import capture_graph, compile_events, on_side_stream, settle
 
 log = logging.getLogger("brisk")
 
@@ -105,14 +106,13 @@ class GraphedEncoder:
     @torch.no_grad()
     def capture(self, speech: torch.Tensor, lengths: torch.Tensor):
         speech, lengths = speech.clone(), lengths.clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self.model.encode_audio(speech, lengths)  # warm-up: lazy init, cuBLAS workspaces
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            out = self.model.encode_audio(speech, lengths)
+
+        def run():
+            return self.model.encode_audio(speech, lengths)
+
+        # warm-ups until nothing compiles: lazy init, cuBLAS workspaces, the compiled blocks' graphs and kernels
+        settle(lambda: on_side_stream(run), what=f"the encoder at speech shape {tuple(speech.shape)}")
+        graph, out = capture_graph(run, self.pool)
         self.graphs[tuple(speech.shape)] = (graph, speech, lengths, out)
 
     @torch.no_grad()
@@ -145,14 +145,12 @@ class GraphedAudioInputs:
     def capture(self, key, inputs):
         device = inputs[0].device
         static = tuple(x.to(device, copy=True) for x in inputs)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self.model.static_audio_rows(*static)  # warm-up: lazy init, cuBLAS workspaces, compiled blocks
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            out = self.model.static_audio_rows(*static)
+
+        def run():
+            return self.model.static_audio_rows(*static)
+
+        settle(lambda: on_side_stream(run), what=f"the audio path at {key}")  # lazy init, compiled blocks
+        graph, out = capture_graph(run, self.pool)
         self.graphs[key] = (graph, static, out)
 
     @torch.no_grad()
@@ -209,15 +207,69 @@ class GraphedStep:
     def _body(self, batch: AudioBatch, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         return self.step.body([batch], [rows])  # no marks: host callbacks would not replay
 
-    def _capture(self, batch: AudioBatch, rows: torch.Tensor) -> _Captured:
+    def _capture(self, batch: AudioBatch, rows: torch.Tensor, key) -> _Captured | None:
+        """The bucket's graph, its body warmed until nothing compiles (the caller ran it once). A capture that
+        fails (a compile still needed, a launch CUDA refuses inside a capture) is warmed once more and tried again;
+        failing twice, the bucket runs eagerly (None), said in one line."""
         static, static_rows = _clone(batch), rows.clone()
         t0 = time.perf_counter()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            out = self._body(static, static_rows)
-        self.capture_seconds += time.perf_counter() - t0
-        self._drop_fresh_grads()
-        return _Captured(graph, static, static_rows, out)
+        try:
+            for attempt in (1, 2):
+                try:
+                    graph, out = capture_graph(lambda: self._body(static, static_rows), self.pool)
+                    return _Captured(graph, static, static_rows, out)
+                except RuntimeError as e:
+                    why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                    self._drop_fresh_grads()
+                    if attempt == 2:
+                        log.warning("cuda_graph: bucket %s could not be captured (%s); its steps run eagerly", key, why)
+                        return None
+                    log.warning("cuda_graph: capturing bucket %s failed (%s); warming it again", key, why)
+                    with self._dry():
+                        settle(lambda: self._warm(static, static_rows), what=f"bucket {key}")
+        finally:
+            self.capture_seconds += time.perf_counter() - t0
+            self._drop_fresh_grads()
+        return None
+
+    @contextmanager
+    def _dry(self):
+        """Inside, steps run every kernel of the step and update nothing: the fused AdamW is handed found_inf = 1,
+        which skips its update and takes its step count back (``TrainStep.dry``), no copy of the optimizer's state
+        needed. Under speed.optimizer_in_backward the layers update during the backward: ``_unchanged`` instead."""
+        if self.step.hooks.in_backward is not None:
+            with self._unchanged():
+                yield
+            return
+        self.step.dry = True
+        try:
+            yield
+        finally:
+            self.step.dry = False
+
+    @contextmanager
+    def _unchanged(self):
+        """Inside, steps change no parameter and leave no trace in the optimizer: lr = 0 on the device, and the
+        optimizer's state (moments, step counts; zeros for parameters that had none) and the previous step's norm
+        put back afterwards. For warm-ups that are not training steps (capturing up front, warming a bucket
+        again)."""
+        saved = {p: {k: v.clone() for k, v in st.items() if torch.is_tensor(v)} for p, st in self.optimizer.state.items()}
+        in_backward = self.step.hooks.in_backward
+        norm = in_backward.previous_norm() if in_backward is not None else 0.0
+        lr = [g["lr"].clone() for g in self.optimizer.param_groups]
+        for g in self.optimizer.param_groups:
+            g["lr"].zero_()
+        try:
+            yield
+        finally:
+            for g, v in zip(self.optimizer.param_groups, lr):
+                g["lr"].copy_(v)
+            for p, st in self.optimizer.state.items():
+                for k, v in st.items():
+                    if torch.is_tensor(v):
+                        v.copy_(saved[p][k]) if p in saved else v.zero_()
+            if in_backward is not None:  # the warm-ups' norms are not a previous step's
+                in_backward.set_previous_norm(norm)
 
     def _drop_fresh_grads(self) -> None:
         """fresh_grads: let go of the gradients a capture (or an eager step) left in ``.grad``. Each replay
@@ -229,12 +281,7 @@ class GraphedStep:
                 p.grad = None
 
     def _warm(self, batch: AudioBatch, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            out = self._body(batch, rows)
-        torch.cuda.current_stream().wait_stream(side)
-        return out
+        return on_side_stream(lambda: self._body(batch, rows))
 
     def _key(self, batch: AudioBatch):
         """A graph per bucket length; under speed.label_head per (length, gathered rows), since the rows are
@@ -251,33 +298,21 @@ class GraphedStep:
         was (zero moments and step counts for a fresh optimizer, the loaded ones after a resume).
         """
         t0 = time.perf_counter()
-        saved = {p: {k: v.clone() for k, v in st.items() if torch.is_tensor(v)} for p, st in self.optimizer.state.items()}
-        in_backward = self.step.hooks.in_backward
-        norm = in_backward.previous_norm() if in_backward is not None else 0.0
-        lr = [g["lr"].clone() for g in self.optimizer.param_groups]
-        for g in self.optimizer.param_groups:
-            g["lr"].zero_()
         loss = self.step.hooks.loss
-        # Longest first: the shared memory pool is sized by the first capture and the rest fit in it, and the
-        # first compile sees the largest length (a dynamic graph compiled at a short length was bounded below
-        # 2,560 tokens on the H200 and compiled again there).
-        for b in sorted(batches, key=lambda b: -b.input_ids.shape[1]):
-            b = loss.fit(b) if loss is not None else b  # speed.label_head: the bucket's common graph
-            rows = self.audio(b)
-            t, key = b.input_ids.shape[1], self._key(b)
-            if key not in self.graphs and t <= MAX_GRAPH_TOKENS:
-                self._warm(b, rows)
-                cap = self._capture(b, rows)
-                cap.graph.replay()  # the first replay of a graph pays its upload; do it here, at lr = 0
-                self.graphs[key] = cap
-        for g, v in zip(self.optimizer.param_groups, lr):
-            g["lr"].copy_(v)
-        for p, st in self.optimizer.state.items():
-            for k, v in st.items():
-                if torch.is_tensor(v):
-                    v.copy_(saved[p][k]) if p in saved else v.zero_()
-        if in_backward is not None:  # the warm-ups' norms are not a previous step's
-            in_backward.set_previous_norm(norm)
+        with self._unchanged():
+            # Longest first: the shared memory pool is sized by the first capture and the rest fit in it, and the
+            # first compile sees the largest length (a dynamic graph compiled at a short length was bounded below
+            # 2,560 tokens on the H200 and compiled again there).
+            for b in sorted(batches, key=lambda b: -b.input_ids.shape[1]):
+                b = loss.fit(b) if loss is not None else b  # speed.label_head: the bucket's common graph
+                rows = self.audio(b)
+                t, key = b.input_ids.shape[1], self._key(b)
+                if key not in self.graphs and t <= MAX_GRAPH_TOKENS:
+                    settle(lambda: self._warm(b, rows), what=f"bucket {key}")  # noqa: B023 (called here)
+                    cap = self._capture(b, rows, key)
+                    if cap is not None:
+                        cap.graph.replay()  # the first replay of a graph pays its upload; do it here, at lr = 0
+                    self.graphs[key] = cap
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 
@@ -288,7 +323,8 @@ class GraphedStep:
         batch = batches[0]
         t, key = batch.input_ids.shape[1], self._key(batch)
         cap = self.graphs.get(key)
-        eager = cap is None and (t > MAX_GRAPH_TOKENS or batch.layout != "packed")
+        # no graph for this length, or a bucket whose capture failed twice (held as None)
+        eager = cap is None and (t > MAX_GRAPH_TOKENS or batch.layout != "packed" or key in self.graphs)
         # a step that runs eagerly computes its audio rows eagerly too (no audio graph for a one-off shape)
         rows = (self.plain_audio if eager else self.audio)(batch)
         if cap is None:
@@ -299,8 +335,13 @@ class GraphedStep:
                 self._drop_fresh_grads()
             else:
                 log.info("cuda_graph: capturing a graph for bucket %s (not prepared up front)", key)
-                metrics = self._warm(batch, rows)
-                self.graphs[key] = self._capture(batch, rows)
+                before = compile_events()
+                metrics = self._warm(batch, rows)  # the real step: its update and metrics are this step's
+                if compile_events() != before:  # it compiled: warm again, changing nothing, until nothing does
+                    with self._dry():
+                        settle(lambda: self._warm(batch, rows), done=1, what=f"bucket {key}")
+                    self._drop_fresh_grads()
+                self.graphs[key] = self._capture(batch, rows, key)
         else:
             _copy_into(cap.batch, batch)
             cap.rows.copy_(rows, non_blocking=True)
@@ -326,14 +367,14 @@ class GraphedStep:
     def captures(self) -> dict[str, int]:
         """Graphs captured so far: step graphs (one a bucket) and audio graphs (one a speech shape), the
         slow-step detector's counters."""
-        return {"step_captures": len(self.graphs), "audio_captures": len(self.encoder.graphs)}
+        return {"step_captures": sum(c is not None for c in self.graphs.values()), "audio_captures": len(self.encoder.graphs)}
 
     def release(self) -> int:
         """Free every captured graph (step and encoder); returns how many. Call it before
         ``destroy_process_group``: a live graph holding a captured NCCL all-reduce keeps its communicator
         busy, and destroying the group then hangs (pytorch/pytorch#115388)."""
         torch.cuda.synchronize()
-        graphs = [c.graph for c in self.graphs.values()] + [g[0] for g in self.encoder.graphs.values()]
+        graphs = [c.graph for c in self.graphs.values() if c is not None] + [g[0] for g in self.encoder.graphs.values()]
         for g in graphs:
             g.reset()
         self.graphs.clear()

@@ -92,6 +92,9 @@ class TrainStep:
         # CUDA graphs (without speed.fresh_grads): gradients are fixed buffers, zeroed in place and added into.
         # Otherwise each step starts from no gradients and backward hands every parameter a new tensor.
         self.persistent_grads = persistent_grads
+        # A warm-up step (speed.cuda_graph) that must change nothing: the fused update is skipped as for a
+        # non-finite norm. Never set while a graph is captured (the skip would be recorded into it).
+        self.dry = False
         self._skipped = False
         self._present: dict[tuple, torch.Tensor] = {}  # which parameters have a gradient -> that mask on the device
         self.group_index = None
@@ -177,6 +180,8 @@ class TrainStep:
             return self.hooks.in_backward.finish(norm)
         if self.on_device_skip:
             found_inf = (~torch.isfinite(norm)).to(torch.float32)
+            if self.dry:
+                found_inf = torch.ones_like(found_inf)
             opt.found_inf = found_inf
             if clip > 0:  # grads / scale == grads * min(1, clip / (norm + 1e-6)), applied inside the kernel
                 opt.grad_scale = torch.clamp((norm.float() + 1e-6) / clip, min=1.0)
