@@ -558,8 +558,8 @@ def driver(args) -> None:
     work = Path(args.work)  # data and wheel folders: large, and not results
     data = work / "data"
     if not (data / "train.jsonl").is_file():
-        subprocess.run([sys.executable, str(REPO / "tools/make_chat_data.py"), "ultrachat", "--out", str(data),
-                        "--n", str(args.conversations), "--n-valid", "8", "--seed", "7"], check=True)
+        subprocess.run([sys.executable, "-m", "brisk", "data", "chat", "ultrachat", "--out", str(data),
+                        "--n", str(args.conversations), "--n-valid", "8", "--seed", "7"], check=True, cwd=REPO)
     wheels = Path(args.wheels) if args.wheels else None
     kernels = ["liger_kernel"] if args.no_fla else ["fla_core", "liger_kernel"]
     fla = install(wheels, work / "site_fla", kernels) if wheels else None

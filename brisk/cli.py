@@ -326,6 +326,17 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--out", help="folder for tables and the trace (default: <train.output_dir>/profile)")
     f.set_defaults(fn=cmd_profile)
 
+    from .data import speech_list, synthetic_chat
+
+    dp = sub.add_parser("data", help="make training data: a FunASR jsonl from Kaldi lists, or synthetic chat sets")
+    kinds = dp.add_subparsers(dest="data_kind", required=True)
+    sp = kinds.add_parser("speech", help="wav.scp + text -> a FunASR jsonl (Fun-ASR-Nano, Qwen3-ASR)")
+    speech_list.add_arguments(sp)
+    sp.set_defaults(fn=speech_list.make)
+    cp = kinds.add_parser("chat", help="the bundled chat demo set, or an ultrachat-like synthetic set, with a tokenizer")
+    synthetic_chat.add_arguments(cp)
+    cp.set_defaults(fn=synthetic_chat.make)
+
     from .eval.evaluate import add_verbs
 
     add_verbs(sub)  # eval, transcribe

@@ -210,16 +210,16 @@ RULES: tuple[Rule, ...] = (
     Rule("speed.fresh_grads, ranks", "ranks", lambda c, d, w: w > 1 and c.speed.fresh_grads,
          "speed.fresh_grads with {world} ranks: the in-graph all-reduce needs persistent gradient buffers; "
          "set speed.fresh_grads=false"),
-    # Decoding at validation runs on rank 0 alone; each FSDP2 forward all-gathers its shard from every rank, so rank 0
-    # would wait for ranks that never call it (a hang at the first validation).
-    Rule("train.parallel, train.val_decode", "ranks",
-         lambda c, d, w: w > 1 and c.train.parallel == "fsdp" and c.train.val_decode,
-         "train.val_decode with train.parallel=fsdp on {world} ranks: decoding runs on rank 0 alone and FSDP's "
-         "sharded forward needs every rank; set train.val_decode=0 (and `brisk eval` the export), or "
-         "train.parallel=ddp"),
     Rule("train.parallel, speed.cuda_graph, speed.compile", "ranks",
          lambda c, d, w: w > 1 and c.train.parallel == "fsdp" and (c.speed.cuda_graph or c.speed.compile),
          "train.parallel=fsdp runs the eager step; set speed.cuda_graph=false and speed.compile=false"),
+    # Decoding at validation runs on rank 0 alone; each FSDP2 forward all-gathers its shard from every rank, so rank 0
+    # would wait for ranks that never call it (a hang at the first validation).
+    Rule("train.parallel, train.val_decode", "ranks",
+         lambda c, d, w: w > 1 and c.train.parallel == "fsdp" and c.train.val_decode and c.data.valid,
+         "train.val_decode with train.parallel=fsdp on {world} ranks: decoding runs on rank 0 alone and FSDP's "
+         "sharded forward needs every rank; set train.val_decode=0 (and `brisk eval` the export), or "
+         "train.parallel=ddp"),
 )
 
 

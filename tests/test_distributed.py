@@ -378,6 +378,28 @@ def test_parallel_key_is_checked(tmp_path):
     assert main(["train", str(DEMO_CONFIG), "train.parallel=fsdp", "train.max_stepz=1"]) == 2
 
 
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_every_parallel_value_runs_or_is_refused_on_gloo_within_a_minute(tmp_path, parallel):
+    """The demo config as a newcomer starts it under torchrun on the CPU (its validation decodes): ddp trains; fsdp
+    is refused in one line (decoding on rank 0 alone would wait forever for FSDP's all-gathers), leaving nothing."""
+    import subprocess
+    import sys
+
+    from .conftest import DEMO_CONFIG, REPO
+
+    run = tmp_path / "x"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "brisk", "train",
+           str(DEMO_CONFIG), f"train.parallel={parallel}", f"train.output_dir={run}", "train.max_steps=2",
+           "train.val_decode=2", "train.progress=false", "data.num_workers=0", "train.export=none"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=REPO)
+    if parallel == "ddp":
+        assert out.returncode == 0, out.stderr[-3000:]
+    else:
+        errors = [x for x in out.stderr.splitlines() if x.startswith("error:")]
+        assert out.returncode != 0 and errors and "train.val_decode with train.parallel=fsdp" in errors[0]
+        assert not run.exists()
+
+
 # ----------------------------------------------------------------------------- the run folder, two ranks
 def _folder_worker(rank, world, init_file, run_dir):
     import time

@@ -131,7 +131,7 @@ def test_single_keys_win_over_the_preset(tmp_path):
 
 
 def test_the_preset_trims_to_several_ranks(tmp_path):
-    cfg, plan = make_plan(tiny_config(tmp_path, **{"speed.preset": "fast", "train.parallel": "fsdp", **FROZEN}), "cuda", 2)
+    cfg, plan = make_plan(tiny_config(tmp_path, **{"speed.preset": "fast", "train.parallel": "fsdp", "train.val_decode": 0, **FROZEN}), "cuda", 2)
     assert "cuda_graph" not in plan.on and "compile" not in plan.on and "packing" in plan.on
     assert "left off cuda_graph (not with train.parallel=fsdp)" in plan.notes[0]
 

@@ -28,7 +28,8 @@ def test_sft_demo_learns_exports_and_evaluates(tmp_path):
     run = tmp_path / "run"
     sft(run, "train.max_steps=30")
     hist = lines(run / "history.jsonl")
-    assert [h["step"] for h in hist][:3] == [10, 20, 25] and hist[-1]["loss"] < hist[0]["loss"] - 0.5
+    # validated before the first step (the "before"), every 10 steps and at the epoch end
+    assert [h["step"] for h in hist][:4] == [0, 10, 20, 25] and hist[-1]["loss"] < hist[0]["loss"] - 0.5
     assert (run / "model-hf" / "model.safetensors").is_file() and (run / "model-hf" / "chat_template.jinja").is_file()
     out = subprocess.run([sys.executable, "-m", "brisk", "eval", str(run), str(ROOT / "data/chat_demo/valid.jsonl"),
                           "--answers", "2", "--max-new-tokens", "16"], capture_output=True, text=True, cwd=ROOT)

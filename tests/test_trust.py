@@ -140,13 +140,25 @@ def test_a_start_that_failed_on_data_does_not_block_the_rerun(tmp_path, capsys):
     argv = ["train", str(DEMO_CONFIG), *tiny_overrides(run), f"data.train={data}", "data.valid=null",
             "train.max_steps=1", "train.save_final=false"]
     assert "audio files do not exist" in _error_line(capsys, argv)
-    # the data is checked before the model is built (issue 32): the failed start wrote its log, not its config
-    assert (run / "train.log").exists() and not (run / "config.yaml").exists()
+    assert not run.exists()  # a start that never took a step leaves nothing: the folder it made is gone
+    (run / "notes").mkdir(parents=True)  # a folder that was there before keeps what it held
+    assert "audio files do not exist" in _error_line(capsys, argv)
+    assert sorted(p.name for p in run.iterdir()) == ["notes"]
     data.write_text("\n".join(lines) + "\n", encoding="utf-8")  # the data fixed, the same command
+    assert main(argv) == 0
+    assert [line for line in (run / "steps.jsonl").read_text().splitlines()]  # it trained
+
+
+def test_a_start_left_by_a_killed_process_is_cleared_by_the_rerun(tmp_path, capsys):
+    """A process killed before its first checkpoint could not clean up: the next start removes what it left."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.log").write_text("a start killed while loading\n", encoding="utf-8")
+    argv = ["train", str(DEMO_CONFIG), *tiny_overrides(run), "data.valid=null", "train.max_steps=1",
+            "train.save_final=false"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "held a start that never reached its first checkpoint (train.log" in out and "removed those files" in out
-    assert [line for line in (run / "steps.jsonl").read_text().splitlines()]  # it trained
 
 
 def test_a_second_process_into_a_folder_in_use_is_refused_even_with_overwrite(tmp_path, capsys):

@@ -93,6 +93,12 @@ def main_table() -> None:
     case("a misspelt key in a YAML file", ["train", str(tmp / "mine.yaml")],
          shown="brisk train mine.yaml (include: demo, train: max_epoch: 3)")
     case("a config file that does not exist", ["train", "missing.yaml"])
+    (tmp / "chat.parquet").write_bytes(b"PAR1")
+    case("a parquet file as speech data", ["train", c, f"train.output_dir={tmp}/pq", f"data.train={tmp / 'chat.parquet'}"],
+         shown="brisk train configs/demo.yaml data.train=chat.parquet")
+    case("speech jsonl as chat data", ["train", "sft_demo", f"train.output_dir={tmp}/sj", f"data.train={DATA / 'valid.jsonl'}"],
+         shown="brisk train sft_demo data.train=data/demo/valid.jsonl")
+    case("a config key given as an option", ["train", "--device", "cuda"], shown="brisk train --device cuda")
     case("a CUDA device on a machine without one", ["train", c, *TINY, f"train.output_dir={tmp}/cuda", "train.device=cuda"],
          shown="brisk train configs/demo.yaml train.device=cuda (no GPU)")
 

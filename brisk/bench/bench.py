@@ -118,7 +118,6 @@ def run_bench(cfg: Config, out_dir: Path | None = None, given: list[str] = ()) -
     if not b.arms:
         raise ValueError("bench.arms is empty: list the arms (name + overrides) in the config")
     out_dir = out_dir or Path(cfg.train.output_dir) / "bench"
-    out_dir.mkdir(parents=True, exist_ok=True)
     n = b.batches or (b.warmup + b.steps + b.profile_steps)
     configs = arm_configs(cfg, given)
     streams = arm_streams(cfg, configs, n)
@@ -130,6 +129,7 @@ def run_bench(cfg: Config, out_dir: Path | None = None, given: list[str] = ()) -
 
     def write(flops: float | None) -> str:
         table = render(results, extra, flops or 0.0, rate, rate_what, b, gpu=device.type == "cuda", own_stream=own)
+        out_dir.mkdir(parents=True, exist_ok=True)  # made at the first write: a refused bench leaves no folder
         (out_dir / "bench.md").write_text(table, encoding="utf-8")
         (out_dir / "bench.json").write_text(json.dumps({"results": results, "extra": extra, "flops": flops, "rate": rate,
                                                         "arms": [asdict(a) for a in b.arms]}, indent=1), encoding="utf-8")

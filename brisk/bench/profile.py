@@ -120,7 +120,6 @@ def run_profile(cfg: Config, steps: int = 3, warmup: int = 5, out: Path | None =
     from .quiet import without_profiler_chatter
 
     out = out or Path(cfg.train.output_dir) / "profile"
-    out.mkdir(parents=True, exist_ok=True)
     stream = sample_stream(cfg, warmup + steps, llm_vocab(cfg))
     runner = build_runner(cfg)
     batches = runner.batches(stream)
@@ -136,6 +135,7 @@ def run_profile(cfg: Config, steps: int = 3, warmup: int = 5, out: Path | None =
             runner.run(b)
         sync(runner.device)
         wall = time.perf_counter() - t0
+    out.mkdir(parents=True, exist_ok=True)  # made at the first write: a refused profile leaves no folder
     prof.export_chrome_trace(str(out / "trace.json"))
     events = prof.events()
     counts = launch_counts(events, steps)

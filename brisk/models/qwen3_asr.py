@@ -339,7 +339,7 @@ def folder_overrides(path: Path) -> list[str]:
 def write_readme(out: Path, fmt: str, dtype: str, cfg) -> None:
     (out / "README.md").write_text(f"""# Qwen3-ASR fine-tuned by brisk (model.family: qwen3_asr)
 
-Load with transformers >= 5.24: `Qwen3ASRForConditionalGeneration.from_pretrained("<this folder>")` and
+Load with transformers >= 5.17 (it has Qwen3-ASR): `Qwen3ASRForConditionalGeneration.from_pretrained("<this folder>")` and
 `AutoProcessor.from_pretrained("<this folder>")`; brisk loads it back with `model.llm.path=<this folder>`.
 Weights: `model.safetensors` ({dtype}). The prompt brisk trained on is the processor's chat template with an
 empty system turn and the audio turn, then `language <Name><asr_text>` and the transcript, ended by the

@@ -1,8 +1,9 @@
-"""Chat SFT data for brisk's ``task: chat``: the bundled demo set, or a larger ultrachat-like synthetic set.
+"""Chat SFT data for model.family=causal_lm: the bundled demo set, or a larger ultrachat-like synthetic set
+(`brisk data chat`).
 
-    python tools/make_chat_data.py demo --out data/chat_demo            # the bundled set + its tokenizer
-    python tools/make_chat_data.py ultrachat --out /tmp/uc --n 4000     # lengths like ultrachat_200k
-    python tools/make_chat_data.py ultrachat_200k --out /tmp/uc200k     # its hub layout, at its size
+    brisk data chat demo --out data/chat_demo            # the bundled set + its tokenizer
+    brisk data chat ultrachat --out /tmp/uc --n 4000     # lengths like ultrachat_200k
+    brisk data chat ultrachat_200k --out /tmp/uc200k     # its hub layout, at its size
 
 ultrachat_200k writes the layout the hub ships (``data/train_sft-0000K-of-00003.parquet``, ``data/test_sft-...``;
 columns prompt, prompt_id, messages; 207,865 + 23,110 conversations by default, --n / --n-valid to change;
@@ -41,9 +42,9 @@ import random
 import shutil
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-DEMO_TOKENIZER = ROOT / "data" / "demo" / "tokenizer" / "tokenizer.json"
-QWEN3_TEMPLATE = ROOT / "brisk" / "data" / "chat_templates" / "qwen3.jinja"
+HERE = Path(__file__).resolve().parent
+DEMO_TOKENIZER = HERE.parent / "bundled" / "demo" / "tokenizer" / "tokenizer.json"
+QWEN3_TEMPLATE = HERE / "chat_templates" / "qwen3.jinja"
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "red", "green", "blue",
          "black", "white", "cat", "dog", "bird", "fish", "house", "tree", "sun", "moon", "star")
 ONE_TOKEN = WORDS[:19]  # one token each in the bundled tokenizer, with or without a leading space
@@ -160,27 +161,25 @@ def write_ultrachat_200k(out: Path, n_train: int, n_test: int, seed: int) -> Non
             print(f"wrote {path}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("kind", choices=("demo", "ultrachat", "ultrachat_200k"))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--n", type=int, default=None, help="training conversations (demo: 320; ultrachat_200k: 207,865)")
     ap.add_argument("--n-valid", type=int, default=None, help="validation conversations (40; ultrachat_200k: 23,110)")
     ap.add_argument("--seed", type=int, default=1234)
-    args = ap.parse_args()
+
+
+def make(args) -> int:
     if args.kind == "ultrachat_200k":
         write_ultrachat_200k(args.out, args.n or 207_865, args.n_valid or 23_110, args.seed)
         write_tokenizer(args.out)
-        return
+        return 0
     args.n, args.n_valid = args.n or 320, args.n_valid or 40
     rng = random.Random(args.seed)
-    make = demo_conversation if args.kind == "demo" else ultrachat_conversation
+    conversation = demo_conversation if args.kind == "demo" else ultrachat_conversation
     args.out.mkdir(parents=True, exist_ok=True)
-    write_jsonl(args.out / "train.jsonl", [make(rng) for _ in range(args.n)])
-    write_jsonl(args.out / "valid.jsonl", [make(rng) for _ in range(args.n_valid)])
+    write_jsonl(args.out / "train.jsonl", [conversation(rng) for _ in range(args.n)])
+    write_jsonl(args.out / "valid.jsonl", [conversation(rng) for _ in range(args.n_valid)])
     write_tokenizer(args.out)
     print(f"wrote {args.n} + {args.n_valid} conversations and a tokenizer to {args.out}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

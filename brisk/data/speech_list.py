@@ -1,0 +1,73 @@
+"""`brisk data speech`: a FunASR jsonl (Fun-ASR-Nano's and Qwen3-ASR's training data) from Kaldi-style lists.
+
+``wav.scp`` holds ``key path`` a line, ``text`` holds ``key transcript``. Each utterance becomes FunASR's line:
+a system turn, the user turn naming the audio, the transcript as the assistant turn, ``speech_length`` (10 ms
+frames, from the file's header) and ``text_length`` (characters: an upper bound on tokens, which is what batching
+needs). A key missing from ``text``, an audio file that is not there or whose header does not read: one line
+naming the file and line, and nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import DataError
+
+SYSTEM = "You are a helpful assistant."
+PROMPT = "语音转写："  # FunASR's training prompt for Fun-ASR-Nano
+
+
+def read_pairs(path: Path, what: str) -> dict[str, tuple[str, str]]:
+    """key -> (value, "file:line") of a ``key value`` list."""
+    if not path.is_file():
+        raise DataError(f"{what} {path} does not exist")
+    out = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.strip().split(maxsplit=1)
+        if len(parts) != 2:
+            raise DataError(f"{path}:{n}: expected 'key {what.split()[0]}', got {line.strip()!r}")
+        out[parts[0]] = (parts[1].strip(), f"{path}:{n}")
+    return out
+
+
+def speech_lines(wav_scp: Path, text: Path) -> list[dict]:
+    import soundfile as sf
+
+    wavs, texts = read_pairs(wav_scp, "path list"), read_pairs(text, "transcript list")
+    rows = []
+    for key, (path, where) in wavs.items():
+        if key not in texts:
+            raise DataError(f"{where}: key {key} has no transcript in {text}")
+        audio = Path(path).expanduser()
+        audio = audio if audio.is_absolute() else wav_scp.parent / audio
+        try:
+            info = sf.info(str(audio))
+        except Exception as e:  # noqa: BLE001 - soundfile raises several kinds; the line says which file
+            raise DataError(f"{where}: audio file {audio}: {e}") from None
+        transcript = texts[key][0]
+        rows.append({"key": key, "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"{PROMPT}<|startofspeech|>!{audio}<|endofspeech|>"},
+            {"role": "assistant", "content": transcript}],
+            "speech_length": int(info.frames * 100 / info.samplerate), "text_length": len(transcript)})
+    return rows
+
+
+def add_arguments(ap) -> None:
+    ap.add_argument("wav_scp", type=Path, help="key path, a line")
+    ap.add_argument("text", type=Path, help="key transcript, a line")
+    ap.add_argument("--out", type=Path, required=True, help="the jsonl to write")
+
+
+def make(args) -> int:
+    from ..files import _atomic_file
+
+    rows = speech_lines(args.wav_scp, args.text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with _atomic_file(args.out, sync=False, mode="w") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    print(f"wrote {len(rows)} utterances to {args.out}")
+    return 0

@@ -1,0 +1,43 @@
+"""`brisk data`: the commands the docs tell users to run to make data, part of the installed package."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from brisk.cli import main
+
+from .conftest import DEMO, REPO
+
+
+def test_speech_lists_become_a_funasr_jsonl_that_trains(tmp_path, capsys):
+    wavs = sorted((DEMO / "audio" / "valid").glob("*.flac"))[:3]
+    (tmp_path / "wav.scp").write_text("".join(f"u{i} {w}\n" for i, w in enumerate(wavs)), encoding="utf-8")
+    (tmp_path / "text").write_text("u0 hello world\nu1 red cat\nu2 one two three\n", encoding="utf-8")
+    out = tmp_path / "train.jsonl"
+    assert main(["data", "speech", str(tmp_path / "wav.scp"), str(tmp_path / "text"), "--out", str(out)]) == 0
+    rows = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["key"] for r in rows] == ["u0", "u1", "u2"] and rows[2]["messages"][2]["content"] == "one two three"
+    import soundfile as sf
+
+    info = sf.info(str(wavs[0]))
+    assert rows[0]["speech_length"] == int(info.frames * 100 / info.samplerate) and str(wavs[0]) in rows[0]["messages"][1]["content"]
+    from brisk.data.jsonl import read_jsonl
+
+    assert len(read_jsonl(out, max_speech_length=10**6, max_text_length=10**6, skip_bad=False).utterances) == 3
+
+
+def test_a_key_without_a_transcript_is_one_line_and_nothing_is_written(tmp_path, capsys):
+    wav = sorted((DEMO / "audio" / "valid").glob("*.flac"))[0]
+    (tmp_path / "wav.scp").write_text(f"a {wav}\nb {wav}\n", encoding="utf-8")
+    (tmp_path / "text").write_text("a hello\n", encoding="utf-8")
+    out = tmp_path / "train.jsonl"
+    assert main(["data", "speech", str(tmp_path / "wav.scp"), str(tmp_path / "text"), "--out", str(out)]) == 2
+    assert f"{tmp_path / 'wav.scp'}:2: key b has no transcript" in capsys.readouterr().err and not out.exists()
+
+
+def test_the_chat_demo_command_writes_the_bundled_set(tmp_path):
+    assert main(["data", "chat", "demo", "--out", str(tmp_path / "chat")]) == 0
+    for name in ("train.jsonl", "valid.jsonl", "tokenizer/tokenizer_config.json", "tokenizer/chat_template.jinja"):
+        assert (tmp_path / "chat" / name).read_bytes() == (REPO / "data" / "chat_demo" / name).read_bytes(), name
