@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import re
@@ -256,6 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     except OSError as e:  # a file the system refused (permissions, a folder where a file goes): name it
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):  # a write past the disk's end: often no file name to give
+            where = f"{e.filename}: " if e.filename else ""
+            print(f"error: {where}the disk is full ({e.strerror}): free space on it (or point train.output_dir at a "
+                  "larger disk); the checkpoints already written are whole, and train.resume=true continues from "
+                  "the last one", file=sys.stderr)
+            return 2
         if not e.filename:
             raise
         print(f"error: {e.filename}: {e.strerror or e}", file=sys.stderr)

@@ -622,3 +622,19 @@ def test_a_misspelt_config_name_lists_the_shipped_ones(tmp_path, capsys, monkeyp
     line = _error_line(capsys, ["train", "fun_asr_nanoo"])
     assert "config file fun_asr_nanoo does not exist, nor a shipped config of that name (" in line
     assert "demo, fun_asr_1p7b" in line and line.endswith("did you mean fun_asr_nano?")
+
+
+def test_a_full_disk_is_one_line_that_says_what_to_do(tmp_path, monkeypatch, capsys):
+    """A write past the disk's end mid-run (no file name to give: a write, not an open) ends in one line, exit 2.
+    tools/fault_campaign.py --full-disk fills a real tmpfs under a run and checks the checkpoint it keeps."""
+    import errno
+
+    import brisk.train.run as run_module
+
+    def full(cfg):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(run_module, "train", full)
+    assert main(["train", str(DEMO_CONFIG), *tiny_overrides(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: the disk is full") and "train.resume=true" in err[0]
