@@ -12,7 +12,7 @@ exits 0 and every warm run's losses equal the cold run's within --tol (exactly, 
 
 The runs (names for --only):
 - nano_real: Fun-ASR-Nano at real size (a random folder from tools/make_nano_folder.py, --nano) on the whole-run
-  espeak-ng set (--data), 2 epochs with validation and a checkpoint after each; the preset as shipped.
+  espeak-ng set (--data), 1 epoch with validation and a checkpoint; the preset as shipped.
 - nano_demo: configs/demo.yaml on the GPU with the preset.
 - chat_qwen3 / chat_qwen3_5: configs/sft_demo.yaml on the GPU with the preset, Qwen3 and a small Qwen3.5 (fla's
   kernels where fla is installed).
@@ -47,7 +47,7 @@ def runs(a) -> dict[str, list[str]]:
     data = Path(a.data).resolve()
     return {
         "nano_real": ["configs/fun_asr_nano.yaml", f"model.path={Path(a.nano).resolve()}",
-                      f"data.train={data / 'train.jsonl'}", f"data.valid={data / 'valid.jsonl'}", "train.max_epochs=2",
+                      f"data.train={data / 'train.jsonl'}", f"data.valid={data / 'valid.jsonl'}", "train.max_epochs=1",
                       "train.max_steps=0", "train.log_every=1"],
         "nano_demo": ["configs/demo.yaml", "train.max_steps=60", "train.log_every=1", "train.val_every=30"],
         "chat_qwen3": ["configs/sft_demo.yaml", "train.max_steps=40", "train.log_every=1"],
