@@ -82,13 +82,16 @@ def test_the_documented_loop_runs_as_written(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     train(load_config(ROOT / "configs" / "demo.yaml", tiny_overrides(tmp_path / "runs" / "nano", **{
         "train.max_steps": 2, "train.export": "funasr", "train.val_decode": 0})))
-    # the data the docs' placeholders stand for: valid.jsonl (a few demo lines) and a.wav
+    # the data the docs' placeholders stand for: test.jsonl (a few demo lines), a.wav, b.flac, wav.scp and text
     lines = (DEMO / "valid.jsonl").read_text(encoding="utf-8").splitlines()[:2]
-    Path("valid.jsonl").write_text("\n".join(x.replace("!audio/", f"!{DEMO}/audio/") for x in lines) + "\n")
+    Path("test.jsonl").write_text("\n".join(x.replace("!audio/", f"!{DEMO}/audio/") for x in lines) + "\n")
     wave, fs = sf.read(str(DEMO / "audio" / "valid" / "utt0001.flac"))
     sf.write("a.wav", np.asarray(wave), fs)
-    wanted = {"report runs/nano", "eval runs/nano valid.jsonl", "export runs/nano --format funasr",
-              "export runs/nano --format hf", "transcribe runs/nano a.wav", "doctor"}
+    sf.write("b.flac", np.asarray(wave), fs)
+    Path("wav.scp").write_text("u1 a.wav\nu2 b.flac\n")
+    Path("text").write_text("u1 blue five one green\nu2 blue five one green\n")
+    wanted = {"data speech wav.scp text --out train.jsonl", "report runs/nano", "eval runs/nano test.jsonl",
+              "export runs/nano --format hf", "transcribe runs/nano a.wav b.flac", "doctor"}
     ran = set()
     for where, argv in COMMANDS:
         text = " ".join(argv)

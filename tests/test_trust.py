@@ -16,7 +16,7 @@ import torch
 from brisk.cli import main
 from brisk.safe_load import UnsafeFileError, load_torch_file
 
-from .conftest import DEMO_CONFIG, tiny_overrides
+from .conftest import DEMO_CONFIG, REPO, tiny_overrides
 
 
 @contextlib.contextmanager
@@ -638,3 +638,15 @@ def test_a_full_disk_is_one_line_that_says_what_to_do(tmp_path, monkeypatch, cap
     assert main(["train", str(DEMO_CONFIG), *tiny_overrides(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: the disk is full") and "train.resume=true" in err[0]
+
+
+def test_data_of_the_other_kind_is_named_in_one_line(tmp_path, capsys):
+    """A parquet file as speech data, and speech jsonl as chat data: each kind read where it belongs, said so."""
+    (tmp_path / "chat.parquet").write_bytes(b"PAR1")
+    line = _error_line(capsys, ["train", str(DEMO_CONFIG), *tiny_overrides(tmp_path / "a"),
+                                f"data.train={tmp_path / 'chat.parquet'}"])
+    assert "speech data is a FunASR jsonl" in line and "read for chat data" in line
+    line = _error_line(capsys, ["train", "sft_demo", f"train.output_dir={tmp_path / 'b'}",
+                                f"data.train={REPO / 'data' / 'demo' / 'valid.jsonl'}"])
+    assert "<|startofspeech|> audio reference" in line and "model.family=fun_asr_nano or qwen3_asr" in line
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
