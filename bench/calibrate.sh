@@ -10,7 +10,7 @@
 #               cuDNN may refuse ("No available kernel"), as the efficient-only run of the first pair did.
 #   fast        the fast path (packing, cuda_graph, frozen_eval, bf16 encoder, compile)
 #   fast_label  the fast path + speed.label_head
-# Each 150 steps of configs/bench_nano.yaml (Fun-ASR-Nano sizes, random weights, AISHELL-1-like stream) with
+# Each 150 steps of bench/configs/bench_nano.yaml (Fun-ASR-Nano sizes, random weights, AISHELL-1-like stream) with
 # probe.enabled=true; the two eager runs side by side, then the two fast runs (timings here mean nothing,
 # only the numbers). Then:
 #   brisk probe calibrate ref_flash ref_cudnn          -> $OUT/tolerances_calibrated.yaml
@@ -28,7 +28,7 @@ P="train.max_steps=$STEPS probe.enabled=true train.progress=false train.log_ever
 FAST="speed.packing=true speed.cuda_graph=true speed.frozen_eval=true speed.encoder_dtype=bf16 speed.compile=true"
 run() {  # name, then overrides; background job, log in $R/name.log
   name=$1; shift
-  timeout "${LIMIT:-240}" python3 -m brisk train configs/bench_nano.yaml $P train.output_dir="$R/$name" "$@" \
+  timeout "${LIMIT:-240}" python3 -m brisk train bench/configs/bench_nano.yaml $P train.output_dir="$R/$name" "$@" \
     > "$R/$name.log" 2>&1 || echo "== $name exited with $? (see $R/$name.log)"
 }
 t0=$(date +%s)

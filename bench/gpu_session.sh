@@ -3,9 +3,9 @@
 # GPU machine with the wheels in .whl/ (see the device README) and the whole-run data in bench/tmp/wholerun_data:
 #   bash bench/gpu_session.sh tests2   # 2 GPUs: the GPU tests, then the 2-GPU tests
 #   bash bench/gpu_session.sh scaling2 # 2 GPUs: the scaling table (bench/scaling.py)
-#   bash bench/gpu_session.sh stack    # 1 GPU: compile_scope=stack against per-layer (configs/bench_stack.yaml)
+#   bash bench/gpu_session.sh stack    # 1 GPU: compile_scope=stack against per-layer (bench/configs/bench_stack.yaml)
 #   bash bench/gpu_session.sh wholerun # 1 GPU: whole run cold + warm, then the fast path on FunASR's prompt
-#   bash bench/gpu_session.sh fastpath # 1 GPU: configs/bench_fastpath.yaml, then a profile of the best arm
+#   bash bench/gpu_session.sh fastpath # 1 GPU: bench/configs/bench_fastpath.yaml, then a profile of the best arm
 # Everything worth keeping goes to $OUT (at most 8 files come back: logs are packed into one .tgz).
 set -uo pipefail
 T0=$(date +%s)  # the call's clock: every budget below counts from here (a call is 600 s at most)
@@ -33,7 +33,7 @@ scaling2)  # 2 GPUs: 1-GPU and 2-GPU runs of torch defaults and the fast path (~
     tar czf "$OUT/scaling_logs.tgz" -C /tmp $(cd /tmp && ls scaling/*.log scaling/*.json scaling/*/report.md 2>/dev/null)
     ;;
 stack)  # 1 GPU: per-layer against whole-stack compile, cold cache (the stack's compile takes minutes)
-    timeout "$(left 570)" python -m brisk bench configs/bench_stack.yaml speed.inductor_cache_dir=/tmp/ind_stack \
+    timeout "$(left 570)" python -m brisk bench bench/configs/bench_stack.yaml speed.inductor_cache_dir=/tmp/ind_stack \
         --out /tmp/stack 2>&1 | grep -v -i warn | tail -n 30
     cp /tmp/stack/bench.md "$OUT/stack_bench.md"; cp /tmp/stack/bench.json "$OUT/stack_bench.json"
     ;;
@@ -44,15 +44,15 @@ wholerun)
     timeout 120 python bench/whole_run.py --out /tmp/wr_lh --work /tmp/wr_work --pycache /tmp/pycache --timeout 110 \
         --arms warm speed.label_head=true speed.fresh_grads=true | tail -n 20
     cp /tmp/wr_lh/whole_run.md "$OUT/whole_run_label_head_fresh_grads.md"
-    timeout "$(left 570)" python -m brisk bench configs/bench_prompt.yaml model.path=/tmp/wr_work/nano_folder \
+    timeout "$(left 570)" python -m brisk bench bench/configs/bench_prompt.yaml model.path=/tmp/wr_work/nano_folder \
         data.train=bench/tmp/wholerun_data/train.jsonl speed.inductor_cache_dir=/tmp/wr_work/inductor_cache --out /tmp/prompt 2>&1 | tail -n 14
     cp /tmp/prompt/bench.md "$OUT/prompt_bench.md"; cp /tmp/prompt/bench.json "$OUT/prompt_bench.json"
     ;;
 fastpath)
-    TORCHINDUCTOR_CACHE_DIR=/tmp/brisk_inductor timeout 440 python -m brisk bench configs/bench_fastpath.yaml \
+    TORCHINDUCTOR_CACHE_DIR=/tmp/brisk_inductor timeout 440 python -m brisk bench bench/configs/bench_fastpath.yaml \
         --out /tmp/fp 2>&1 | tail -n 16
     cp /tmp/fp/bench.md "$OUT/bench_fastpath.md"; cp /tmp/fp/bench.json "$OUT/bench_fastpath.json"
-    timeout "$(left 570)" python -m brisk profile configs/bench_nano.yaml speed.packing=true speed.cuda_graph=true \
+    timeout "$(left 570)" python -m brisk profile bench/configs/bench_nano.yaml speed.packing=true speed.cuda_graph=true \
         speed.frozen_eval=true speed.encoder_dtype=bf16 speed.compile=true speed.label_head=true \
         speed.label_rows_frac=0.3 speed.fresh_grads=true --steps 3 --warmup 8 --out /tmp/prof 2>&1 | sed -n 1,40p
     cp /tmp/prof/profile.md "$OUT/profile_best.md"; gzip -c /tmp/prof/trace.json > "$OUT/profile_best_trace.json.gz"

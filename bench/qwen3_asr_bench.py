@@ -47,7 +47,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 ARMS = ("recipe", "brisk_default", "brisk_fast_all", "brisk_fast", "brisk_fast_nograph")  # the default --arms
 # (brisk_fast_nav on request)
-SIZES = {"0p6b": "configs/bench_qwen3_asr_0p6b.yaml", "tiny": "configs/qwen3_asr_demo.yaml"}
+SIZES = {"0p6b": "bench/configs/bench_qwen3_asr_0p6b.yaml", "tiny": "configs/qwen3_asr_demo.yaml"}
 
 
 def load_cfg(args, extra: list[str]):

@@ -4,7 +4,7 @@
     python bench/scaling.py --gpus 1,2,4 --steps 60 --out DIR [key=value ...]
     python bench/scaling.py --gpus 1 --out DIR; python bench/scaling.py --gpus 2 --out DIR --append   # two jobs
 
-Each (arm, GPU count) is one `brisk train` run of configs/bench_nano.yaml (Fun-ASR-Nano at real sizes,
+Each (arm, GPU count) is one `brisk train` run of bench/configs/bench_nano.yaml (Fun-ASR-Nano at real sizes,
 random weights, the AISHELL-1-like length profile) for warm-up + timed steps, without checkpoints or
 validation. Timings come from the trainer's own step records (steps.jsonl, steps.rank<r>.jsonl): a job
 step is the slowest rank's step (the ranks meet at the gradient all-reduce); tokens/s is the real LLM tokens
@@ -112,7 +112,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=10, help="steps a run before timing")
     ap.add_argument("--workers", type=int, default=2, help="data.num_workers per rank")
     ap.add_argument("--timeout", type=int, default=130, help="seconds a run at most (4 runs fit a 10-minute job)")
-    ap.add_argument("--config", default=str(REPO / "configs/bench_nano.yaml"))
+    ap.add_argument("--config", default=str(REPO / "bench/configs/bench_nano.yaml"))
     ap.add_argument("--out", default=os.environ.get("OUT", str(REPO / "bench/tmp/scaling")))
     ap.add_argument("--append", action="store_true", help="add to the results already in --out/scaling.json (same "
                     "config): take the 1-GPU runs in one job and the N-GPU runs in a later one")

@@ -197,7 +197,7 @@ RULES: tuple[Rule, ...] = (
          "model.llm.dtype=fp32 with flash-linear-attention on this model's Gated DeltaNet layers (speed.fla_kernels, "
          "or transformers itself, which binds fla for every such layer when fla-core is installed): in fp32 fla's "
          "gate gradient came 4.0e-2 relative off the fp64 recurrence on an H200, against 3.5e-3 in bf16 (likely "
-         "TF32; bench/results/2026-12-02-h200-round9); brisk checks fla in bf16 only: set model.llm.dtype=bf16, "
+         "TF32); brisk checks fla in bf16 only: set model.llm.dtype=bf16, "
          "or uninstall fla-core for transformers' torch path"),
     Rule("speed.optimizer_in_backward, ranks", "ranks", lambda c, d, w: w > 1 and c.speed.optimizer_in_backward,
          "speed.optimizer_in_backward with {world} ranks: each layer would be updated before its gradients are "
@@ -273,7 +273,7 @@ def preset_values(name: str, frozen_audio: bool, lora: bool = False, family: str
 # frozen-audio switches off), the value is left out too: `speed.preset=fast speed.compile=false` runs the rest of
 # the preset instead of failing on a rule about a switch the user never named.
 PRESET_NEEDS: dict[str, tuple[tuple[str, str, Any, Any], ...]] = {
-    # FlexAttention pays only traced into static layers (round 13; with dynamic layers it was slower: round 12)
+    # FlexAttention pays only traced into static layers (with dynamic layers it was slower: docs/finetune-speed.md)
     "flex_attention": (("speed", "compile", True, False), ("speed", "packing", True, False),
                        ("speed", "compile_scope", "layer", "layer"), ("llm", "activation_checkpoint", 0, 0),
                        ("speed", "cuda_graph", True, False), ("speed", "compile_dynamic", False, True)),

@@ -15,7 +15,7 @@ cause in an exact computation:
   term gives dg a floor).
 A fused bf16 kernel rounds several intermediate tensors (the chunk states, the WY factors, the partial
 gradients), each such rounding adding about one floor: 16x (4 bits) leaves room for that, and a miscompiled
-kernel (fla issue 640: errors of the order of the gradient itself, relative ~0.5) is far above it. The
+kernel (fla-org/flash-linear-attention#640: errors of the order of the gradient itself, relative ~0.5) is far above it. The
 conv's floor is the torch conv in bf16 and the perturbed reference, the same way.
 """
 
@@ -40,12 +40,12 @@ class Shape:
     v: int
     lengths: tuple[int, ...]  # the conversations of one packed row (varlen), or the rows of a padded batch
     padded: bool = False  # a [B, T] batch of equal rows, no cu_seqlens (the issue-640 reproducers)
-    inputs: str = "qwen"  # qwen: Qwen3.5-like gates; uniform: issue 640's reproducer (torch.rand, logsigmoid g)
+    inputs: str = "qwen"  # qwen: Qwen3.5-like gates; uniform: fla#640's reproducer (torch.rand, logsigmoid g)
     conv: int = 4  # short conv width (0: no conv check at this shape)
 
 
 # Qwen3.5's Gated DeltaNet layers (public config.json: 16 key heads, 16/16/32/48 value heads, K = V = 128,
-# conv width 4), each on one packed row of mixed conversation lengths; then issue 640's reproducer shapes.
+# conv width 4), each on one packed row of mixed conversation lengths; then fla#640's reproducer shapes.
 SHAPES = (
     Shape("qwen3_5_0p8b", 16, 128, 128, MIXED),
     Shape("qwen3_5_2b", 16, 128, 128, MIXED),
@@ -189,7 +189,7 @@ def make_inputs(shape: Shape, device, seed: int = 0) -> dict[str, torch.Tensor]:
     def rnd(*s):
         return torch.randn(*s, generator=gen)
 
-    if shape.inputs == "uniform":  # issue 640's test: torch.rand inputs, logsigmoid gates, some gates zeroed
+    if shape.inputs == "uniform":  # fla#640's test: torch.rand inputs, logsigmoid gates, some gates zeroed
         q, k, v = (torch.rand(b, t, h, d, generator=gen) for d in (shape.k, shape.k, shape.v))
         beta = torch.rand(b, t, h, generator=gen).sigmoid()
         g = F.logsigmoid(torch.rand(b, t, h, generator=gen)) * (torch.rand(b, t, h, generator=gen) > 0.5)

@@ -279,7 +279,7 @@ def decoder_options(args) -> dict:
                 fast_multi_step=args.fast_multi_step, **encoder_dtype(args))
 
 
-# --fast-compile-mode auto: one H200, round 7 (bench/results/2026-12-02-h200-round7): max-autotune's Triton GEMM
+# --fast-compile-mode auto: measured on one H200 (docs/eval.md): max-autotune's Triton GEMM
 # templates beat cuBLAS for one row (1.27 against 1.64 ms a token) and lose at 16 and 64 rows (1.7 vs 1.6, 2.4 vs
 # 2.0 ms a step).
 AUTO_TUNED_MAX_BATCH = 1

@@ -192,7 +192,7 @@ def host_threads(rec, n: int = 0):
 
     ``n``: that many; -1 the count as it is (torch's default, one a core, unless something set it); 0 (auto) one
     thread when ``rec`` decodes on a GPU with its features there, the count as it is otherwise. On a GPU the
-    host only reads, pads and copies. Round 9 (one H200, a 16-vCPU VM, batch 64, four interleaved fresh
+    host only reads, pads and copies. On one H200 (a 16-vCPU VM, batch 64, four interleaved fresh
     processes): 74.5 and 73.5 utterances/s with torch's 16 threads, 160.4 and 160.9 with one, with no steal
     time recorded; in one slow process the host padding of a batch's waveforms alone took 288 ms against 4 with
     one thread. Features made on the CPU (--cpu-features) keep the count: their fbank is the CPU's own work.

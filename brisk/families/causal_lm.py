@@ -13,7 +13,7 @@ FAMILY = register(Family(
                         "linear_attention_batched", "fla_kernels", "fla_gated_norm", "liger", "liger_loss",
                         "optimizer_in_backward"}),
     # linear_attention_batched: the Gated DeltaNet path where fla is left off; fla_gated_norm joined when it paid
-    # on the hybrid's step (bench/results/2026-12-02-h200-round6)
+    # on the hybrid's step
     presets={"fast": {"packing": True, "fused_adamw": True, "label_head": True, "fla_kernels": True,
                       "linear_attention_batched": True, "fla_gated_norm": True}},
     labelled="assistant",

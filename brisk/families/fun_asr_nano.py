@@ -25,19 +25,16 @@ FAMILY = register(Family(
                         "label_head", "sdpa_backends", "cuda_graph", "fresh_grads", "fused_adamw", "tf32", "liger",
                         "optimizer_in_backward",
                         "flex_attention"}),
-    # bench/results/2026-12-01-h200-round3b and round3c: 17.4 ms a step against the round-2 fast path's 20.3;
-    # the probe meets the same 1,349 of 1,350 gates as that fast path.
+    # Each value joined the preset when the probe against the eager step met its gates and an interleaved bench on
+    # the GPU showed it paid (docs/finetune-speed.md has the measurements).
     presets={"fast": {"packing": True, "cuda_graph": True, "frozen_eval": True, "encoder_dtype": "bf16",
                       "compile": True, "fused_adamw": True, "label_head": True, "label_rows_frac": 0.3,
                       "fresh_grads": True, "fuse_projections": True,
-                      # 1,792 and 2,304 too: FunASR's ~1,600-token steps pad to 1,741 positions, not 1,971 (28.0 ms
-                      # against 30.1, bench/results/2026-12-01-h200-round3c)
+                      # 1,792 and 2,304 too: FunASR's ~1,600-token steps pad to 1,741 positions, not 1,971
                       "pack_buckets": [256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2304, 2560,
                                        3072, 4096],
                       # static decoder layers with FlexAttention traced into them, each bucket's graph captured when
-                      # the data first reaches it: 26.5 against 28.8 ms a step on FunASR's workload, the whole run
-                      # 57.0 s cold and 38.3 warm against 61.7 and 37.6, the probe's 1,349 of 1,350 gates
-                      # (bench/results/2026-12-03-h200-round14)
+                      # the data first reaches it (buckets the data never reaches cost nothing)
                       "compile_dynamic": False, "flex_attention": True, "graph_capture": "seen"}},
     frozen_audio=FROZEN_AUDIO,
     refused=("{bad} are for task: chat (model.family=causal_lm; the speech-LLM's Qwen3 decoder has no linear "

@@ -1,7 +1,7 @@
 """flash-linear-attention's gated backward on Hopper with Triton 3.4 to 3.7.0, at the block widths the kernel
 check proves right, entered through fla's own backend registry.
 
-fla 0.6 refuses the gated ``chunk_bwd_dqkwg`` on Hopper with Triton >= 3.4 and < 3.7.1 (fla issue 640: wrong
+fla 0.6 refuses the gated ``chunk_bwd_dqkwg`` on Hopper with Triton >= 3.4 and < 3.7.1 (fla-org/flash-linear-attention#640: wrong
 dk / dg / dbeta). The bisection in that thread pins the miscompile to one key-block width, BK = 64; fla's own
 launcher picks BK = min(next_pow2(K), 128) on Hopper, so Qwen3.5's K = 128 heads run BK = 128. Here the same
 Triton kernel of fla's is launched for the key head sizes in ``PROVEN``, at the width the kernel check proved
@@ -24,8 +24,8 @@ from ..errors import ConfigError
 
 # Key head size -> the key-block width brisk launches it at, in the window: only what the kernel check
 # (bench/gdn_check.py, tests/gpu/test_gdn_check_cuda.py) found within the bf16 bound, forward and backward,
-# on an H200 with Triton 3.6 (bench/results/2026-12-01-h200-round4, issue 30): Qwen3.5's K = 128 at fla's own
-# width 128. BK 64 is the miscompiled width (fla issue 640); issue 640's sweep also found BK 32 right, which
+# on an H200 with Triton 3.6 (docs/sft.md): Qwen3.5's K = 128 at fla's own
+# width 128. BK 64 is the miscompiled width (fla-org/flash-linear-attention#640); that report's sweep also found BK 32 right, which
 # would cover K = 64, but this check has not run it, so K = 64 is refused like every other size.
 PROVEN = {128: 128}
 WINDOW = ((3, 4, 0), (3, 7, 1))  # Triton versions [low, high) that fla 0.6 refuses on Hopper

@@ -1,22 +1,16 @@
 """speed.flex_attention: the LLM's attention on a packed row as FlexAttention with a document-causal block mask.
 
 Registered as ``brisk_flex`` in transformers' attention interface, like ``brisk_varlen`` (brisk/speed/varlen.py),
-whose packed rows it takes over. At FunASR's step size (about ten sequences of 130-240 tokens in a 1,792-token
-row, 16 query and 8 key/value heads of 128) torch's varlen_attn spends 0.215 ms a layer (forward + backward) in a
-graph replay, and FlexAttention compiled on the same row 0.122 ms with its block mask given
-(bench/results/2026-12-03-h200-round11): the row's 14 x 14 tiles of 128 are mostly empty, and FlexAttention skips
-them and runs the diagonal ones with the mask function. Compiled with dynamic shapes, as the preset's layers are
-(speed.compile_dynamic=true), the same call took 0.301 ms, and the preset's step went from 29.5 to 32.2 ms
-(round 11, same batches); compiled static, 0.129 ms with its mask build. So the call is compiled on its
-own, static (``static_flex``): a graph break in each compiled layer, and one graph per row length (the packed rows
-come in speed.pack_buckets lengths) under a recompile limit of its own (``LENGTHS``). Round 12 measured that
-break at 30.0 ms against the preset's 29.3: the break costs more than the kernel saves. With
+whose packed rows it takes over. At FunASR's step size (about ten sequences of 130-240 tokens in a 1,792-token row)
+the row's tiles of 128 are mostly empty: FlexAttention skips them and runs the diagonal ones with the mask function,
+where varlen attention computes every sequence in full (docs/finetune-speed.md has the timings). Compiled with
+dynamic shapes the kernel is built for a symbolic length and loses most of that, so the call is compiled on its own,
+static (``static_flex``): a graph break in each dynamically compiled layer, one graph per row length (the packed rows
+come in speed.pack_buckets lengths) under a recompile limit of its own (``LENGTHS``). With
 speed.compile_dynamic=false the layers themselves are static, one graph a row length, and FlexAttention is traced
 into them with no break (``apply_flex_attention(inline=True)``, registered as ``brisk_flex_inline``;
 ``flags.run_scope`` raises Dynamo's recompile limit to room for every bucket, since past it a layer would run
-eagerly; an inline call outside a compile takes varlen, not FlexAttention's unfused reference). Round 13 on
-FunASR's workload: the preset 29.4 ms, with static layers 28.0, with static layers and FlexAttention 27.6
-(bench/results/2026-12-03-h200-round13).
+eagerly; an inline call outside a compile takes varlen, not FlexAttention's unfused reference). That is the preset.
 
 How the mask reaches the layers: a forward pre-hook on the decoder stack builds one ``BlockMask`` a forward from
 the batch's ``cu_seq_lens_q`` (``document_block_mask``: a dozen small tensor ops on the device, no host read, so
@@ -129,8 +123,8 @@ _compiled: dict[str, object] = {}
 def static_flex(query, key, value, block_mask, scale=None) -> torch.Tensor:
     """``flex`` compiled on its own with static shapes, called from inside the dynamically compiled layers.
 
-    Inside a layer compiled with dynamic=True the FlexAttention kernel is built for a symbolic length: 0.301 ms a
-    layer against 0.129 ms static (round 11). ``torch.compiler.disable`` makes a graph break in the layer (its
+    Inside a layer compiled with dynamic=True the FlexAttention kernel is built for a symbolic length, over twice
+    as slow as a static one. ``torch.compiler.disable`` makes a graph break in the layer (its
     graph before and after the attention stay dynamic) and this function's own ``torch.compile`` runs instead.
     Under the graphed step the break costs nothing after capture. On the CPU (the tests: the plan asks for
     CUDA) the backend is aot_eager, Dynamo and AOTAutograd without Inductor's code: FlexAttention's own math."""

@@ -8,8 +8,8 @@ slower. ``train.cpu_threads=0`` leaves a core to each worker (the usable cores l
 least 1): fewer threads, but none of them waits on a stolen core.
 
 On a GPU the host only feeds the device. Decoding batch 64 on an H200's 16-vCPU VM ran at 74 utterances/s with
-torch's 16 threads and 160 with one (round 9; decoding takes one by itself, brisk.eval.testset.host_threads),
-and Qwen3.5 2B's host-bound training step had a ~5% faster median step with one (round 10: +4.9% in the
+torch's 16 threads and 160 with one (decoding takes one by itself, brisk.eval.testset.host_threads),
+and Qwen3.5 2B's host-bound training step had a ~5% faster median step with one (+4.9% in the
 clean one of two interleaved pairs; the other's 16-thread process was a slow first one, +13%); the dense,
 device-bound Qwen3 1.7B was the same with either. So auto (0) on a GPU is one thread, N sets N, and -1 sets
 torch's default: the count this process started with, so runs (and bench arms) in one process never inherit
