@@ -13,7 +13,7 @@ from brisk.data.collate import Collator
 from brisk.memory.checkpointing import apply_activation_checkpointing, is_checkpointed
 from brisk.formats.funasr import funasr_folder_config
 from brisk.models.build import build_model
-from brisk.models.speech_llm import lm_loss
+from brisk.models.lm import lm_loss
 
 from .conftest import DEMO_CONFIG, tiny_overrides
 from .test_packing import _samples

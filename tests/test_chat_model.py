@@ -14,7 +14,7 @@ from brisk.config import load_config
 from brisk.data.chat_store import build_chat_store
 from brisk.data.collate import Collator
 from brisk.models.build import build_model
-from brisk.models.speech_llm import lm_loss
+from brisk.models.lm import lm_loss
 from brisk.speed.llm_kernels import apply_linear_attention_per_sequence, linear_attention_layers
 
 ROOT = Path(__file__).resolve().parents[1]

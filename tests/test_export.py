@@ -17,7 +17,7 @@ from brisk.data.loader import build_split
 from brisk.models.build import build_model, read_state_dict
 from brisk.eval.load import load_for_inference
 from brisk.models.export import export_folder
-from brisk.models.speech_llm import lm_loss
+from brisk.models.lm import lm_loss
 
 from .test_prompt_parity import DATASET_CONF, funasr_dataset, write_folder, write_jsonl
 

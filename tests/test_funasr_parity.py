@@ -19,7 +19,7 @@ from brisk.data.dataset import SpeechDataset
 from brisk.data.jsonl import read_jsonl
 from brisk.data.prompt import PromptBuilder
 from brisk.models.build import build_model
-from brisk.models.speech_llm import lm_loss
+from brisk.models.lm import lm_loss
 
 from .conftest import DEMO
 

@@ -24,7 +24,7 @@ from brisk.data.dataset import SpeechDataset
 from brisk.data.jsonl import read_jsonl
 from brisk.data.prompt import PromptBuilder
 from brisk.models.build import build_model, read_checkpoint
-from brisk.models.speech_llm import lm_loss
+from brisk.models.lm import lm_loss
 
 from .conftest import DEMO_CONFIG, run_train, tiny_overrides
 from .test_funasr_parity import AD, ENC, jsonl  # noqa: F401  (jsonl: the demo utterances fixture)

@@ -15,7 +15,7 @@ from brisk.adapters.lora import LoraLinear, fold_lora, is_lora_key
 from brisk.config import ConfigError, OptimConfig, load_config
 from brisk.data.collate import Collator
 from brisk.models.build import build_llm, build_model, read_checkpoint
-from brisk.models.speech_llm import lm_loss
+from brisk.models.lm import lm_loss
 from brisk.train.optim import build_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ from brisk.config import load_config
 from brisk.data.collate import Collator, bucket
 from brisk.data.loader import build_split
 from brisk.models.build import build_model
-from brisk.models.speech_llm import lm_loss
+from brisk.models.lm import lm_loss
 from brisk.speed.varlen import block_causal_mask, varlen_attention
 
 from .conftest import DEMO_CONFIG, tiny_overrides

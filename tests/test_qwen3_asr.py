@@ -16,7 +16,7 @@ from brisk.config import ConfigError, load_config
 from brisk.data.collate import Collator
 from brisk.families import family_of, folder_family
 from brisk.models.qwen3_asr import from_hf, to_hf
-from brisk.models.speech_llm import lm_loss
+from brisk.models.lm import lm_loss
 
 from .conftest import REPO
 

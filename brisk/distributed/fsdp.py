@@ -21,7 +21,7 @@ from torch import nn
 
 from ..config import Config, ConfigError
 from ..families import get as get_family
-from ..models.speech_llm import human, param_count
+from ..models.lm import human, param_count
 
 
 def decoder_layers(model: nn.Module, cfg: Config) -> nn.ModuleList:
@@ -52,14 +52,6 @@ def apply_fsdp(model: nn.Module, cfg: Config, device: torch.device) -> str:
     total = param_count(model)  # a sharded parameter's numel is its full size
     return (f"parallel: FSDP2 over {dist.get_world_size()} ranks: {len(layers)} decoder layers + the root "
             f"({human(total - n_frozen)} parameters sharded; {human(n_frozen)} frozen, replicated)")
-
-
-def is_fsdp(model: nn.Module) -> bool:
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover - torch < 2.6
-        return False
-    return isinstance(model, FSDPModule)
 
 
 def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:

@@ -19,7 +19,7 @@ from ..data.chat import training_template
 from ..data.chat_store import completion_template, read_rows
 from ..data.loader import chat_prepare
 from ..data.collate import Collator
-from ..models.speech_llm import lm_loss
+from ..models.lm import lm_loss
 
 
 @torch.no_grad()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import ConfigError
@@ -84,7 +84,6 @@ class Family:
     # (cfg, collator, vocab, max_tokens) -> one batch per packed bucket up to max_tokens, in the collator's static
     # shapes, for capturing the step graphs before training; None: each bucket's graph is captured when first met
     graph_examples: Ref | None = None
-    notes: dict[str, str] = field(default_factory=dict)  # extra words for messages (e.g. why a switch is not taken)
     # The transformers folders (config.json) it loads: their model_type values ("*": any other config.json)
     folder_types: tuple[str, ...] = ()
     folder_overrides: Ref | None = None  # (folder) -> config overrides that load the folder as this family's model

@@ -21,7 +21,8 @@ from ..safe_load import load_torch_file
 from .causal_lm import ChatLM
 from .hf_native import from_hf, load_hf_weights
 from .kernel_router import without_kernel_router
-from .speech_llm import DTYPES, SpeechLLM
+from .lm import DTYPES
+from .speech_llm import SpeechLLM
 
 log = logging.getLogger("brisk")
 

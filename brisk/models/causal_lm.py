@@ -13,7 +13,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..formats.batch import Batch
-from .speech_llm import DTYPES, run_causal_lm
+from .lm import DTYPES, run_causal_lm
 
 
 class ChatLM(nn.Module):

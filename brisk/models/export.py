@@ -23,11 +23,11 @@ from ..config import Config, ConfigError
 from ..families import get as get_family
 from ..formats.brisk_keys import CMVN_NAME, FILE_KEYS, KEYS_FILE, inference_keys
 from ..files import SYNCER, ensure_free, fsync_dir, fsync_file, no_crc32, share_modes, tensor_bytes
+from .lm import DTYPES
 
 log = logging.getLogger("brisk")
 
 FORMATS = ("funasr", "hf")
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 LLM_DIR = "Qwen3-0.6B"  # the LLM folder's name inside a FunASR model folder (FunASR's own layout)
 
 

@@ -25,7 +25,8 @@ from torch import nn
 from ..config import ConfigError, ModelConfig
 from ..data.qwen3_asr import audio_token_count, rows_after_convs
 from ..formats.batch import AudioBatch
-from .speech_llm import DTYPES, SpeechLLM
+from .lm import DTYPES
+from .speech_llm import SpeechLLM
 
 log = logging.getLogger("brisk")
 
@@ -302,7 +303,7 @@ def write_qwen3_asr_hf(model, cfg, state: dict[str, torch.Tensor], out: Path, dt
         raise ConfigError("train.export=hf with LoRA adapters: transformers' Qwen3-ASR folder has no adapters; "
                           "merge them first or export none")
     config = model.hf_config
-    config.dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    config.dtype = DTYPES[dtype]
     with torch.device("meta"):
         hf = Qwen3ASRForConditionalGeneration(config)
     hf.load_state_dict(to_hf(state), strict=False, assign=True)

@@ -22,7 +22,7 @@ from ..config import Config
 from ..data.collate import Collator, collator_for
 from ..distributed.parallel import apply_parallel
 from ..distributed.ranks import init_distributed, pick_device
-from ..models.speech_llm import human, param_count
+from ..models.lm import human, param_count
 from ..families import family_of
 from ..plan import SpeedPlan, make_plan, preset_values
 from ..speed import Accelerated, accelerate

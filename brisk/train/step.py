@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from ..formats.batch import Batch
-from ..models.speech_llm import lm_loss
+from ..models.lm import lm_loss
 from ..speed.grad_norms import tensor_norms
 from .optim import WarmupLR, trainable_params
 

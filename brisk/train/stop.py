@@ -40,9 +40,6 @@ class StopOnSignal:
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum else ""
 
-    def exit_code(self) -> int:
-        return 128 + self.signum if self.signum else 0
-
     def _handle(self, signum, frame) -> None:
         if self.signum is not None:  # the second signal: abandon the run now
             self._restore()

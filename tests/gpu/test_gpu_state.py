@@ -82,7 +82,7 @@ def test_packed_loss_equals_padded_loss():
     from brisk.bench.harness import sample_stream
     from brisk.data.collate import Collator
     from brisk.models.build import build_model
-    from brisk.models.speech_llm import lm_loss
+    from brisk.models.lm import lm_loss
     cfg = _cfg("model.llm.dtype=fp32", "speed.packing=true")
     model = build_model(cfg.model, "cuda").eval()
     speed_parts(model, cfg, "cuda")  # installs the varlen attention for packed rows

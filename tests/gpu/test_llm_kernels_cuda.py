@@ -18,7 +18,7 @@ from brisk.config import load_config
 from brisk.data.chat_store import build_chat_store
 from brisk.data.collate import Collator
 from brisk.models.build import build_model
-from brisk.models.speech_llm import lm_loss
+from brisk.models.lm import lm_loss
 from brisk.speed import llm_kernels as K
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from brisk.config import load_config
-from brisk.models.speech_llm import lm_loss
+from brisk.models.lm import lm_loss
 from brisk.plan import make_plan
 from brisk.speed import llm_kernels as K
 
