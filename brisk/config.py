@@ -857,22 +857,12 @@ def check_files(cfg: Config) -> None:
             raise ConfigError(f"{key}: {value} does not exist")
 
 
-def _flat_tree(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in tree.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v and k != "config":
-            out.update(_flat_tree(v, key + "."))
-        elif isinstance(v, dict):
-            out.update({f"{key}.{kk}": vv for kk, vv in v.items()} or {key: {}})
-        else:
-            out[key] = v
-    return out
-
-
 def config_changes(saved: dict, now: dict, ignore: set[str] = frozenset()) -> list[str]:
-    """'key: old -> new' for every key that differs (keys in ``ignore`` aside)."""
-    a, b = _flat_tree(saved), _flat_tree(now)
+    """'key: old -> new' for every dotted key that differs, a key one side lacks included (keys in ``ignore``
+    aside). The keys are brisk.formats.run_config.flat's, as a resume's refusals name them."""
+    from .formats.run_config import flat
+
+    a, b = flat(saved), flat(now)
     out = []
     for key in sorted(set(a) | set(b)):
         if key in ignore or a.get(key) == b.get(key):

@@ -116,7 +116,7 @@ def test_the_checks_catch_what_they_should():
 
 
 # ------------------------------------------------------------------------------------------- families
-# The rooms that call a model family's hooks and never name one (STYLE rule 15). data's own modules of one
+# The rooms that call a model family's hooks and never name one (a family is asked, never named: docs/architecture.md). data's own modules of one
 # family (chat.py, prompt.py, context.py, qwen3_asr.py, ...) are the family's; its general modules are these.
 GENERAL = ("plan", "speed", "memory", "distributed", "train", "eval", "diagnose", "probe", "bench")
 GENERAL_DATA = ("brisk.data.loader", "brisk.data.collate", "brisk.data.sampler", "brisk.data.audio",
