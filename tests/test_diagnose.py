@@ -72,12 +72,16 @@ def test_slow_steps_are_explained_from_real_triggers(tmp_path, monkeypatch):
     step_fn = trainer.step_fn
     compiled = torch.compile(lambda x: (x.sin() * 2).sum())
 
-    def step_with_recompile(batches):  # step 12 runs freshly compiled code: a real Dynamo compile
-        if trainer.pos.step == 12:
-            compiled(torch.randn(7, 3))
-        return step_fn(batches)
+    class StepWithRecompile:  # the step (a StepFunction: the rest is the real step's); step 12 runs freshly compiled code
+        def __getattr__(self, name):
+            return getattr(step_fn, name)
 
-    trainer.step_fn = step_with_recompile
+        def __call__(self, batches):
+            if trainer.pos.step == 12:
+                compiled(torch.randn(7, 3))  # a real Dynamo compile
+            return step_fn(batches)
+
+    trainer.step_fn = StepWithRecompile()
     # One thread: with two OpenMP threads on a loaded 2-core machine a step waits at every barrier for the
     # descheduled thread, so plain steps jitter by whole seconds and the running median loses its meaning.
     threads = torch.get_num_threads()
@@ -158,8 +162,11 @@ def test_gc_is_frozen_again_after_a_step_that_captured_graphs(tmp_path, monkeypa
     monkeypatch.setattr(trainer_module, "freeze_gc", lambda: frozen.append(trainer.pos.step))
     inner = trainer.step_fn
 
-    class Capturing:  # a graphed step whose step 3 captured a graph
+    class Capturing:  # a graphed step whose step 3 captured a graph (the rest is the real step's)
         captures = {"step_captures": 0, "audio_captures": 0}
+
+        def __getattr__(self, name):
+            return getattr(inner, name)
 
         def __call__(self, batches):
             if trainer.pos.step == 3:

@@ -204,6 +204,11 @@ class GraphedStep:
         self.capture_seconds = 0.0
         self.eager_fallbacks = 0
 
+    @property
+    def hooks(self):
+        """The replayed step's hooks (brisk.train.step.StepFunction)."""
+        return self.step.hooks
+
     def _body(self, batch: AudioBatch, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         return self.step.body([batch], [rows])  # no marks: host callbacks would not replay
 

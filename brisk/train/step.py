@@ -14,8 +14,9 @@ zeroed fixed buffers under CUDA graphs, none otherwise (and under speed.fresh_gr
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -48,6 +49,26 @@ class StepHooks:
     # speed.optimizer_in_backward: arm() before the last backward, then tensor_norms(grads) and finish(norm)
     # in place of the optimizer's step (speed/optim_in_backward.py). None: the optimizer steps after the backward.
     in_backward: object | None = None
+
+
+class StepFunction(Protocol):
+    """What the loop calls one step: a ``TrainStep``, or a ``GraphedStep`` (brisk.speed.graph) replaying one. The
+    loop asks it for nothing else, so a step that wraps another must answer all of it."""
+
+    hooks: StepHooks  # the step's hooks (the wrapped step's, for a wrapper)
+
+    def __call__(self, batches: list[Batch]) -> dict[str, torch.Tensor]: ...
+
+    @property
+    def audio(self) -> Callable[[Batch], torch.Tensor | None] | None:
+        """The audio provider the step uses (validation takes the same one: graphed encoders replay there)."""
+
+    @property
+    def captures(self) -> dict[str, int]:
+        """CUDA graphs captured so far, by kind (the slow-step detector's counters); none for an eager step."""
+
+    def no_new_audio_graphs(self) -> AbstractContextManager:
+        """Inside (validation): no audio graph is captured."""
 
 
 def model_loss(model, batch: Batch, hooks: StepHooks, rows: torch.Tensor | None = None):
@@ -107,6 +128,18 @@ class TrainStep:
         metrics = self.body(batches, mark=self.hooks.mark)
         self.advance(metrics)
         return metrics
+
+    # StepFunction: an eager step captures nothing and uses its hooks' audio provider
+    @property
+    def audio(self):
+        return self.hooks.audio
+
+    @property
+    def captures(self) -> dict[str, int]:
+        return {}
+
+    def no_new_audio_graphs(self) -> AbstractContextManager:
+        return nullcontext()
 
     def advance(self, metrics: dict[str, torch.Tensor]) -> None:
         """The schedule's step, on the host after the body (a graph cannot hold it): every attempted step

@@ -6,7 +6,6 @@ import gc
 import json
 import logging
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from .async_save import AsyncCheckpointer
 from .checkpoint import Checkpoints, rng_state
 from .monitor import Monitor
 from .run_state import Position
-from .step import StepHooks, model_loss
+from .step import StepFunction, StepHooks, model_loss
 from .val_decode import ValDecoder
 
 log = logging.getLogger("brisk")
@@ -59,7 +58,7 @@ class Trainer:
     cfg: Config
     run_dir: Path
     parts: Parts
-    step_fn: object
+    step_fn: StepFunction
     train: Split
     valid: Split | None
     timer: StepTimer
@@ -110,7 +109,7 @@ class Trainer:
 
     def counters(self) -> dict:
         return {**compile_counters(), "gc_seconds": self.gcwatch.seconds,
-                **getattr(self.step_fn, "captures", {})}  # a GraphedStep's graphs so far
+                **self.step_fn.captures}  # a GraphedStep's graphs so far
 
     # ------------------------------------------------------------------------------------ the loop
     def fit(self, stop=None) -> dict:
@@ -193,7 +192,7 @@ class Trainer:
         if c.save_every and p.step % c.save_every == 0:
             self.timed("checkpoint", self.save)
         if c.gc_every:
-            captured = sum(getattr(self.step_fn, "captures", {}).values())
+            captured = sum(self.step_fn.captures.values())
             if p.step == 1 or captured != self.frozen_at:  # a capture's compile made long-lived objects too
                 self.frozen_at = captured
                 freeze_gc()
@@ -254,8 +253,8 @@ class Trainer:
         correct = torch.zeros((), device=self.device, dtype=torch.long)
         count = torch.zeros((), device=self.device, dtype=torch.long)
         # The step's own audio provider (the graphed step's replays encoder graphs), the step's loss.
-        hooks = StepHooks(audio=getattr(self.step_fn, "audio", self.parts.accel.audio), loss=self.parts.accel.loss)
-        with getattr(self.step_fn, "no_new_audio_graphs", nullcontext)():
+        hooks = StepHooks(audio=self.step_fn.audio, loss=self.parts.accel.loss)
+        with self.step_fn.no_new_audio_graphs():
             for batch in self.valid.loader:
                 if batch.n_utts == 0:
                     continue
@@ -278,8 +277,7 @@ class Trainer:
     @property
     def in_backward(self):
         """speed.optimizer_in_backward's updater, or None (a GraphedStep replays the TrainStep it holds)."""
-        step = getattr(self.step_fn, "step", self.step_fn)
-        return getattr(getattr(step, "hooks", None), "in_backward", None)  # (a test's plain function: none)
+        return self.step_fn.hooks.in_backward
 
     @property
     def clipping_by_previous(self) -> bool:
