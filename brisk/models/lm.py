@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..formats.batch import Batch
+from ..formats.batch import AudioBatch, Batch
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # model.llm.dtype, train.export_dtype, ...
 
@@ -59,3 +59,42 @@ def human(n: float) -> str:
         n /= 1000
     return f"{n:.1f}T"
 
+
+class SpeechLM(nn.Module):
+    """The text side every speech family shares: audio rows spliced into the LLM's input embeddings at the batch's
+    audio positions, then the causal LM (or its decoder stack, for hidden states) on them. A subclass sets ``llm``
+    and ``llm_dtype`` and gives ``audio_rows(batch)``: its own audio path."""
+
+    llm: nn.Module
+    llm_dtype: torch.dtype
+
+    def audio_rows(self, batch) -> torch.Tensor:  # pragma: no cover - each family's own
+        raise NotImplementedError
+
+    def embed(self, batch: Batch, audio_rows: torch.Tensor | None) -> torch.Tensor:
+        emb = self.llm.get_input_embeddings()(batch.input_ids)  # [B, T, D]
+        if audio_rows is None or audio_rows.numel() == 0:
+            return emb
+        b, t, d = emb.shape
+        # One scratch row past the end takes the padding slots (audio_pos == B*T), then is dropped.
+        flat = torch.cat([emb.reshape(b * t, d), emb.new_zeros(1, d)])
+        flat = flat.index_copy(0, batch.audio_pos, audio_rows.to(emb.dtype))
+        return flat[:-1].view(b, t, d)
+
+    def forward(self, batch: Batch, audio_rows: torch.Tensor | None = None, hidden: bool = False) -> torch.Tensor:
+        """Logits [B, T, vocab], or with ``hidden`` the final hidden states [B, T, D] (after the LLM's last norm,
+        before lm_head). ``audio_rows`` may be given precomputed (a frozen or cached encoder). ``hidden`` is a
+        forward argument, not only a method, so that a DDP-wrapped model can be asked for it too."""
+        if hidden:
+            return self.hidden_states(batch, audio_rows)
+        return self._run_llm(self.llm, batch, audio_rows).logits
+
+    def hidden_states(self, batch: Batch, audio_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The decoder stack's last hidden states [B, T, D]: what lm_head would turn into logits."""
+        return self._run_llm(self.llm.base_model, batch, audio_rows).last_hidden_state
+
+    def _run_llm(self, module: nn.Module, batch: Batch, audio_rows: torch.Tensor | None):
+        """``module`` (the causal LM, or its decoder stack) on the batch's spliced embeddings."""
+        if audio_rows is None and isinstance(batch, AudioBatch) and batch.speech is not None:
+            audio_rows = self.audio_rows(batch)
+        return run_causal_lm(module, self.embed(batch, audio_rows), batch, self.llm_dtype)

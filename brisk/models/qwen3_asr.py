@@ -25,8 +25,7 @@ from torch import nn
 from ..config import ConfigError, ModelConfig
 from ..data.qwen3_asr import audio_token_count, rows_after_convs
 from ..formats.batch import AudioBatch
-from .lm import DTYPES
-from .speech_llm import SpeechLLM
+from .lm import DTYPES, SpeechLM
 
 log = logging.getLogger("brisk")
 
@@ -54,12 +53,9 @@ def from_hf(state: dict) -> dict:
     return _renamed(state, [(ours, hf) for hf, ours in _PREFIXES], "brisk")
 
 
-class Qwen3ASR(nn.Module):
-    # The text side is Fun-ASR-Nano's: splice rows at audio_pos, run the causal LM (or its stack for hidden states).
-    embed = SpeechLLM.embed
-    forward = SpeechLLM.forward
-    hidden_states = SpeechLLM.hidden_states
-    _run_llm = SpeechLLM._run_llm
+class Qwen3ASR(SpeechLM):
+    """transformers' Qwen3-ASR, its modules taken over: the audio tower and projector give the audio rows, the text
+    side (splicing, the causal LM) is every speech family's (``SpeechLM``)."""
 
     def __init__(self, cfg: ModelConfig, hf: nn.Module):
         """``hf``: a transformers Qwen3ASRForConditionalGeneration whose modules this model takes over."""

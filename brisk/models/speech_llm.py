@@ -12,16 +12,16 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from ..formats.batch import AudioBatch, Batch
+from ..formats.batch import AudioBatch
 from .adaptor import CTCHead, TransformerAdaptor
-from .lm import DTYPES, run_causal_lm
+from .lm import DTYPES, SpeechLM
 from .sanm import SANMEncoder
 
 
 
 
 
-class SpeechLLM(nn.Module):
+class SpeechLLM(SpeechLM):
     def __init__(self, cfg: ModelConfig, llm: nn.Module):
         super().__init__()
         self.cfg = cfg
@@ -61,32 +61,3 @@ class SpeechLLM(nn.Module):
         """The adaptor frames that fill the batch's audio slots, [A, llm_dim]."""
         adapted = self.encode_audio(batch.speech, batch.speech_lengths)
         return adapted[batch.audio_utt, batch.audio_frame]
-
-    # ---------------------------------------------------------------------------------- text + LLM
-    def embed(self, batch: Batch, audio_rows: torch.Tensor | None) -> torch.Tensor:
-        emb = self.llm.get_input_embeddings()(batch.input_ids)  # [B, T, D]
-        if audio_rows is None or audio_rows.numel() == 0:
-            return emb
-        b, t, d = emb.shape
-        # One scratch row past the end takes the padding slots (audio_pos == B*T), then is dropped.
-        flat = torch.cat([emb.reshape(b * t, d), emb.new_zeros(1, d)])
-        flat = flat.index_copy(0, batch.audio_pos, audio_rows.to(emb.dtype))
-        return flat[:-1].view(b, t, d)
-
-    def forward(self, batch: Batch, audio_rows: torch.Tensor | None = None, hidden: bool = False) -> torch.Tensor:
-        """Logits [B, T, vocab], or with ``hidden`` the final hidden states [B, T, D] (after the LLM's last norm,
-        before lm_head). ``audio_rows`` may be given precomputed (a frozen or cached encoder). ``hidden`` is a
-        forward argument, not only a method, so that a DDP-wrapped model can be asked for it too."""
-        if hidden:
-            return self.hidden_states(batch, audio_rows)
-        return self._run_llm(self.llm, batch, audio_rows).logits
-
-    def hidden_states(self, batch: Batch, audio_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """The decoder stack's last hidden states [B, T, D]: what lm_head would turn into logits."""
-        return self._run_llm(self.llm.base_model, batch, audio_rows).last_hidden_state
-
-    def _run_llm(self, module: nn.Module, batch: Batch, audio_rows: torch.Tensor | None):
-        """``module`` (the causal LM, or its decoder stack) on the batch's spliced embeddings."""
-        if audio_rows is None and isinstance(batch, AudioBatch) and batch.speech is not None:
-            audio_rows = self.audio_rows(batch)
-        return run_causal_lm(module, self.embed(batch, audio_rows), batch, self.llm_dtype)
