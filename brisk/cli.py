@@ -252,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     from .data.jsonl import DataError
 
     try:
+        from .families import load_module
+
+        for module in args.family_module:
+            load_module(module)
         return args.fn(args)
     except (ConfigError, DataError, AudioError, FileNotFoundError) as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
@@ -273,6 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The brisk command's arguments (tests parse every documented command with it)."""
     p = argparse.ArgumentParser(prog="brisk", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"brisk {__version__}")
+    p.add_argument("--family-module", action="append", default=[], metavar="MODULE",
+                   help="import MODULE (a dotted name or a .py file) first: a model family of your own registers "
+                        "itself there (brisk.families.register); installed packages can use the brisk.families "
+                        "entry point group instead")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="fine-tune; with no config, the bundled demo on the CPU")
@@ -310,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", help="write a FunASR or transformers-native model folder")
     e.add_argument("run", help="a run folder (or a FunASR / native Fun-ASR-Nano folder to convert)")
-    e.add_argument("--format", choices=["funasr", "hf"], default=None,
+    e.add_argument("--format", default=None,
                    help="funasr: model.pt + config.yaml for funasr.AutoModel (Fun-ASR-Nano); hf: transformers' layout "
                         "(default: a run's own train.export format, else one its model family writes; funasr for a "
                         "folder to convert)")

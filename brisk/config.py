@@ -322,8 +322,8 @@ class TrainConfig:
         for k in ("log_every", "val_every", "save_every", "gc_every", "keep_n", "average_best"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"train.{k}={getattr(self, k)}: must be 0 or more")
-        if self.export not in ("funasr", "hf", "none"):
-            raise ConfigError(f"train.export={self.export!r}: use funasr, hf or none")
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", str(self.export)):  # the model family's formats: the plan checks
+            raise ConfigError(f"train.export={self.export!r}: a format of the model family (funasr, hf, ...) or none")
         if self.export_dtype not in ("bf16", "fp32"):
             raise ConfigError(f"train.export_dtype={self.export_dtype!r}: use bf16 or fp32")
         if self.parallel not in ("ddp", "fsdp"):

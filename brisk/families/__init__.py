@@ -22,5 +22,5 @@ ConfigError line listing the families. The old top-level ``task:`` word (speech,
 from __future__ import annotations
 
 from .registry import (DEFAULT, Family, FamilyRule, Ref, all_families, family_of, folder_family, get,  # noqa: F401
-                       names, register)
+                       load_module, load_plugins, names, register)
 from . import causal_lm, fun_asr_nano, qwen3_asr  # noqa: E402,F401 - each registers its family

@@ -107,8 +107,51 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+ENTRY_POINTS = "brisk.families"  # a package's entry points in this group name modules that register a family
+_plugins_loaded = False
+
+
+def load_plugins() -> None:
+    """Import every module named by an installed package's ``brisk.families`` entry point (once): each registers
+    its family with ``register``. A plugin that fails to import is one ConfigError line naming it."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINTS):
+        try:
+            ep.load()
+        except Exception as e:  # noqa: BLE001 - whatever the plugin raised, the line names the plugin
+            raise ConfigError(f"model family plugin {ep.name} ({ep.value}, entry point group {ENTRY_POINTS}) failed "
+                              f"to load: {type(e).__name__}: {e}") from None
+
+
+def load_module(path: str) -> None:
+    """``brisk --family-module MODULE``: import a module (dotted name, or a .py file) that registers a family."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    try:
+        if path.endswith(".py"):
+            spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+            if spec is None or not Path(path).is_file():
+                raise FileNotFoundError(path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            importlib.import_module(path)
+    except (ImportError, FileNotFoundError) as e:
+        raise ConfigError(f"--family-module {path}: cannot import it ({e})") from None
+
+
 def get(name: str, key: str = "model.family") -> Family:
     """The family called ``name`` (or by its old ``task:`` word); one line listing the families otherwise."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    load_plugins()
     if name in _REGISTRY:
         return _REGISTRY[name]
     for f in _REGISTRY.values():
@@ -122,6 +165,7 @@ def get(name: str, key: str = "model.family") -> Family:
 
 
 def all_families() -> list[Family]:
+    load_plugins()
     return [_REGISTRY[n] for n in names()]
 
 

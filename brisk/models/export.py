@@ -27,7 +27,6 @@ from .lm import DTYPES
 
 log = logging.getLogger("brisk")
 
-FORMATS = ("funasr", "hf")
 LLM_DIR = "Qwen3-0.6B"  # the LLM folder's name inside a FunASR model folder (FunASR's own layout)
 
 
@@ -36,8 +35,6 @@ def export_folder(model, cfg: Config, out: str | Path, fmt: str = "funasr", dtyp
     """Write a model folder of ``fmt``; ``state``: the full state dict when the model holds only shards (FSDP).
     ``sync``: on the disk (fsync) before the folder is renamed into place; else renamed at once and fsynced
     in the background (brisk.files.SYNCER), as the end of a training run does."""
-    if fmt not in FORMATS:
-        raise ConfigError(f"export format {fmt!r}: use funasr or hf")
     if dtype not in DTYPES:
         raise ConfigError(f"export dtype {dtype!r}: use bf16 or fp32")
     out = Path(out)
