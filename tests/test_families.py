@@ -79,3 +79,14 @@ def test_a_misspelt_family_gets_the_name_meant():
     with pytest.raises(ConfigError) as e:
         families.get("whisper")
     assert "did you mean" not in str(e.value)
+
+
+@pytest.mark.parametrize("config, speech", [("demo.yaml", True), ("sft_demo.yaml", False), ("qwen3_asr_demo.yaml", True)])
+def test_every_family_builds_a_model_of_the_written_contract(config, speech):
+    """brisk.families.contract: what the general rooms may ask of a family's model, checked on each one built."""
+    from brisk.config import load_config
+    from brisk.families import FamilyModel, SpeechModel, family_of
+
+    cfg = load_config(REPO / "configs" / config)
+    model = family_of(cfg).build(cfg.model, None)
+    assert isinstance(model, FamilyModel) and isinstance(model, SpeechModel) == speech

@@ -23,4 +23,5 @@ from __future__ import annotations
 
 from .registry import (DEFAULT, Family, FamilyRule, Ref, all_families, family_of, folder_family, get,  # noqa: F401
                        load_module, load_plugins, names, register)
+from .contract import FamilyModel, SpeechModel  # noqa: F401
 from . import causal_lm, fun_asr_nano, qwen3_asr  # noqa: E402,F401 - each registers its family

@@ -54,7 +54,7 @@ class Family:
     summary: str
     switches: frozenset[str]  # the speed switches it takes (the plan refuses the others in one line)
     presets: dict[str, dict[str, Any]]  # speed.preset name -> values
-    build: Ref  # (ModelConfig, device) -> the plain model
+    build: Ref  # (ModelConfig, device) -> the plain model: a contract.FamilyModel (SpeechModel with audio)
     dataset: Ref  # (cfg, which, path, vocab_size, tokenizer, prepared) -> (Dataset, skipped lines, counts), or None
     exporters: dict[str, Ref]  # train.export format -> writer(model, cfg, state, out, dtype, tokenizer)
     readme: Ref  # (out, fmt, dtype, cfg) -> writes out/README.md
