@@ -246,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         hint = option_hint(argv, unknown) if args.cmd in ("train", "bench", "profile") else None
-        parser.error(hint or f"unrecognized arguments: {' '.join(unknown)}")
+        if hint is None:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        print(f"error: {hint}", file=sys.stderr)  # one line, as every other mistake
+        return 2
     from .config import ConfigError
     from .data.audio import AudioError
     from .data.jsonl import DataError

@@ -98,7 +98,7 @@ def main_table() -> None:
          shown="brisk train configs/demo.yaml data.train=chat.parquet")
     case("speech jsonl as chat data", ["train", "sft_demo", f"train.output_dir={tmp}/sj", f"data.train={DATA / 'valid.jsonl'}"],
          shown="brisk train sft_demo data.train=data/demo/valid.jsonl")
-    case("a config key given as an option", ["train", "--device", "cuda"], pick=r"error: ", shown="brisk train --device cuda")
+    case("a config key given as an option", ["train", "--device", "cuda"], shown="brisk train --device cuda")
     case("a CUDA device on a machine without one", ["train", c, *TINY, f"train.output_dir={tmp}/cuda", "train.device=cuda"],
          shown="brisk train configs/demo.yaml train.device=cuda (no GPU)")
 
