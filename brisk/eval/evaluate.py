@@ -222,12 +222,9 @@ def default_out(model: Path, data: Path) -> Path:
     from ..formats.run_folder import folder_kind
 
     base = model / "eval"
-    if folder_kind(model) != "run" and model.parent.is_dir() and (model.parent / "config.yaml").is_file():
-        try:
-            if folder_kind(model.parent) == "run":
-                base = model.parent / "eval" / model.name
-        except Exception:  # a parent that is no folder of ours: keep eval/ beside the weights
-            pass
+    # (a parent with a config.yaml is a run or a FunASR folder: folder_kind has no error to raise for it)
+    if folder_kind(model) != "run" and (model.parent / "config.yaml").is_file() and folder_kind(model.parent) == "run":
+        base = model.parent / "eval" / model.name
     want = str(data.resolve())
     for n in range(1, 1000):
         out = base / (f"{data.stem}.jsonl" if n == 1 else f"{data.stem}-{n}.jsonl")

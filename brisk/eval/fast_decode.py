@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import ConfigError
-from ..speed.capture import no_compiles, settle
+from ..speed.capture import no_compiles, on_side_stream, settle
 from .decode_step import FusedStep, compiled, refusal
 
 log = logging.getLogger("brisk")
@@ -253,12 +253,9 @@ class FastGreedy:
         side = _capture_stream(self.device)
 
         def warm():
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                # Compiles here, if at all. The cache slot it writes is written again, with the same values, by the
-                # first replay.
-                self.run_step(r, span)
-            torch.cuda.current_stream(self.device).wait_stream(side)
+            # Compiles here, if at all. The cache slot it writes is written again, with the same values, by the
+            # first replay.
+            on_side_stream(lambda: self.run_step(r, span), side, self.device)
             for buf, old in zip(r.state(), saved):
                 buf.copy_(old)
 
@@ -465,13 +462,9 @@ class GraphedEncode:
         lens = torch.ones(rows, dtype=torch.long, device=self.device)
         side = _capture_stream(self.device)
 
-        def warm():  # lazy initialisation, cuBLAS workspaces, compiled blocks
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                self.model.encode_audio(x, lens)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-
-        settle(warm, what="the decode encoder")
+        # warm-ups: lazy initialisation, cuBLAS workspaces, compiled blocks
+        settle(lambda: on_side_stream(lambda: self.model.encode_audio(x, lens), side, self.device),
+               what="the decode encoder")
         graph = torch.cuda.CUDAGraph()
         with no_compiles(), torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
             out = self.model.encode_audio(x, lens)

@@ -35,14 +35,15 @@ def compile_events() -> int:
             + int(counters["stats"].get("unique_graphs", 0)) + int(sum(counters["recompiles"].values())))
 
 
-def on_side_stream(fn: Callable, stream: torch.cuda.Stream | None = None):
-    """``fn()`` on a side stream that waits for the current one, and the current one for it (a warm-up's work is
-    then ordered with what comes before and after, and its allocations are not the capture stream's)."""
-    side = stream or torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
+def on_side_stream(fn: Callable, stream: torch.cuda.Stream | None = None, device=None):
+    """``fn()`` on a side stream (``stream``, else a new one) that waits for ``device``'s current one, and the current
+    one for it (a warm-up's work is then ordered with what comes before and after, and its allocations are not the
+    capture stream's)."""
+    side = stream or torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         out = fn()
-    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.current_stream(device).wait_stream(side)
     return out
 
 
