@@ -127,7 +127,7 @@ def audio_ms(args, runner, batches) -> str:
     ms = []
     from brisk.speed.flags import run_scope
 
-    with run_scope(runner.cfg.speed):
+    with run_scope(runner.cfg):
         for b in batches[:10]:
             b = b.to(runner.parts.device)
             sync(args.device)

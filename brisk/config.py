@@ -273,6 +273,7 @@ class TrainConfig:
     output_dir: str = "runs/demo"  # the run folder; a relative path is taken from the current folder
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     seed: int = 1234  # seed of the training randomness (dropout, shuffling, dither)
+    deterministic: bool = True  # cuDNN's deterministic convolution algorithms: a rerun gives the same losses
     max_epochs: int = 1  # epochs to train (at least 1)
     max_steps: int = 0  # 0: no limit
     accum_grad: int = 1  # batches accumulated into one optimizer step

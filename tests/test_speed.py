@@ -60,7 +60,7 @@ def test_sdpa_backends_scoped_to_the_run(tmp_path):
     model.llm.register_forward_pre_hook(lambda *a: seen.append(backend_flags()))
     step([batches[0]])
     assert seen and seen[-1]["sdp.flash"]  # outside the run's scope: torch's own selection
-    with run_scope(cfg.speed):
+    with run_scope(cfg):
         step([batches[0]])
     assert seen[-1]["sdp.math"] and not seen[-1]["sdp.flash"] and not seen[-1]["sdp.mem_efficient"]
     assert not seen[-1]["sdp.cudnn"]
@@ -81,12 +81,22 @@ def test_run_scope_holds_every_flag_of_the_plan_and_restores_them(tmp_path):
     cfg = tiny_config(tmp_path, **{"speed.tf32": True, "speed.sdpa_backends": ["efficient", "math"],
                                    "speed.compile": True})
     flags, suppress = backend_flags(), torch._dynamo.config.suppress_errors
-    with run_scope(cfg.speed):
+    with run_scope(cfg):
         inside = backend_flags()
         assert torch._dynamo.config.suppress_errors  # compile_on_error=warn: eager where a compile fails
     assert inside["matmul.allow_tf32"] and inside["float32_matmul_precision"] == "high"
     assert inside["sdp.mem_efficient"] and inside["sdp.math"] and not inside["sdp.flash"]
     assert backend_flags() == flags and torch._dynamo.config.suppress_errors == suppress
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_train_deterministic_sets_cudnn_for_the_run_and_restores_it(tmp_path, deterministic):
+    cfg = tiny_config(tmp_path, **{"train.deterministic": deterministic})
+    flags = backend_flags()
+    assert not flags["cudnn.deterministic"]  # torch's default
+    with run_scope(cfg):
+        assert torch.backends.cudnn.deterministic is deterministic
+    assert backend_flags() == flags
 
 
 @pytest.mark.parametrize("dynamic", [True, False])
@@ -101,7 +111,7 @@ def test_static_layers_get_a_recompile_limit_with_room_for_every_bucket(tmp_path
     cfg = tiny_config(tmp_path, **{"speed.compile": True, "speed.compile_dynamic": dynamic,
                                    "speed.pack_buckets": buckets, **graphed})
     before = torch._dynamo.config.recompile_limit
-    with run_scope(cfg.speed):
+    with run_scope(cfg):
         inside = torch._dynamo.config.recompile_limit
     assert inside == (before if dynamic else max(before, 23))
     assert torch._dynamo.config.recompile_limit == before

@@ -67,7 +67,7 @@ class Runner:
         return [b.pin_memory() for b in out] if self.device.type == "cuda" else out
 
     def run(self, batch) -> dict:
-        with run_scope(self.cfg.speed):
+        with run_scope(self.cfg):
             return self.step([batch.to(self.device, non_blocking=True)])
 
 
@@ -123,7 +123,7 @@ def count_flops(runner: Runner, batches: list) -> float:
     total = 0.0
     for b in batches:
         b = b.to(runner.device)
-        with run_scope(runner.cfg.speed), varlen_for_counting(getattr(model, "llm", model)), \
+        with run_scope(runner.cfg), varlen_for_counting(getattr(model, "llm", model)), \
                 FlopCounterMode(display=False) as fc:
             _, loss, _, _ = model_loss(model, b, hooks)
             loss.backward()

@@ -7,8 +7,9 @@ Which switches a run uses, and which go together, is decided before any model ex
   function (module swaps, ``nn.Module.compile``, the attention implementation). Returns the ``Accelerated``
   parts the step and validation take (the frozen audio provider, the loss hook, how to enter training mode,
   what validation runs under) and the notes of what was done. Nothing is assigned onto a module instance.
-- ``flags.run_scope(speed)``: the process-wide flags (TF32, SDPA backends, Dynamo's error fallback), entered
-  around everything that picks kernels, graph capture included, and restored after.
+- ``flags.run_scope(cfg)``: the process-wide flags (cuDNN's deterministic algorithms, TF32, SDPA backends,
+  Dynamo's error fallback), entered around everything that picks kernels, graph capture included, and restored
+  after.
 - ``graph.GraphedStep``: the step-side wrapper that captures a step function per bucket and replays it.
 
 With every switch off, ``accelerate`` touches nothing.

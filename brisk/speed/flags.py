@@ -1,5 +1,12 @@
-"""speed.tf32: TF32 for fp32 matmuls and convolutions (the SANM encoder and adaptor when they run in fp32).
+"""The process-wide torch settings of a run, entered around everything that picks kernels and restored after it.
 
+train.deterministic: cuDNN's deterministic convolution algorithms (torch.backends.cudnn.deterministic). torch's
+default lets cuDNN pick a convolution backward that sums in a varying order, so two identical backward passes can
+differ in the last bits: measured on an H100, Qwen3-ASR's audio-tower conv2d2/conv2d3 gradients differed by up
+to 6e-11 between two passes over one batch (bench/determinism.py), and a rerun's losses by up to 4.8e-7 by step
+60. With it a rerun, a resume and a run from a warm compile cache compute the same numbers.
+
+speed.tf32: TF32 for fp32 matmuls and convolutions (the SANM encoder and adaptor when they run in fp32).
 Process-wide: torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 and the float32
 matmul precision are set for the duration of ``tf32_scope`` (the whole training run) and restored after it.
 The bf16 LLM is unaffected. Numerical effect: fp32 matmuls keep a 10-bit mantissa on their inputs.
@@ -48,11 +55,22 @@ def tf32_scope(enabled: bool):
 
 
 @contextmanager
-def run_scope(speed):
-    """Every process-wide setting the run's switches ask for, entered around everything that picks kernels:
+def cudnn_deterministic(enabled: bool):
+    saved = torch.backends.cudnn.deterministic
+    torch.backends.cudnn.deterministic = enabled or saved
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.deterministic = saved
+
+
+@contextmanager
+def run_scope(cfg):
+    """Every process-wide setting the run's config asks for, entered around everything that picks kernels:
     eager steps, validation, and the warm-up and capture of every CUDA graph (a graph keeps the kernels chosen
     at capture, so a flag set only around the replays would not reach it). All are restored on exit.
 
+    - train.deterministic: cuDNN's deterministic convolution algorithms;
     - speed.tf32: TF32 matmuls and convolutions for fp32 work;
     - speed.sdpa_backends: ``sdpa_kernel`` with exactly those backends;
     - speed.compile with compile_on_error=warn: Dynamo falls back to eager where compiling fails
@@ -63,7 +81,9 @@ def run_scope(speed):
     """
     from contextlib import ExitStack
 
+    speed = cfg.speed
     with ExitStack() as stack:
+        stack.enter_context(cudnn_deterministic(cfg.train.deterministic))
         stack.enter_context(tf32_scope(speed.tf32))
         if speed.sdpa_backends:
             from .sdpa import sdpa_scope

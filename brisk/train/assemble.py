@@ -150,7 +150,7 @@ def step_function(parts: Parts, step: TrainStep):
     vocab = parts.model.llm.get_input_embeddings().weight.shape[0]
     made = family.graph_examples(parts.cfg, parts.collator, vocab, MAX_GRAPH_TOKENS) if family.graph_examples else []
     examples = [b.to(parts.device) for b in made]
-    with run_scope(parts.cfg.speed):
+    with run_scope(parts.cfg):
         seconds = graphed.prepare(examples)
     log.info("cuda_graph: %d step graphs and %d encoder graphs captured up front in %.1f s",
              len(graphed.graphs), len(graphed.encoder.graphs), seconds)

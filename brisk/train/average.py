@@ -150,7 +150,7 @@ def use_average(trainer, cfg) -> dict[str, torch.Tensor] | None:
         trainer.parts.accel.audio.refresh()  # compute copies of the frozen encoder follow the loaded weights
     val = None
     if trainer.valid is not None:
-        with torch.no_grad(), run_scope(cfg.speed), trainer.parts.accel.eval_context():
+        with torch.no_grad(), run_scope(cfg), trainer.parts.accel.eval_context():
             val = trainer.measure(tag=Path(path).name)
         log.info("validation of %s: loss %.4f  acc %.4f%s", Path(path).name, val["loss"], val["acc"],
                  f"  CER {100 * val['cer']:.2f}%  WER {100 * val['wer']:.2f}%" if "cer" in val else "")

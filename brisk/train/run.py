@@ -72,7 +72,7 @@ def build_trainer(cfg: Config) -> Trainer:
     cfg = parts.cfg  # the effective config: what the plan resolved for this device is what the run saves
     if rank == 0:
         save_config(cfg, run_dir / "config.yaml")
-    with run_scope(cfg.speed):  # the flags as training will run them
+    with run_scope(cfg):  # the flags as training will run them
         state = acceleration_state(cfg, ranks.device, parts.plan)
     log.info(one_line(state))
     if rank == 0:

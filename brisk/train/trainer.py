@@ -117,7 +117,7 @@ class Trainer:
         self.stop = stop
         self.parts.accel.train_mode()
         log.info("training from step %d (epoch %d)", self.pos.step, self.pos.epoch)  # the first step's start, in train.log
-        with run_scope(self.cfg.speed):
+        with run_scope(self.cfg):
             if self.pos.step == 0:  # the "before" of the validation curves (nothing without a validation set)
                 self.validate()
             while self.pos.epoch < c.max_epochs and not self.done():

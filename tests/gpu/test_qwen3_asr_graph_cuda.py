@@ -112,7 +112,7 @@ def test_a_replayed_step_does_not_sync_with_the_host(tmp_path):
     sync(runner.device)
     torch.cuda.set_sync_debug_mode("error")
     try:
-        with run_scope(runner.cfg.speed):
+        with run_scope(runner.cfg):
             out = [runner.step([b]) for b in batches]
     finally:
         torch.cuda.set_sync_debug_mode("default")
