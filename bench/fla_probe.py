@@ -31,7 +31,7 @@ def run(arm: str, out: Path, steps: int, config: str, layers: int, device: str =
     from brisk.data.chat_store import build_chat_store
     from brisk.data.collate import Collator
     from brisk.models.build import build_model
-    from brisk.models.speech_llm import lm_loss
+    from brisk.models.lm import lm_loss
     from brisk.speed import llm_kernels as K
 
     dtype = "fp32" if arm == "batched_fp32" else "bf16"

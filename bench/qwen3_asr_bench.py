@@ -146,8 +146,8 @@ def recipe_arm(args, idx: list[list[int]]) -> tuple[list[float], str]:
     from transformers import (AutoProcessor, Qwen3ASRForConditionalGeneration, Trainer, TrainerCallback,
                               TrainingArguments)
 
-    from brisk.data.qwen3_asr import read_lines, target_text
-    from brisk.models.qwen3_asr import hf_config
+    from brisk.families.qwen3_asr.data import read_lines, target_text
+    from brisk.families.qwen3_asr.model import hf_config
     from tests.test_qwen3_asr import DataCollatorForQwen3ASRFinetuning, make_preprocess_fn_prefix_only
 
     cfg = load_cfg(args, [])

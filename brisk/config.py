@@ -201,7 +201,7 @@ class AutoBatchConfig:
 
 @dataclass
 class DataConfig:
-    train: str | None = None  # FunASR jsonl; task chat: a jsonl, parquet file / folder / glob, or datasets save_to_disk folder
+    train: str | None = None  # FunASR jsonl; causal_lm: a jsonl, parquet file / folder / glob, or datasets save_to_disk folder
     valid: str | None = None  # the same, for validation; none: no validation
     tokenizer: str | None = None  # a tokenizer folder; defaults to model.llm.path
     profile: str | None = None  # a length profile (speech_length/text_length jsonl) for synthetic batches
@@ -223,10 +223,10 @@ class DataConfig:
     prompt_class: str | None = None  # MultiContextPrompt (FunASR's context header) or null (no header)
     prompt_conf: dict = field(default_factory=dict)  # FunASR prompt_conf: use_hotwords, use_hist, ... (see docs/export.md)
     auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
-    max_len: int = 2048  # task chat: tokens of one conversation at most (see data.overlong)
-    overlong: str = "truncate"  # task chat: a conversation over data.max_len is truncated (its end dropped) or skipped
+    max_len: int = 2048  # causal_lm: tokens of one conversation at most (see data.overlong)
+    overlong: str = "truncate"  # causal_lm: a conversation over data.max_len is truncated (its end dropped) or skipped
     language: str | None = None  # model.family=qwen3_asr: FunASR jsonl targets become "language <this><asr_text>..." and decoding is prefilled with it (none: "language None", no prefill)
-    chat_template: str | None = None  # task chat: a jinja chat template with {% generation %} markers; none: the tokenizer's own, or the training twin of a known one
+    chat_template: str | None = None  # causal_lm: a jinja chat template with {% generation %} markers; none: the tokenizer's own, or the training twin of a known one
     train_split: str | None = None  # a split of data.train where its layout has splits (train_sft of ultrachat_200k's parquet folder, a DatasetDict folder)
     valid_split: str | None = None  # a split of data.valid (test_sft); data.valid may be the same folder as data.train
     cache_dir: str | None = None  # prepared data (tokenised chats, indexed speech lists), reused by later runs; none: .brisk-cache beside train.output_dir
@@ -366,11 +366,11 @@ class SpeedConfig:
     fuse_projections: bool = False  # one GEMM for q/k/v and one for gate/up in each decoder layer (same parameters)
     flex_attention: bool = False  # with packing and compile (CUDA): the LLM's attention on a packed row as FlexAttention with a document-causal block mask built once a forward, in place of varlen_attn (brisk/speed/flex.py)
     audio_varlen: bool = False  # model.family=qwen3_asr: the audio tower's windowed attention as one call a layer for all windows (varlen_attn on CUDA in bf16), no host sync per layer
-    linear_attention_batched: bool = False  # task chat, packing: a packed row's sequences go through each Gated DeltaNet layer as one right-padded batch (torch path; exact for real tokens)
-    fla_kernels: bool = False  # task chat: flash-linear-attention's Triton kernels for Gated DeltaNet layers (Qwen3.5), packed rows too (CUDA, fla-core)
-    fla_gated_norm: bool = False  # task chat: the gated RMSNorm of Qwen3.5's Gated DeltaNet layers (norm(x) * weight * silu(gate)) as flash-linear-attention's fused kernel, same parameters (CUDA, fla-core)
+    linear_attention_batched: bool = False  # causal_lm, packing: a packed row's sequences go through each Gated DeltaNet layer as one right-padded batch (torch path; exact for real tokens)
+    fla_kernels: bool = False  # causal_lm: flash-linear-attention's Triton kernels for Gated DeltaNet layers (Qwen3.5), packed rows too (CUDA, fla-core)
+    fla_gated_norm: bool = False  # causal_lm: the gated RMSNorm of Qwen3.5's Gated DeltaNet layers (norm(x) * weight * silu(gate)) as flash-linear-attention's fused kernel, same parameters (CUDA, fla-core)
     liger: bool = False  # liger-kernel's fused RMSNorm and SwiGLU in the decoder on the same parameters (CUDA, liger-kernel; speech and chat)
-    liger_loss: bool = False  # task chat: liger-kernel's fused linear cross-entropy, no full logits (CUDA; not with label_head)
+    liger_loss: bool = False  # causal_lm: liger-kernel's fused linear cross-entropy, no full logits (CUDA; not with label_head)
     optimizer_in_backward: bool = False  # each decoder layer updated by fused AdamW as soon as its gradients are final, on a side stream under the rest of the backward (same optimizer state; needs fused_adamw, one rank; a non-finite layer skips itself and the layers below it)
     clip_by_previous_norm: bool = False  # with optimizer_in_backward and optim.grad_clip > 0: clip by the last finite global norm of an earlier step (this step's is known only after the layers' updates); the first step of a run is not clipped (a checkpoint keeps the norm: a resume clips as the run would have)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-import brisk.models.build as build
+import brisk.families.fun_asr_nano.build as build
 from brisk.models.build import build_model
 
 from .conftest import tiny_config

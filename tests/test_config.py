@@ -80,7 +80,7 @@ def test_include_and_override_order_and_exponent_floats(tmp_path):
 def test_fun_asr_nano_config_has_the_real_sizes():
     from brisk.models.build import build_llm
     from brisk.models.lm import param_count
-    from brisk.models.speech_llm import SpeechLLM
+    from brisk.families.fun_asr_nano.model import SpeechLLM
 
     cfg = load_config(REPO / "configs/fun_asr_nano.yaml")
     with torch.device("meta"):

@@ -117,7 +117,7 @@ def test_native_transformers_model_gives_brisk_logits(source, tokenizer):
     out = export_folder(model, cfg, tmp / "hf", "hf", "fp32", tokenizer)
     from transformers import FunAsrNanoForConditionalGeneration
 
-    from brisk.models.hf_native import native_inputs_embeds
+    from brisk.families.fun_asr_nano.hf_native import native_inputs_embeds
 
     hf = FunAsrNanoForConditionalGeneration.from_pretrained(str(out)).eval()
     # Left unset, the adaptor does not mask padded frames (see the export's README).

@@ -12,7 +12,7 @@ import torch
 from brisk import files
 from brisk.config import load_config
 from brisk.data.collate import collator_for
-from brisk.data.dataset import graph_examples
+from brisk.families.fun_asr_nano.data import graph_examples
 from brisk.speed.graph import MAX_GRAPH_TOKENS
 from brisk.train.checkpoint import Checkpoints
 

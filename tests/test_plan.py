@@ -201,11 +201,11 @@ def test_chat_switches_and_rules(tmp_path):
     from brisk.config import load_config
 
     demo = REPO / "configs" / "sft_demo.yaml"
-    with pytest.raises(ConfigError, match="task chat: speed.frozen_eval"):
+    with pytest.raises(ConfigError, match="model.family=causal_lm: speed.frozen_eval"):
         load_config(demo, [f"train.output_dir={tmp_path}", "speed.frozen_eval=true"])
-    with pytest.raises(ConfigError, match="are for task: chat"):
+    with pytest.raises(ConfigError, match="are for model.family=causal_lm"):
         tiny_config(tmp_path, **{"speed.liger_loss": True})
-    with pytest.raises(ConfigError, match="a task: chat model has no encoder"):
+    with pytest.raises(ConfigError, match="a causal LM has no encoder"):
         load_config(demo, [f"train.output_dir={tmp_path}", "model.encoder.activation_checkpoint=1"])
     with pytest.raises(ConfigError, match="two ways to compute the loss"):
         load_config(demo, [f"train.output_dir={tmp_path}", "speed.label_head=true", "speed.liger_loss=true"])

@@ -15,7 +15,7 @@ import torch
 from brisk.config import ConfigError, load_config
 from brisk.data.collate import Collator
 from brisk.families import family_of, folder_family
-from brisk.models.qwen3_asr import from_hf, to_hf
+from brisk.families.qwen3_asr.model import from_hf, to_hf
 from brisk.models.lm import lm_loss
 
 from .conftest import REPO
@@ -176,7 +176,7 @@ def test_funasr_jsonl_becomes_the_recipes_prompt_with_the_chosen_language(tmp_pa
 def test_decoding_sees_the_training_prefix_for_funasr_lines(tmp_path):
     """FunASR lines carry FunASR's own system message; Qwen3-ASR trains under the empty system turn that decoding
     gives, so the decode prompt is the training row up to its first label."""
-    from brisk.eval.qwen3_asr_decode import Qwen3ASRRecognizer
+    from brisk.families.qwen3_asr.decode import Qwen3ASRRecognizer
 
     cfg = config(tmp_path)
     ds, (s,) = samples_of(cfg, str(DEMO / "valid.jsonl"), 1)
@@ -200,7 +200,7 @@ def test_short_clips_are_padded_to_half_a_second_as_transformers_processor_pads_
     here (docs/qwen3-asr.md)."""
     import numpy as np
 
-    from brisk.data.qwen3_asr import audio_token_count, features
+    from brisk.families.qwen3_asr.data import audio_token_count, features
 
     cfg = config(tmp_path)
     ds, _ = samples_of(cfg, str(DEMO / "valid.jsonl"), 1)
@@ -226,7 +226,7 @@ def test_samples_count_audio_tokens_with_the_towers_own_window(tmp_path):
         feats = torch.randn(frames, 128)
         with torch.no_grad():
             rows = model.encode_audio(feats[None], torch.tensor([frames]))
-        from brisk.data.qwen3_asr import audio_token_count
+        from brisk.families.qwen3_asr.data import audio_token_count
 
         assert audio_token_count(frames, ds.n_window) == rows.shape[0]
 
@@ -385,7 +385,7 @@ def test_compile_marks_the_decoder_layers_and_the_frozen_audio_tower_layers(tmp_
 def test_export_loads_in_transformers_with_equal_logits_and_decodes_the_same_ids(tmp_path):
     from transformers import AutoProcessor, Qwen3ASRForConditionalGeneration
 
-    from brisk.eval.qwen3_asr_decode import qwen3_asr_recognizer
+    from brisk.families.qwen3_asr.decode import qwen3_asr_recognizer
     from brisk.models.export import export_folder
 
     path, lines = recipe_jsonl(tmp_path, 2)
@@ -458,7 +458,7 @@ def test_the_cpu_demo_learns_validation_cer_falls(tmp_path):
 def test_encoder_bf16_is_refused_in_one_line():
     """`brisk eval --encoder-bf16` copies Fun-ASR-Nano's encoder and adaptor; Qwen3-ASR's recognizer refuses it
     before touching the model (docs/troubleshooting.md)."""
-    from brisk.eval.qwen3_asr_decode import Qwen3ASRRecognizer
+    from brisk.families.qwen3_asr.decode import Qwen3ASRRecognizer
 
     with pytest.raises(ConfigError, match="--encoder-bf16: Qwen3-ASR's audio tower") as e:
         Qwen3ASRRecognizer(None, None, encoder_dtype=torch.bfloat16)

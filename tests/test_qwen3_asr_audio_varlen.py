@@ -11,7 +11,7 @@ import torch
 from brisk.config import ConfigError
 from brisk.data.collate import Collator
 from brisk.families import family_of
-from brisk.models.qwen3_asr import audio_token_count, audio_windows, run_audio_tower
+from brisk.families.qwen3_asr.model import audio_token_count, audio_windows, run_audio_tower
 
 from .test_qwen3_asr import config, recipe_jsonl, samples_of
 
@@ -170,7 +170,7 @@ def test_the_fast_preset_takes_audio_varlen_on_cuda_only_for_qwen3_asr(tmp_path)
     frozen = ("model.encoder.freeze=true", "model.adaptor.freeze=true")
     assert "audio_varlen" in make_plan(config(tmp_path, "speed.preset=fast", *frozen), "cuda", 1)[1].on
     assert "audio_varlen" not in make_plan(config(tmp_path, "speed.preset=fast", *frozen), "cpu", 1)[1].on
-    with pytest.raises(ConfigError, match=r"speed.audio_varlen are for task: chat .* or for model.family=qwen3_asr \(speed.audio_varlen"):
+    with pytest.raises(ConfigError, match=r"speed.audio_varlen are for model.family=causal_lm .* or for model.family=qwen3_asr \(speed.audio_varlen"):
         from brisk.config import load_config
 
         from .conftest import REPO

@@ -14,7 +14,7 @@ import torch
 from brisk.config import SpeedConfig
 from brisk.data.collate import collator_for
 from brisk.families import family_of, get
-from brisk.models.qwen3_asr import _window, static_windows
+from brisk.families.qwen3_asr.model import _window, static_windows
 from brisk.speed.audio_varlen import apply_audio_varlen
 from brisk.speed.frozen import FrozenAudio
 
@@ -28,7 +28,7 @@ class _Cfg:  # the audio config fields the windows read (Qwen3-ASR-0.6B's: 13 ro
 
 @pytest.mark.parametrize("counts", [[], [3], [5, 9], [13, 104, 105, 1], [250, 7, 40]])
 def test_static_windows_cover_the_real_windows_then_the_padding_in_a_fixed_count(counts):
-    from brisk.models.qwen3_asr import audio_windows
+    from brisk.families.qwen3_asr.model import audio_windows
 
     slots, room = 512, 6
     cu = static_windows(counts, slots, room, _Cfg)

@@ -581,10 +581,10 @@ def test_the_hf_readme_is_written_from_the_config(tiny_run, capsys):
     text = (run.parent / "hf_export" / "README.md").read_text()
     assert "~L/8" not in text and "every adaptor output, one per LFR frame (model.adaptor.use_low_frame_rate false)" in text
     from brisk.config import load_config
-    from brisk.models.export import _spliced
+    from brisk.families.fun_asr_nano.export import spliced
 
     cfg = load_config(DEMO_CONFIG, ["model.adaptor.use_low_frame_rate=true"])
-    assert "the first ~L/8 adaptor outputs" in _spliced(cfg)
+    assert "the first ~L/8 adaptor outputs" in spliced(cfg)
 
 
 def test_the_closing_lines_count_the_run_after_a_resume(tmp_path):

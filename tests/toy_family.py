@@ -1,13 +1,15 @@
 """A fourth model family from outside brisk/: a text-only causal LM with an export format of its own, registered by
 this module alone (`brisk --family-module tests.toy_family ...`, or a package's `brisk.families` entry point).
-brisk's own code is not edited for it: its parts are brisk's public builders and readers, and its exporter is here."""
+brisk's own code is not edited for it: it borrows the causal_lm family's model, data and eval parts, and its
+exporter is here."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from brisk.families import Family, Ref, register
+from brisk.families import Family, register
+from brisk.families import causal_lm
 
 FORMAT = "toy"
 
@@ -33,10 +35,10 @@ FAMILY = register(Family(
     switches=frozenset({"packing", "fused_adamw", "label_head"}),
     presets={"fast": {"packing": True, "label_head": True}},
     labelled="assistant",
-    build=Ref("brisk.models.build:build_chat_model"),
-    dataset=Ref("brisk.data.loader:chat_dataset"),
-    prepare=Ref("brisk.data.loader:chat_prepare"),
-    exporters={FORMAT: Ref("tests.toy_family:write_toy")},
-    readme=Ref("tests.toy_family:write_readme"),
-    eval_main=Ref("brisk.eval.chat_eval:chat_eval_main"),
+    build=causal_lm.build,
+    dataset=causal_lm.dataset,
+    prepare=causal_lm.prepare,
+    exporters={FORMAT: write_toy},
+    readme=write_readme,
+    eval_main=causal_lm.eval_main,
 ))

@@ -1,4 +1,4 @@
-"""Chat SFT rows -> tokens with assistant-only labels, for ``task: chat`` (read, cached and counted by
+"""Chat SFT rows -> tokens with assistant-only labels, for ``model.family: causal_lm`` (read, cached and counted by
 chat_store.py, from any layout of chat_sources.py; training and `brisk eval` both read through it).
 
 One conversation a row, in the format ultrachat / OpenAI-style sets already have::

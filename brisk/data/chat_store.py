@@ -1,4 +1,4 @@
-"""Chat data tokenised once, in parallel, into a memory-mapped cache: what ``task: chat`` trains from.
+"""Chat data tokenised once, in parallel, into a memory-mapped cache: what ``model.family: causal_lm`` trains from.
 
 Rows come from any layout of chat_sources.py, in one of two formats:
 

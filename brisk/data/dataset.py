@@ -122,27 +122,6 @@ class SyntheticDataset(torch.utils.data.Dataset):
         return Sample(f"synthetic_{index}", [feats], tokens)
 
 
-def graph_examples(cfg, collator, vocab: int, max_tokens: int) -> list:
-    """One synthetic batch per packed bucket up to ``max_tokens`` of exactly the bucket's length, then one per
-    speech bucket, in the collator's static shapes: Fun-ASR-Nano's ``graph_examples``, so that every step graph
-    and every encoder graph is captured before training."""
-    fe = cfg.model.frontend
-    dim, low = fe.n_mels * fe.lfr_m, cfg.model.adaptor.use_low_frame_rate
-    out = []
-    # One sample of exactly t tokens lands in bucket t (a shorter one would fall into a smaller bucket and
-    # leave bucket t to be captured, and compiled, in the middle of training).
-    fixed = len(SyntheticDataset([(600, 0)], dim, vocab, fe.lfr_n, use_low_frame_rate=low)[0].tokens.input_ids)
-    for t in cfg.speed.pack_buckets:
-        if t > max_tokens:
-            break
-        ds = SyntheticDataset([(600, max(0, t - fixed))], dim, vocab, fe.lfr_n, use_low_frame_rate=low)
-        out.append(collator([ds[0]]))
-    for f in cfg.speed.speech_buckets:  # also every speech bucket, so encoder graphs exist up front
-        ds = SyntheticDataset([(max(1, f * fe.lfr_n - 1), 4)], dim, vocab, fe.lfr_n, use_low_frame_rate=low)
-        out.append(collator([ds[0]]))
-    return out
-
-
 def read_profile(path: str) -> list[tuple[int, int]]:
     """A length profile: jsonl rows with speech_length and text_length (a FunASR jsonl works too)."""
     import json

@@ -13,9 +13,6 @@ import torch
 from ..config import Config, ConfigError
 from ..families import family_of
 from .collate import Collator
-from .context import ContextPrompt
-from .dataset import SpeechDataset, SyntheticDataset, read_profile
-from .prompt import PromptBuilder
 from .sampler import TokenBatchSampler
 
 log = logging.getLogger("brisk")
@@ -44,27 +41,6 @@ def prepare_data(cfg: Config, tokenizer=None) -> dict[str, object]:
             if path:
                 out[which] = prepare(cfg, which, path, tokenizer)
     return out
-
-
-def chat_prepare(cfg: Config, which: str, path: str, tokenizer=None):
-    """A causal LM's data (jsonl, parquet, datasets folders), tokenised once into the cache (its ``prepare``)."""
-    from .chat_store import build_chat_store
-
-    d = cfg.data
-    return build_chat_store(path, tokenizer if tokenizer is not None else load_tokenizer(cfg),
-                            max_len=d.max_len, overlong=d.overlong, skip_bad=d.skip_bad,
-                            cache_dir=cache_dir(cfg), split=d.train_split if which == "train" else d.valid_split,
-                            template_path=d.chat_template, workers=d.prepare_workers, what=f"data.{which}")
-
-
-def speech_prepare(cfg: Config, which: str, path: str, tokenizer=None):
-    """A FunASR jsonl indexed once, every line and audio file checked (Fun-ASR-Nano's ``prepare``)."""
-    from .speech_index import build_speech_index
-
-    d = cfg.data
-    return build_speech_index(path, max_speech_length=d.max_speech_length, max_text_length=d.max_text_length,
-                              skip_bad=d.skip_bad, cache_dir=cache_dir(cfg), check_audio=d.check_audio,
-                              workers=d.prepare_workers, what=f"data.{which}")
 
 
 @dataclass
@@ -111,45 +87,6 @@ def build_split(cfg: Config, which: str, collator: Collator, vocab_size: int, ra
         worker_init_fn=ignore_sigint if workers else None,
     )
     return Split(dataset, sampler, NotedLoader(loader, which), skipped, counts)
-
-
-def chat_dataset(cfg: Config, which: str, path: str | None, vocab_size: int, tokenizer=None, prepared=None):
-    """A causal LM's split: chat data with assistant-only labels (the family's ``dataset``)."""
-    if not path:
-        if which == "train":
-            raise ConfigError("data.train: give chat data: a jsonl, parquet files (a file, folder or glob) or a "
-                              "datasets save_to_disk folder, with 'messages' or 'prompt' + 'completion'")
-        return None
-    dataset = prepared if prepared is not None else chat_prepare(cfg, which, path, tokenizer)
-    return dataset, dataset.bad_first, dict(dataset.counts)
-
-
-def speech_dataset(cfg: Config, which: str, path: str | None, vocab_size: int, tokenizer=None, prepared=None):
-    """Fun-ASR-Nano's split: FunASR jsonl (FunASR's prompt and labels, fbank + LFR), or synthetic batches of a
-    length profile (the family's ``dataset``)."""
-    d = cfg.data
-    skipped: list[str] = []
-    counts: dict[str, int] = {}
-    if path:
-        index = prepared if prepared is not None else speech_prepare(cfg, which, path, tokenizer)
-        skipped = index.skipped
-        counts = {"bad_lines": len(skipped), "suspect_lines": index.meta["suspects"],
-                  "missing_audio": index.meta["audio_missing"]}
-        builder = PromptBuilder(tokenizer if tokenizer is not None else load_tokenizer(cfg), sys_prompt=d.sys_prompt,
-                                do_think=d.do_think, multiturn_max=d.multiturn_max, max_token_length=d.max_token_length,
-                                use_low_frame_rate=cfg.model.adaptor.use_low_frame_rate,
-                                context=ContextPrompt(d.prompt_class, d.prompt_conf) if d.prompt_class else None)
-        dataset = SpeechDataset(index.utterances, cfg.model.frontend, builder, seed=cfg.train.seed,
-                                skip_bad=d.skip_bad, max_speech_length=d.max_speech_length)
-    elif which == "train" and d.profile:
-        fe = cfg.model.frontend
-        dataset = SyntheticDataset(read_profile(d.profile), fe.n_mels * fe.lfr_m, vocab_size, fe.lfr_n,
-                                   seed=cfg.train.seed, use_low_frame_rate=cfg.model.adaptor.use_low_frame_rate)
-    else:
-        if which == "train":
-            raise ConfigError("data.train: give a FunASR jsonl (or data.profile for synthetic batches)")
-        return None
-    return dataset, skipped, counts
 
 
 def cache_dir(cfg: Config) -> Path:

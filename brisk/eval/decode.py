@@ -322,20 +322,6 @@ class Recognizer:
                 yield [Result(i, self.text(i), s) for i, s in zip(ids, secs)]
 
 
-def funasr_recognizer(cfg, model, tokenizer, device: str = "cpu", **kw) -> Recognizer:
-    """Fun-ASR-Nano's decoding for `brisk eval` and `brisk transcribe` (the family's ``recognizer``)."""
-    return Recognizer(model, tokenizer, cfg.model.frontend, device=device, sys_prompt=cfg.data.sys_prompt,
-                      do_think=cfg.data.do_think, **kw)
-
-
-def funasr_val_recognizer(model, dataset, device, fast: bool = False) -> Recognizer:
-    """Fun-ASR-Nano's decoding for train.val_decode, with the validation set's tokenizer, front end and prompt
-    settings (the family's ``val_recognizer``)."""
-    b = dataset.builder
-    return Recognizer(model, b.tok, dataset.frontend.cfg, device=device, sys_prompt=b.sys_prompt,
-                      do_think=b.do_think, fast=fast)
-
-
 def one_ahead(pool: ThreadPoolExecutor, fn, items: list):
     """``fn`` over ``items`` with the next item's call running on ``pool`` while the caller uses this one's
     result: a thread reads and featurizes the next batch (the fbank's torch ops release the GIL) while the GPU

@@ -3,27 +3,12 @@
 from __future__ import annotations
 
 import difflib
-import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import ConfigError
 
 DEFAULT = "fun_asr_nano"
-
-
-@dataclass(frozen=True)
-class Ref:
-    """A part of a family on a higher floor than this registry, imported when first used."""
-
-    target: str  # "package.module:attribute"
-
-    def resolve(self) -> Any:
-        module, _, attr = self.target.partition(":")
-        return getattr(importlib.import_module(module), attr)
-
-    def __call__(self, *args, **kwargs):
-        return self.resolve()(*args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -54,17 +39,17 @@ class Family:
     summary: str
     switches: frozenset[str]  # the speed switches it takes (the plan refuses the others in one line)
     presets: dict[str, dict[str, Any]]  # speed.preset name -> values
-    build: Ref  # (ModelConfig, device) -> the plain model: a contract.FamilyModel (SpeechModel with audio)
-    dataset: Ref  # (cfg, which, path, vocab_size, tokenizer, prepared) -> (Dataset, skipped lines, counts), or None
-    exporters: dict[str, Ref]  # train.export format -> writer(model, cfg, state, out, dtype, tokenizer)
-    readme: Ref  # (out, fmt, dtype, cfg) -> writes out/README.md
+    build: Callable  # (ModelConfig, device) -> the plain model: a contract.FamilyModel (SpeechModel with audio)
+    dataset: Callable  # (cfg, which, path, vocab_size, tokenizer, prepared) -> (Dataset, skipped lines, counts), or None
+    exporters: dict[str, Callable]  # train.export format -> writer(model, cfg, state, out, dtype, tokenizer)
+    readme: Callable  # (out, fmt, dtype, cfg) -> writes out/README.md
     # (cfg, which, path, tokenizer) -> the split's data read, checked and cached before the model is built (handed
     # to ``dataset`` as ``prepared``); None: ``dataset`` reads its data itself
-    prepare: Ref | None = None
-    recognizer: Ref | None = None  # (cfg, model, tokenizer, device, **kw) -> eval.decode.Recognizer
-    val_recognizer: Ref | None = None  # (model, valid dataset, device, fast) -> Recognizer for train.val_decode
-    eval_main: Ref | None = None  # (args, cfg, model, tokenizer, weights, device) -> exit code: its own `brisk eval`
-    eval_set: Ref | None = None  # (path, cfg) -> (keys, audio paths, references) of an eval jsonl; none: FunASR jsonl
+    prepare: Callable | None = None
+    recognizer: Callable | None = None  # (cfg, model, tokenizer, device, **kw) -> eval.decode.Recognizer
+    val_recognizer: Callable | None = None  # (model, valid dataset, device, fast) -> Recognizer for train.val_decode
+    eval_main: Callable | None = None  # (args, cfg, model, tokenizer, weights, device) -> exit code: its own `brisk eval`
+    eval_set: Callable | None = None  # (path, cfg) -> (keys, audio paths, references) of an eval jsonl; none: FunASR jsonl
     task: str = ""  # the old top-level `task:` word for it (an alias)
     labelled: str = "transcript"  # what its labelled tokens are (the log's accuracy line)
     frozen_audio: tuple[str, ...] = ()  # switches that need model.encoder.freeze and model.adaptor.freeze
@@ -83,10 +68,10 @@ class Family:
     audio_static_inputs: Callable = _never
     # (cfg, collator, vocab, max_tokens) -> one batch per packed bucket up to max_tokens, in the collator's static
     # shapes, for capturing the step graphs before training; None: each bucket's graph is captured when first met
-    graph_examples: Ref | None = None
+    graph_examples: Callable | None = None
     # The transformers folders (config.json) it loads: their model_type values ("*": any other config.json)
     folder_types: tuple[str, ...] = ()
-    folder_overrides: Ref | None = None  # (folder) -> config overrides that load the folder as this family's model
+    folder_overrides: Callable | None = None  # (folder) -> config overrides that load the folder as this family's model
 
     def refuse(self, bad: list[str]) -> str:
         return self.refused.format(family=self.name, bad=", ".join(f"speed.{k}" for k in bad),

@@ -1,13 +1,12 @@
-"""Build the speech-LLM from a config, and move weights in and out in FunASR's layout.
+"""What every family's builder shares: the transformers LLM from model.llm, LoRA adapters, activation
+checkpointing, and reading weights (brisk checkpoints, .pt and .safetensors files) into a built model.
 
 Everything is read from local paths; nothing is downloaded.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import time
 from pathlib import Path
 
 import torch
@@ -16,13 +15,8 @@ from torch import nn
 from ..adapters.lora import apply_lora, is_lora_key, load_lora_weights
 from ..config import ConfigError, ModelConfig
 from ..files import file_sha256
-from ..formats.hf import is_hf_folder
 from ..safe_load import load_torch_file
-from .causal_lm import ChatLM
-from .hf_native import from_hf, load_hf_weights
 from .kernel_router import without_kernel_router
-from .lm import DTYPES
-from .speech_llm import SpeechLLM
 
 log = logging.getLogger("brisk")
 
@@ -71,35 +65,7 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None, task
     return get(task or cfg.family, key="task" if task else "model.family").build(cfg, device)
 
 
-def build_speech_model(cfg: ModelConfig, device: torch.device | str | None = None) -> nn.Module:
-    """Fun-ASR-Nano: the model with its random initialisation (seeded), then any weights the config names.
-
-    With ``device`` the parameters are created there directly (a 0.8B model initialises on a GPU in a
-    second rather than ~15 s on the CPU); the random values then come from that device's generator.
-    When one file (model.init, else the folder's model.pt) holds every weight, the random values would
-    all be overwritten: the parameters are then made without values (meta), allocated once in their
-    final dtype on ``device`` and filled from the file (see build_from_file).
-    """
-    full = Path(cfg.init) if cfg.init else (Path(cfg.path) / "model.pt" if cfg.path else None)
-    if full is not None and full.is_file():
-        model = build_from_file(cfg, full, device)
-        if model is not None:
-            return model
-    torch.manual_seed(cfg.seed)  # the random initialisation is part of the run's definition
-    with torch.device(device or "cpu"):
-        model = _with_adapters(SpeechLLM(cfg, build_llm(cfg)), cfg)
-    if cfg.llm.path and cfg.llm.load_weights and _has_hf_weights(Path(cfg.llm.path)):
-        _load_hf_llm_weights(model, Path(cfg.llm.path))
-    if cfg.path and (Path(cfg.path) / "model.pt").is_file():
-        load_weights(model, Path(cfg.path) / "model.pt")
-    elif cfg.path and is_hf_folder(cfg.path):  # transformers-native layout: map the keys back
-        load_weights(model, Path(cfg.path), from_hf(load_hf_weights(cfg.path), cfg))
-    if cfg.init:
-        load_weights(model, Path(cfg.init))
-    return _after_loading(model, cfg)
-
-
-def _with_adapters(model: SpeechLLM, cfg: ModelConfig) -> SpeechLLM:
+def with_adapters(model: nn.Module, cfg: ModelConfig) -> nn.Module:
     """Adapters go in before any weights are loaded, so that a file holding them fills them too."""
     note = apply_lora(model, cfg.llm.lora)
     if cfg.llm.lora.enabled:
@@ -107,7 +73,7 @@ def _with_adapters(model: SpeechLLM, cfg: ModelConfig) -> SpeechLLM:
     return model
 
 
-def _after_loading(model: SpeechLLM, cfg: ModelConfig) -> SpeechLLM:
+def after_loading(model: nn.Module, cfg: ModelConfig) -> nn.Module:
     """After every weight is loaded: the adapters' own start (model.llm.lora.init_path wins over a model file's
     adapters), then activation checkpointing (its layers keep the parameter names, so nothing else changes)."""
     from ..memory.checkpointing import apply_activation_checkpointing
@@ -121,83 +87,11 @@ def _after_loading(model: SpeechLLM, cfg: ModelConfig) -> SpeechLLM:
     return model
 
 
-def build_chat_model(cfg: ModelConfig, device: torch.device | str | None = None) -> ChatLM:
-    """A ChatLM: seeded random initialisation (from model.llm.config, or model.llm.path's config.json), LoRA
-    adapters (model.llm.lora), then the folder's *.safetensors (when model.llm.load_weights), then model.init (a
-    brisk checkpoint or .safetensors), then activation checkpointing (model.llm.activation_checkpoint).
-
-    On a GPU (and on meta) the weights are made in model.llm.dtype directly: fp32 first would need twice the
-    memory before the cast (a 27B model's fp32 copy alone nearly fills one H200). On the CPU they are made in
-    fp32 and cast, as before: there torch's bf16 normal_ draws other values than fp32's, and the CPU runs are the
-    ones whose numbers tests compare."""
-    torch.manual_seed(cfg.seed)
-    direct = torch.device(device or "cpu").type in ("cuda", "meta")
-    with torch.device(device or "cpu"):
-        model = _with_adapters(ChatLM(cfg, build_llm(cfg, DTYPES[cfg.llm.dtype] if direct else None)), cfg)
-    if cfg.llm.path and cfg.llm.load_weights and _has_hf_weights(Path(cfg.llm.path)):
-        _load_hf_llm_weights(model, Path(cfg.llm.path))
-    if cfg.init:
-        load_weights(model, Path(cfg.init))
-    return _after_loading(model, cfg)
-
-
-
-@contextlib.contextmanager
-def _params_on_meta():
-    """Parameters are created on the meta device (no memory, no init compute); buffers stay real, since
-    non-persistent ones (rotary inv_freq) are computed at construction and are in no weights file."""
-    register = nn.Module.register_parameter
-
-    def to_meta(module, name, param):
-        register(module, name, param)
-        if param is not None and param.device.type != "meta":
-            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
-
-    nn.Module.register_parameter = to_meta
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = register
-
-
-def build_from_file(cfg: ModelConfig, path: Path, device=None) -> SpeechLLM | None:
-    """The model built without random values and loaded from ``path``; None when the file lacks a weight
-    (then the seeded random initialisation is needed and build_model takes its usual path)."""
-    t0 = time.perf_counter()
-    state = read_state_dict(path)
-    t1 = time.perf_counter()
-    with _params_on_meta(), torch.device(device or "cpu"):
-        model = _with_adapters(SpeechLLM(cfg, build_llm(cfg)), cfg)
-    t2 = time.perf_counter()
-    params = dict(model.named_parameters(remove_duplicate=False))
-    first = {}  # a tied weight (lm_head = embed_tokens) is one Parameter under two names
-    for name, p in params.items():
-        first.setdefault(id(p), name)
-    covered = {id(p) for n, p in params.items() if n in state}
-    if any(id(p) not in covered for p in params.values()) or set(state) - set(model.state_dict()):
-        return None
-    made: dict[int, nn.Parameter] = {}
-    for mname, module in model.named_modules():
-        for pname, p in list(module._parameters.items()):
-            if p is not None and p.device.type == "meta":
-                if id(p) not in made:
-                    made[id(p)] = nn.Parameter(torch.empty_like(p, device=device or "cpu"), requires_grad=p.requires_grad)
-                module._parameters[pname] = made[id(p)]
-    _check_shapes(model, state, path)
-    with torch.no_grad():
-        own = model.state_dict()
-        for k, v in state.items():
-            own[k].copy_(v)  # into the parameter's own dtype and device
-    log.info("loaded %d tensors from %s (built without random init: the file holds every weight; read %.1f s, "
-             "modules %.1f s, filled %.1f s)", len(state), path, t1 - t0, t2 - t1, time.perf_counter() - t2)
-    return _after_loading(model, cfg)
-
-
-def _has_hf_weights(folder: Path) -> bool:
+def has_hf_weights(folder: Path) -> bool:
     return any(folder.glob("*.safetensors"))
 
 
-def _load_hf_llm_weights(model: SpeechLLM, folder: Path) -> None:
+def load_hf_llm_weights(model: nn.Module, folder: Path) -> None:
     from safetensors.torch import load_file
 
     state = {}
@@ -252,7 +146,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return {k.removeprefix("module."): v for k, v in obj.items()}
 
 
-def _check_shapes(model: nn.Module, state: dict, path: Path) -> None:
+def check_shapes(model: nn.Module, state: dict, path: Path) -> None:
     own = model.state_dict()
     for k, v in state.items():
         if k in own and own[k].shape != v.shape:
@@ -280,7 +174,7 @@ def load_weights(model: nn.Module, path: Path, state: dict[str, torch.Tensor] | 
             f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
             "Check model.encoder/adaptor/ctc/llm sizes against the checkpoint."
         )
-    _check_shapes(model, state, path)
+    check_shapes(model, state, path)
     model.load_state_dict(state, strict=False)
     log.info("loaded %d tensors from %s", len(state), path)
 

@@ -8,7 +8,7 @@ a new graph for every new set of window lengths. Here each audio attention becom
 class (a module swap, brisk/swap.py: same projections, same parameters and state dict) whose forward makes one
 call for all windows (``speed.varlen.window_attention``: varlen_attn on CUDA in bf16, one masked SDPA call on
 padded windows elsewhere). The window boundaries are the ones the model passes each layer (computed once a
-batch, on the host: brisk.models.qwen3_asr.audio_windows), so nothing in the tower reads the device.
+batch, on the host: the family's audio_windows), so nothing in the tower reads the device.
 """
 
 from __future__ import annotations

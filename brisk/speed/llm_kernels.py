@@ -1,5 +1,5 @@
 """Switches for the LLM's decoder: linear-attention layers under packing, flash-linear-attention kernels (the
-Gated DeltaNet mix and its gated norm) and liger-kernel's fused linear cross-entropy (``task: chat``),
+Gated DeltaNet mix and its gated norm) and liger-kernel's fused linear cross-entropy (``model.family: causal_lm``),
 liger-kernel's fused RMSNorm / SwiGLU (both tasks).
 
 Each is ``apply_<switch>(model, cfg) -> note`` and swaps child modules of the model's LLM for instances of a

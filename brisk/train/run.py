@@ -165,10 +165,6 @@ def train(cfg: Config) -> dict:
 
 def _train(cfg: Config, threads: int) -> dict:
     export = cfg.train.export
-    if export == "hf":  # fail now, not after the run, if the native class cannot hold this model
-        from ..models.hf_native import check_exportable
-
-        check_exportable(cfg.model)
     if cfg.train.average_best and cfg.train.parallel == "fsdp" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("train.average_best with train.parallel=fsdp is not supported yet: average after the run "
                           "with a single process, or use train.parallel=ddp")

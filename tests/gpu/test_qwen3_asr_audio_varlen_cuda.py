@@ -29,7 +29,7 @@ def tiny(tmp_path):
 
 
 def batch(lengths, seed=0):
-    from brisk.models.qwen3_asr import audio_token_count
+    from brisk.families.qwen3_asr.model import audio_token_count
 
     g = torch.Generator().manual_seed(seed)
     lens = torch.tensor(lengths)

@@ -32,11 +32,11 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError, DataError
-from .audio import AudioError, read_audio
-from .dataset import Sample
-from .jsonl import Utterance, decode_line, not_speech_format, read_jsonl
-from .prompt import Tokens
+from ...errors import ConfigError, DataError
+from ...data.audio import AudioError, read_audio
+from ...data.dataset import Sample
+from ...data.jsonl import Utterance, decode_line, not_speech_format, read_jsonl
+from ...data.prompt import Tokens
 
 ASR_TEXT = "<asr_text>"
 

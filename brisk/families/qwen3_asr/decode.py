@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from ..data.audio import read_audio
-from ..data.qwen3_asr import ASR_TEXT, Qwen3ASRPrompt, audio_token_count, features
-from .decode import Recognizer
+from ...data.audio import read_audio
+from .data import ASR_TEXT, Qwen3ASRPrompt, audio_token_count, features
+from ...eval.decode import Recognizer
 
 
 class Qwen3ASRRecognizer(Recognizer):
@@ -21,7 +21,7 @@ class Qwen3ASRRecognizer(Recognizer):
                  prefetch: bool | None = None, device_features: bool = False, fast_buckets: bool = False,
                  encoder_dtype: torch.dtype | None = None, fast_multi_step: bool = False):
         if encoder_dtype is not None:
-            from ..config import ConfigError
+            from ...config import ConfigError
 
             raise ConfigError("--encoder-bf16: Qwen3-ASR's audio tower runs in the dtype it was loaded in; "
                               "leave the option out")
@@ -88,7 +88,7 @@ class Qwen3ASRRecognizer(Recognizer):
 
 def qwen3_asr_recognizer(cfg, model, tokenizer, device: str = "cpu", **kw) -> Qwen3ASRRecognizer:
     """The family's ``recognizer`` (`brisk eval`, `brisk transcribe`); the processor comes from the run's config."""
-    from ..data.qwen3_asr import load_processor
+    from .data import load_processor
 
     return Qwen3ASRRecognizer(model, load_processor(cfg), device=device, language=cfg.data.language, **kw)
 

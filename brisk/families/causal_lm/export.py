@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import Config
+from ...config import Config
 
 
 def write_chat_hf(model, cfg: Config, state: dict[str, torch.Tensor], out: Path, dtype: str, tokenizer) -> None:
@@ -23,7 +23,7 @@ def write_chat_hf(model, cfg: Config, state: dict[str, torch.Tensor], out: Path,
     written["dtype"] = {"bf16": "bfloat16", "fp32": "float32"}[dtype]
     cfg_file.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     if cfg.model.llm.lora.enabled:  # transformers' model has no adapter layers: W + (alpha / r) B A
-        from ..adapters.lora import fold_lora
+        from ...adapters.lora import fold_lora
 
         state = fold_lora(state, cfg.model.llm.lora)
     weights = {k.removeprefix("llm."): v for k, v in state.items() if k.startswith("llm.")}
@@ -36,7 +36,7 @@ def write_chat_hf(model, cfg: Config, state: dict[str, torch.Tensor], out: Path,
 
 
 def chat_readme(dtype: str) -> str:
-    return f"""# Causal LM fine-tuned on chat data by brisk (task: chat)
+    return f"""# Causal LM fine-tuned on chat data by brisk (model.family: causal_lm)
 
 Load with transformers: `AutoModelForCausalLM.from_pretrained("<this folder>")` and
 `AutoTokenizer.from_pretrained("<this folder>")`; brisk trains it again with `model.llm.path=<this folder>`.
@@ -53,7 +53,7 @@ def write_chat_readme(out: Path, fmt: str, dtype: str, cfg) -> None:
 def folder_overrides(path: Path) -> list[str]:
     """A causal LM folder as a chat model: its weights and tokenizer, and the keys its brisk.json recorded
     (the chat template, max_len, dtype the run trained with)."""
-    from ..formats.brisk_keys import read_keys_file
+    from ...formats.brisk_keys import read_keys_file
 
     found = read_keys_file(path) or {"keys": {}}
     keys = {k: v for k, v in found["keys"].items() if k.startswith(("data.", "model.llm."))}

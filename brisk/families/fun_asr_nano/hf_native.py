@@ -17,7 +17,7 @@ import re
 
 import torch
 
-from ..config import ConfigError, ModelConfig
+from ...config import ConfigError, ModelConfig
 
 ENC, PROJ, LM = "model.audio_tower.layers.", "model.multi_modal_projector.", "model.language_model."
 AUDIO_TOKEN = "<|object_ref_start|>"  # the native processor's audio placeholder

@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ModelConfig
-from ..formats.batch import AudioBatch
+from ...config import ModelConfig
+from ...formats.batch import AudioBatch
 from .adaptor import CTCHead, TransformerAdaptor
-from .lm import DTYPES, SpeechLM
+from ...models.lm import DTYPES, SpeechLM
 from .sanm import SANMEncoder
 
 

@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ConfigError, ModelConfig
-from ..data.qwen3_asr import audio_token_count, rows_after_convs
-from ..formats.batch import AudioBatch
-from .lm import DTYPES, SpeechLM
+from ...config import ConfigError, ModelConfig
+from .data import audio_token_count, rows_after_convs
+from ...formats.batch import AudioBatch
+from ...models.lm import DTYPES, SpeechLM
 
 log = logging.getLogger("brisk")
 
@@ -247,7 +247,7 @@ def static_windows(counts: list[int], slots: int, room: int, config) -> torch.Te
 
 def hf_config(cfg: ModelConfig):
     """The transformers Qwen3ASRConfig: model.llm.path's config.json, or model.llm.config (model_type qwen3_asr)."""
-    from .build import llm_hf_config
+    from ...models.build import llm_hf_config
 
     llm = cfg.llm
     if not llm.path and llm.config.get("model_type") != "qwen3_asr":
@@ -265,8 +265,8 @@ def build_qwen3_asr(cfg: ModelConfig, device: torch.device | str | None = None) 
     checkpointing, as for every family (brisk.models.build)."""
     from transformers import Qwen3ASRForConditionalGeneration
 
-    from .build import _after_loading, _with_adapters, load_weights
-    from .kernel_router import without_kernel_router
+    from ...models.build import after_loading, with_adapters, load_weights
+    from ...models.kernel_router import without_kernel_router
 
     config = hf_config(cfg)
     torch.manual_seed(cfg.seed)
@@ -281,10 +281,10 @@ def build_qwen3_asr(cfg: ModelConfig, device: torch.device | str | None = None) 
         with torch.device(device or "cpu"):
             hf = Qwen3ASRForConditionalGeneration(config)
     without_kernel_router(hf)
-    model = _with_adapters(Qwen3ASR(cfg, hf), cfg)
+    model = with_adapters(Qwen3ASR(cfg, hf), cfg)
     if cfg.init:
         load_weights(model, Path(cfg.init))
-    return _after_loading(model, cfg)
+    return after_loading(model, cfg)
 
 
 # ------------------------------------------------------------------------------------------ export
@@ -293,7 +293,7 @@ def write_qwen3_asr_hf(model, cfg, state: dict[str, torch.Tensor], out: Path, dt
     (tokenizer, feature extractor, chat template) of data.tokenizer (or model.llm.path)."""
     from transformers import AutoProcessor, Qwen3ASRForConditionalGeneration
 
-    from ..adapters.lora import is_lora_key
+    from ...adapters.lora import is_lora_key
 
     if any(is_lora_key(k) for k in state):
         raise ConfigError("train.export=hf with LoRA adapters: transformers' Qwen3-ASR folder has no adapters; "
@@ -325,7 +325,7 @@ def folder_overrides(path: Path) -> list[str]:
     from the folder, and the LLM dtype its brisk.json recorded."""
     import json
 
-    from ..formats.brisk_keys import read_keys_file
+    from ...formats.brisk_keys import read_keys_file
 
     found = read_keys_file(path) or {"keys": {}}
     keys = {k: v for k, v in found["keys"].items() if k.startswith("model.llm.")}

@@ -1,11 +1,15 @@
 """Qwen3-ASR: transformers' ``qwen3_asr`` (an audio tower of windowed Transformer layers over 128-bin log-mel
 features, a two-layer projector, a Qwen3 decoder), fine-tuned as QwenLM/Qwen3-ASR's finetuning/qwen3_asr_sft.py
-does, on its jsonl ({"audio", "text"}) or on FunASR jsonl. Its model is brisk.models.qwen3_asr.Qwen3ASR; its
-folder is transformers' Qwen3ASRForConditionalGeneration folder (weights, config, processor)."""
+does, on its jsonl ({"audio", "text"}) or on FunASR jsonl. Its folder is transformers'
+Qwen3ASRForConditionalGeneration folder (weights, config, processor).
+
+This package holds all of it: model.py (Qwen3ASR, its builder and export), data.py (its jsonl and FunASR jsonl,
+the log-mel features) and decode.py. This module is its spec: the plan reads it before torch is imported, so each
+part below imports its module when first called."""
 
 from __future__ import annotations
 
-from .registry import Family, FamilyRule, Ref, register
+from ..registry import Family, FamilyRule, register
 
 
 def encoder_blocks(model, compile: bool = False) -> list:
@@ -28,6 +32,60 @@ def _has_qwen3_asr() -> bool:
     return importlib.util.find_spec("transformers.models.qwen3_asr") is not None
 
 
+def graph_examples(cfg, collator, vocab, max_tokens):
+    from .data import graph_examples
+
+    return graph_examples(cfg, collator, vocab, max_tokens)
+
+
+def build(cfg, device=None):
+    from .model import build_qwen3_asr
+
+    return build_qwen3_asr(cfg, device)
+
+
+def dataset(cfg, which, path, vocab_size, tokenizer=None, prepared=None):
+    from .data import qwen3_asr_dataset
+
+    return qwen3_asr_dataset(cfg, which, path, vocab_size, tokenizer, prepared)
+
+
+def write_hf(model, cfg, state, out, dtype, tokenizer):
+    from .model import write_qwen3_asr_hf
+
+    write_qwen3_asr_hf(model, cfg, state, out, dtype, tokenizer)
+
+
+def readme(out, fmt, dtype, cfg):
+    from .model import write_readme
+
+    write_readme(out, fmt, dtype, cfg)
+
+
+def recognizer(cfg, model, tokenizer, device="cpu", **kw):
+    from .decode import qwen3_asr_recognizer
+
+    return qwen3_asr_recognizer(cfg, model, tokenizer, device, **kw)
+
+
+def val_recognizer(model, dataset, device, fast=False):
+    from .decode import qwen3_asr_val_recognizer
+
+    return qwen3_asr_val_recognizer(model, dataset, device, fast)
+
+
+def eval_set(path, cfg):
+    from .data import eval_set
+
+    return eval_set(path, cfg)
+
+
+def folder_overrides(folder):
+    from .model import folder_overrides
+
+    return folder_overrides(folder)
+
+
 FAMILY = register(Family(
     name="qwen3_asr",
     summary="Qwen3-ASR (transformers' qwen3_asr) on its fine-tuning jsonl or FunASR jsonl",
@@ -43,14 +101,14 @@ FAMILY = register(Family(
                                        3072, 4096]}},
     frozen_audio=("frozen_eval", "encoder_dtype", "encoder_cache", "cuda_graph", "fresh_grads"),
     # speed.cuda_graph: the audio tower's windows and real rows are worked out on the host from each batch's
-    # audio token counts (brisk.models.qwen3_asr.audio_windows), so its work depends on more than the features'
+    # audio token counts (model.audio_windows), so its work depends on more than the features'
     # shape; the features stay unpadded. Under speed.audio_varlen the tower pads its chunks, rows and windows to
     # a fixed number per step bucket itself (Qwen3ASR.static_audio_inputs) and runs in a graph per bucket;
     # without it transformers' audio attention reads the windows back to the host in each layer, which no graph
     # holds, so the frozen tower runs eagerly before each replay (no host sync) and its rows are copied in.
     audio_graphs=False,
     audio_static_inputs=lambda speed: speed.audio_varlen,
-    graph_examples=Ref("brisk.data.qwen3_asr:graph_examples"),
+    graph_examples=graph_examples,
     rules=(
         FamilyRule("model.family", lambda c: not _has_qwen3_asr(),
                    "model.family=qwen3_asr needs a transformers with Qwen3-ASR (transformers.models.qwen3_asr); "
@@ -64,15 +122,15 @@ FAMILY = register(Family(
                    "model.family=qwen3_asr: give data.tokenizer (a Qwen3-ASR processor folder: tokenizer, "
                    "preprocessor_config.json, chat template) or model.llm.path that holds one"),
     ),
-    build=Ref("brisk.models.qwen3_asr:build_qwen3_asr"),
-    dataset=Ref("brisk.data.qwen3_asr:qwen3_asr_dataset"),
-    exporters={"hf": Ref("brisk.models.qwen3_asr:write_qwen3_asr_hf")},
-    readme=Ref("brisk.models.qwen3_asr:write_readme"),
-    recognizer=Ref("brisk.eval.qwen3_asr_decode:qwen3_asr_recognizer"),
-    val_recognizer=Ref("brisk.eval.qwen3_asr_decode:qwen3_asr_val_recognizer"),
-    eval_set=Ref("brisk.data.qwen3_asr:eval_set"),
+    build=build,
+    dataset=dataset,
+    exporters={"hf": write_hf},
+    readme=readme,
+    recognizer=recognizer,
+    val_recognizer=val_recognizer,
+    eval_set=eval_set,
     folder_types=("qwen3_asr",),  # transformers' Qwen3ASRForConditionalGeneration folder (its export)
-    folder_overrides=Ref("brisk.models.qwen3_asr:folder_overrides"),
+    folder_overrides=folder_overrides,
     encoder_blocks=encoder_blocks,
     audio_path=("audio_tower", "multi_modal_projector"),
 ))

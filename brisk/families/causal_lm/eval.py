@@ -1,4 +1,4 @@
-"""`brisk eval` for ``task: chat``: validation loss, perplexity and next-token accuracy over the labelled tokens,
+"""`brisk eval` for ``model.family: causal_lm``: validation loss, perplexity and next-token accuracy over the labelled tokens,
 and a few greedy answers beside the references with the rate of those equal to their reference (exact match).
 Perplexity is exp of the token-weighted mean cross-entropy.
 
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 
-from ..config import Config
-from ..data.chat import training_template
-from ..data.chat_store import completion_template, read_rows
-from ..data.loader import chat_prepare
-from ..data.collate import Collator
-from ..models.lm import lm_loss
+from ...config import Config
+from ...data.chat import training_template
+from ...data.chat_store import completion_template, read_rows
+from .data import chat_prepare
+from ...data.collate import Collator
+from ...models.lm import lm_loss
 
 
 @torch.no_grad()

@@ -1,0 +1,87 @@
+"""A plain causal LM (Qwen3, the hybrid Qwen3.5) on chat data with assistant-only labels; its folder is the LLM's
+own ``save_pretrained``.
+
+This package holds all of it: model.py (ChatLM and its builder), data.py (chat jsonl, parquet, datasets folders),
+eval.py (`brisk eval` of a chat model) and export.py. This module is its spec: the plan reads it before torch is
+imported, so each part below imports its module when first called."""
+
+from __future__ import annotations
+
+from ..registry import Family, FamilyRule, register
+
+def build(cfg, device=None):
+    from .model import build_chat_model
+
+    return build_chat_model(cfg, device)
+
+
+def dataset(cfg, which, path, vocab_size, tokenizer=None, prepared=None):
+    from .data import chat_dataset
+
+    return chat_dataset(cfg, which, path, vocab_size, tokenizer, prepared)
+
+
+def prepare(cfg, which, path, tokenizer=None):
+    from .data import chat_prepare
+
+    return chat_prepare(cfg, which, path, tokenizer)
+
+
+def write_hf(model, cfg, state, out, dtype, tokenizer):
+    from .export import write_chat_hf
+
+    write_chat_hf(model, cfg, state, out, dtype, tokenizer)
+
+
+def readme(out, fmt, dtype, cfg):
+    from .export import write_chat_readme
+
+    write_chat_readme(out, fmt, dtype, cfg)
+
+
+def eval_main(args, cfg, model, tokenizer, weights, device):
+    from .eval import chat_eval_main
+
+    return chat_eval_main(args, cfg, model, tokenizer, weights, device)
+
+
+def folder_overrides(folder):
+    from .export import folder_overrides
+
+    return folder_overrides(folder)
+
+
+FAMILY = register(Family(
+    name="causal_lm",
+    summary="a causal LM on chat jsonl (assistant-only loss)",
+    task="chat",
+    switches=frozenset({"compile", "fuse_projections", "packing", "label_head", "sdpa_backends", "fused_adamw", "tf32",
+                        "linear_attention_batched", "fla_kernels", "fla_gated_norm", "liger", "liger_loss",
+                        "optimizer_in_backward"}),
+    # linear_attention_batched: the Gated DeltaNet path where fla is left off; fla_gated_norm joined when it paid
+    # on the hybrid's step
+    presets={"fast": {"packing": True, "fused_adamw": True, "label_head": True, "fla_kernels": True,
+                      "linear_attention_batched": True, "fla_gated_norm": True}},
+    labelled="assistant",
+    refused=("model.family={family}: {bad} act on the audio path or the speech fast path (its graphs, its "
+             "decoder's FlexAttention); set them false (it takes {takes})"),
+    rules=(
+        FamilyRule("model.family, model.encoder.activation_checkpoint", lambda c: c.model.encoder.activation_checkpoint,
+                   "model.encoder.activation_checkpoint recomputes the speech encoder's blocks; a causal LM has "
+                   "no encoder (model.llm.activation_checkpoint recomputes its decoder layers)"),
+        FamilyRule("model.family, model.path", lambda c: c.model.path,
+                   "model.path is a speech-LLM folder; with model.family=causal_lm give the causal LM's folder as "
+                   "model.llm.path (or model.llm.config for a random one)"),
+        FamilyRule("model.family, data.profile", lambda c: c.data.profile,
+                   "data.profile makes synthetic speech batches; with model.family=causal_lm give data.train "
+                   "(chat data)"),
+    ),
+    build=build,
+    dataset=dataset,
+    prepare=prepare,
+    exporters={"hf": write_hf},
+    readme=readme,
+    eval_main=eval_main,
+    folder_types=("*",),  # any transformers causal LM folder (a chat run's export is one)
+    folder_overrides=folder_overrides,
+))

@@ -1,0 +1,28 @@
+"""A causal LM's data: chat jsonl, parquet or datasets folders, tokenised once into the cache with assistant-only
+labels."""
+
+from __future__ import annotations
+
+from ...config import Config, ConfigError
+from ...data.loader import cache_dir, load_tokenizer
+
+def chat_prepare(cfg: Config, which: str, path: str, tokenizer=None):
+    """A causal LM's data (jsonl, parquet, datasets folders), tokenised once into the cache (its ``prepare``)."""
+    from ...data.chat_store import build_chat_store
+
+    d = cfg.data
+    return build_chat_store(path, tokenizer if tokenizer is not None else load_tokenizer(cfg),
+                            max_len=d.max_len, overlong=d.overlong, skip_bad=d.skip_bad,
+                            cache_dir=cache_dir(cfg), split=d.train_split if which == "train" else d.valid_split,
+                            template_path=d.chat_template, workers=d.prepare_workers, what=f"data.{which}")
+
+
+def chat_dataset(cfg: Config, which: str, path: str | None, vocab_size: int, tokenizer=None, prepared=None):
+    """A causal LM's split: chat data with assistant-only labels (the family's ``dataset``)."""
+    if not path:
+        if which == "train":
+            raise ConfigError("data.train: give chat data: a jsonl, parquet files (a file, folder or glob) or a "
+                              "datasets save_to_disk folder, with 'messages' or 'prompt' + 'completion'")
+        return None
+    dataset = prepared if prepared is not None else chat_prepare(cfg, which, path, tokenizer)
+    return dataset, dataset.bad_first, dict(dataset.counts)

@@ -1,0 +1,134 @@
+"""Fun-ASR-Nano: a SANM audio encoder, a Transformer adaptor and a Qwen3 decoder, on FunASR jsonl; its folders
+are FunASR's and transformers' ``fun_asr_nano``.
+
+This package holds all of it: model.py (SpeechLLM), sanm.py and adaptor.py (the audio encoder and adaptor),
+build.py, data.py (FunASR jsonl), decode.py, export.py (the FunASR and transformers folders) and hf_native.py
+(transformers' own fun_asr_nano classes). This module is its spec: the plan reads it before torch is imported,
+so each part below imports its module when first called."""
+
+from __future__ import annotations
+
+from ..registry import Family, FamilyRule, register
+
+# The switches that act on the frozen audio path or on the graphed step around it.
+FROZEN_AUDIO = ("frozen_eval", "encoder_dtype", "encoder_cache", "cuda_graph", "fresh_grads")
+
+
+def encoder_blocks(model, compile: bool = False) -> list:
+    """The SANM blocks (of the model, or of the frozen path's copy). Compiling leaves out the first block
+    (encoders0): it takes the 560-wide LFR features, a graph of its own for one block of 70."""
+    enc = model.audio_encoder
+    return [enc.encoders, enc.tp_encoders] if compile else [enc.encoders0, enc.encoders, enc.tp_encoders]
+
+
+def build(cfg, device=None):
+    from .build import build_speech_model
+
+    return build_speech_model(cfg, device)
+
+
+def dataset(cfg, which, path, vocab_size, tokenizer=None, prepared=None):
+    from .data import speech_dataset
+
+    return speech_dataset(cfg, which, path, vocab_size, tokenizer, prepared)
+
+
+def prepare(cfg, which, path, tokenizer=None):
+    from .data import speech_prepare
+
+    return speech_prepare(cfg, which, path, tokenizer)
+
+
+def write_funasr(model, cfg, state, out, dtype, tokenizer):
+    from .export import write_funasr
+
+    write_funasr(model, cfg, state, out, dtype, tokenizer)
+
+
+def write_hf(model, cfg, state, out, dtype, tokenizer):
+    from .export import write_hf
+
+    write_hf(model, cfg, state, out, dtype, tokenizer)
+
+
+def readme(out, fmt, dtype, cfg):
+    from .export import write_readme
+
+    write_readme(out, fmt, dtype, cfg)
+
+
+def recognizer(cfg, model, tokenizer, device="cpu", **kw):
+    from .decode import funasr_recognizer
+
+    return funasr_recognizer(cfg, model, tokenizer, device, **kw)
+
+
+def val_recognizer(model, dataset, device, fast=False):
+    from .decode import funasr_val_recognizer
+
+    return funasr_val_recognizer(model, dataset, device, fast)
+
+
+def folder_overrides(folder):
+    from .hf_native import folder_overrides
+
+    return folder_overrides(folder)
+
+
+def graph_examples(cfg, collator, vocab, max_tokens):
+    from .data import graph_examples
+
+    return graph_examples(cfg, collator, vocab, max_tokens)
+
+
+def _native(key: str, broken, why: str) -> FamilyRule:
+    """train.export=hf: what transformers' FunAsrNano class cannot express, refused before the run, not after."""
+    return FamilyRule(f"train.export, {key}", lambda c: c.train.export == "hf" and broken(c.model),
+                      f"train.export=hf: {why}; or export funasr")
+
+
+FAMILY = register(Family(
+    name="fun_asr_nano",
+    summary="a speech-LLM of Fun-ASR-Nano's architecture on FunASR jsonl",
+    task="speech",
+    switches=frozenset({"frozen_eval", "encoder_dtype", "encoder_cache", "fuse_projections", "compile", "packing",
+                        "label_head", "sdpa_backends", "cuda_graph", "fresh_grads", "fused_adamw", "tf32", "liger",
+                        "optimizer_in_backward",
+                        "flex_attention"}),
+    # Each value joined the preset when the probe against the eager step met its gates and an interleaved bench on
+    # the GPU showed it paid (docs/finetune-speed.md has the measurements).
+    presets={"fast": {"packing": True, "cuda_graph": True, "frozen_eval": True, "encoder_dtype": "bf16",
+                      "compile": True, "fused_adamw": True, "label_head": True, "label_rows_frac": 0.3,
+                      "fresh_grads": True, "fuse_projections": True,
+                      # 1,792 and 2,304 too: FunASR's ~1,600-token steps pad to 1,741 positions, not 1,971
+                      "pack_buckets": [256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2304, 2560,
+                                       3072, 4096],
+                      # static decoder layers with FlexAttention traced into them, each bucket's graph captured when
+                      # the data first reaches it (buckets the data never reaches cost nothing)
+                      "compile_dynamic": False, "flex_attention": True, "graph_capture": "seen"}},
+    frozen_audio=FROZEN_AUDIO,
+    rules=(
+        _native("model.adaptor.downsample_rate", lambda m: m.adaptor.downsample_rate != 1,
+                "model.adaptor.downsample_rate must be 1 (the native class has no frame stacking)"),
+        _native("model.encoder.sanm_shift", lambda m: m.encoder.sanm_shift != 0,
+                "model.encoder.sanm_shift must be 0 (the native FSMN is centred)"),
+        _native("model.encoder.tp_blocks", lambda m: m.encoder.tp_blocks < 1,
+                "model.encoder.tp_blocks must be at least 1 (the native encoder expects a timestamp block)"),
+    ),
+    refused=("{bad} are for model.family=causal_lm (the speech-LLM's Qwen3 decoder has no linear "
+             "attention, and speed.label_head is its loss without full logits) or for model.family=qwen3_asr "
+             "(speed.audio_varlen: its audio tower's attention); set them false"),
+    build=build,
+    dataset=dataset,
+    prepare=prepare,
+    exporters={"funasr": write_funasr, "hf": write_hf},
+    readme=readme,
+    recognizer=recognizer,
+    val_recognizer=val_recognizer,
+    folder_types=("fun_asr_nano",),  # its transformers-native folder (train.export=hf)
+    folder_overrides=folder_overrides,
+    encoder_blocks=encoder_blocks,
+    audio_path=("audio_encoder", "audio_adaptor"),
+    audio_graphs=True,  # the SANM encoder and adaptor read nothing on the host: one graph per speech bucket
+    graph_examples=graph_examples,
+))
