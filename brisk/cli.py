@@ -167,13 +167,13 @@ def default_export_format(src: Path) -> str:
     Qwen3-ASR run: hf); funasr for a folder to convert."""
     import yaml
 
-    from .families import get
+    from .families import DEFAULT, get
     from .formats.run_folder import folder_kind
 
     if folder_kind(src) != "run":
         return "funasr"
     raw = yaml.safe_load((src / "config.yaml").read_text(encoding="utf-8"))
-    family = get((raw.get("model") or {}).get("family") or raw.get("task") or "fun_asr_nano")
+    family = get((raw.get("model") or {}).get("family") or DEFAULT)
     own = (raw.get("train") or {}).get("export")
     return own if own in family.exporters else "funasr" if "funasr" in family.exporters else next(iter(family.exporters))
 

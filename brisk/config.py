@@ -24,7 +24,7 @@ import yaml
 
 from .errors import ConfigError  # noqa: F401 - re-exported: config errors are raised everywhere
 from .formats.funasr import funasr_folder_config, funasr_folder_data_config
-from .formats.brisk_keys import keys_tree, read_keys_file
+from .formats.brisk_keys import OLD_TASK_WORDS, keys_tree, read_keys_file
 from .formats.hf import hf_folder_model_config, is_hf_folder
 from . import families
 from .plan import PRESETS, check_rules, expand_preset
@@ -428,7 +428,6 @@ class BenchConfig:
 
 @dataclass
 class Config:
-    task: str | None = None  # old name of model.family, kept as an alias: speech = fun_asr_nano, chat = causal_lm (filled from model.family)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -439,17 +438,23 @@ class Config:
     bench: BenchConfig = field(default_factory=BenchConfig)
 
     def __post_init__(self):
-        if self.task is not None:  # the old word picks the family unless model.family names one itself
-            named = families.get(self.task, key="task")
-            if self.model.family not in (families.DEFAULT, named.name):
-                raise ConfigError(f"task={self.task} and model.family={self.model.family} name different model "
-                                  "families; give model.family alone")
-            self.model.family = named.name
-        family = families.get(self.model.family)
-        self.task = family.task or family.name  # read by code written before model.family
+        families.get(self.model.family)  # an unknown family: one line listing them
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _without_task(tree: dict, where) -> dict:
+    """The old top-level ``task:`` is no longer read. A run folder saved by an older brisk holds it beside its
+    model.family, which says the same: it is dropped. Alone, or naming another family, it is one line."""
+    if "task" not in tree:
+        return tree
+    word = tree["task"]
+    meant = OLD_TASK_WORDS.get(word)
+    if meant is not None and (tree.get("model") or {}).get("family") == meant:
+        return {k: v for k, v in tree.items() if k != "task"}
+    instead = f"model.family: {meant}" if meant else f"model.family (one of {', '.join(families.names())})"
+    raise ConfigError(f"{where}: task: {word} is no longer read; write {instead} instead")
 
 
 # Keys that hold file or folder paths, resolved against the folder of the YAML file they appear in.
@@ -629,6 +634,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"override {text!r} is not key=value: did you mean key=value (for example train.max_steps=100)?")
     key, raw = text.split("=", 1)
     key = key.strip().lstrip("+")
+    if key == "task":
+        _without_task({"task": raw.strip()}, f"override {text!r}")
     if not _known_path(key):
         parent = key.rsplit(".", 1)[0] if "." in key else ""
         raise ConfigError(f"unknown config key {key} (from override {text!r}){did_you_mean(key)}; "
@@ -755,6 +762,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None and not Path(path).exists():
         path = shipped_config(str(path)) or path  # a shipped config's bare name, as `brisk train demo` takes it
     tree: dict = read_yaml(Path(path)) if path is not None else {}
+    tree = _without_task(tree, path)
     unknown = sorted(k for k in _flatten(tree) if not _known_path(k))
     if unknown:  # named with its file here; build() below no longer knows where a key came from
         raise ConfigError(f"{path}: unknown config key {unknown[0]}{did_you_mean(unknown[0])}; "
@@ -769,11 +777,6 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if folder:
         tree = _with_model_folder(tree, folder)
     merged = expand_preset(_merge(tree, cli))
-    if merged.get("task") is not None and "family" not in (merged.get("model") or {}):
-        import logging
-
-        logging.getLogger("brisk").info("config: task: %s is the old name of model.family (%s); it still works",
-                                        merged["task"], families.get(merged["task"], key="task").name)
     _resolve_paths(merged, Path.cwd(), CWD_KEYS & _flatten(merged))
     cfg = build(Config, merged)
     check_rules(cfg)  # which switches go together: before any model exists

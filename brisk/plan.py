@@ -64,8 +64,7 @@ SWITCHES: tuple[Switch, ...] = (
 )
 SWITCH_KEYS = tuple(s.key for s in SWITCHES)
 
-# What ``speed.preset`` turns on: each family's own values (brisk/families), name -> family (and its old task
-# word) -> values. Single speed.* keys given in the config or on the command line win over it; on a device
+# What ``speed.preset`` turns on: each family's own values (brisk/families), name -> family -> values. Single speed.* keys given in the config or on the command line win over it; on a device
 # without CUDA the gpu_only switches stay off, and the frozen-audio switches need a frozen encoder and adaptor
 # (the plan's notes say what was left off and why). A switch goes in when a probe against the shipped
 # kernel_noise tolerances and an interleaved bench on the GPU show it keeps the numbers and pays.
@@ -73,9 +72,7 @@ def _presets() -> dict[str, dict[str, dict[str, Any]]]:
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for f in families.all_families():
         for name, values in f.presets.items():
-            for key in (f.name, f.task):
-                if key:
-                    out.setdefault(name, {})[key] = values
+            out.setdefault(name, {})[f.name] = values
     return out
 
 
@@ -252,7 +249,7 @@ def switches_on(speed) -> list[str]:
 # ------------------------------------------------------------------------------------------ presets
 def preset_values(name: str, frozen_audio: bool, lora: bool = False, family: str = families.DEFAULT,
                   fsdp: bool = False) -> dict[str, Any]:
-    """The preset's values for a model family (its name or old task word), for a model whose encoder and adaptor
+    """The preset's values for a model family, for a model whose encoder and adaptor
     are (or are not) both frozen, with or without LoRA adapters (the fused projections would skip them; static
     layers and FlexAttention have no GPU test with adapters) or FSDP (fused projections untested there)."""
     if name not in PRESETS:
@@ -297,7 +294,7 @@ def expand_preset(tree: dict) -> dict:
     lora = bool(((model.get("llm") or {}).get("lora") or {}).get("enabled", False))
     out = dict(tree)
     fsdp = (tree.get("train") or {}).get("parallel") == "fsdp"
-    family = model.get("family") or tree.get("task") or families.DEFAULT
+    family = model.get("family") or families.DEFAULT
     values = preset_values(name, frozen, lora, family, fsdp)
     merged = {"speed": {**values, **speed}, "llm": model.get("llm") or {}}
     values = {k: v for k, v in values.items() if needs_met(k, lambda part, key, default: merged[part].get(key, default))}

@@ -128,9 +128,8 @@ def test_the_checks_catch_what_they_should():
 
 # ------------------------------------------------------------------------------------------- families
 # A family is asked, never named (docs/architecture.md): a family's code lives in its own package,
-# brisk/families/<name>/, which no other room imports, and the general rooms hold no family's name. data/ is left
-# out of the name check: "speech" and "chat" (the old task words) also name its two kinds of cached data.
-GENERAL = ("plan", "speed", "memory", "distributed", "train", "eval", "diagnose", "probe", "bench", "models")
+# brisk/families/<name>/, which no other room imports, and the general rooms hold no family's name.
+GENERAL = ("plan", "speed", "memory", "distributed", "train", "eval", "diagnose", "probe", "bench", "models", "data")
 
 
 def test_no_room_imports_a_family_package_and_no_family_another():
@@ -174,17 +173,17 @@ def test_every_part_of_a_family_imports_what_exists():
 
 
 def _family_words() -> set[str]:
-    """Every family name and old task word, read from the family specs (no import)."""
+    """Every family name, read from the family specs (no import)."""
     words = set()
     for path in (ROOT / "families").glob("*/__init__.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.keyword) and node.arg in ("name", "task") and isinstance(node.value, ast.Constant):
+            if isinstance(node, ast.keyword) and node.arg == "name" and isinstance(node.value, ast.Constant):
                 words.add(node.value.value)
     return words - {""}
 
 
 def family_names_in(tree: ast.AST, words: set[str]) -> list[str]:
-    """Lines that hold a family name or task word as a string constant (docstrings aside)."""
+    """Lines that hold a family name as a string constant (docstrings aside)."""
     docs = set()
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
@@ -192,12 +191,12 @@ def family_names_in(tree: ast.AST, words: set[str]) -> list[str]:
             docs.add(id(body[0].value))
     return [f"line {n.lineno}: {n.value!r}" for n in ast.walk(tree)
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
-            and (n.value in words or f"task {n.value}" in words)]
+            and n.value in words]
 
 
 def test_no_general_room_names_a_model_family():
     words = _family_words()
-    assert {"fun_asr_nano", "causal_lm", "qwen3_asr", "speech", "chat"} <= words
+    assert {"fun_asr_nano", "causal_lm", "qwen3_asr"} <= words
     bad = []
     for name, path in sorted(_modules().items()):
         if _room(name) not in GENERAL:
@@ -208,8 +207,8 @@ def test_no_general_room_names_a_model_family():
 
 
 def test_the_family_checks_catch_what_they_should():
-    tree = ast.parse('def f(cfg):\n    """speech"""\n    return cfg.task == "chat"\n')
-    assert family_names_in(tree, {"chat", "speech"}) == ["line 3: 'chat'"]
+    tree = ast.parse('def f(cfg):\n    """qwen3_asr"""\n    return cfg.model.family == "causal_lm"\n')
+    assert family_names_in(tree, {"causal_lm", "qwen3_asr"}) == ["line 3: 'causal_lm'"]
     assert _family_package("brisk.families.qwen3_asr.model") == "qwen3_asr"
     assert _family_package("brisk.families.registry") is None
 

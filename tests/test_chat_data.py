@@ -118,7 +118,7 @@ def test_config_rules():
         load_config(ROOT / "configs" / "sft_demo.yaml", ["train.export=funasr"])
     with pytest.raises(ConfigError, match="data.overlong"):
         load_config(ROOT / "configs" / "sft_demo.yaml", ["data.overlong=cut"])
-    with pytest.raises(ConfigError, match="task="):
+    with pytest.raises(ConfigError, match="task: vision is no longer read"):
         load_config(ROOT / "configs" / "sft_demo.yaml", ["task=vision"])
 
 
@@ -126,7 +126,7 @@ def test_config_rules():
                                   "sft_qwen3_5_27b_lora", "sft_qwen3_1p7b", "sft_qwen3_8b"])
 def test_sft_configs_load(name):
     cfg = load_config(ROOT / "configs" / f"{name}.yaml")
-    assert cfg.task == "chat" and cfg.train.export == "hf" and cfg.model.llm.dtype == "bf16"
+    assert cfg.model.family == "causal_lm" and cfg.train.export == "hf" and cfg.model.llm.dtype == "bf16"
     assert (cfg.train.parallel == "fsdp") == name.endswith("27b")
 
 

@@ -1,12 +1,13 @@
-"""brisk/families: model.family picks a registered family; the old top-level task: word is an alias with one
-line in the log; a bad name, a clash or a preset a family lacks is one ConfigError line, never a KeyError."""
+"""brisk/families: model.family picks a registered family; the old top-level task: word is one line naming
+model.family (a run folder saved with both still loads); a bad name, a clash or a preset a family lacks is one
+ConfigError line, never a KeyError."""
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 import pytest
+import yaml
 
 from brisk import families
 from brisk.config import ConfigError, load_config
@@ -15,28 +16,39 @@ from brisk.plan import PRESETS, preset_values
 from .conftest import REPO
 
 
-def test_task_is_an_alias_of_model_family_with_one_note(tmp_path, caplog):
+def test_the_old_task_word_is_one_line_naming_model_family(tmp_path):
     old = tmp_path / "old.yaml"  # a config written before model.family: the shipped demo with the old word
-    old.write_text(f"include: {REPO / 'configs' / 'demo.yaml'}\ntask: speech\n", encoding="utf-8")
-    with caplog.at_level(logging.INFO, logger="brisk"):
-        cfg = load_config(old, [f"train.output_dir={tmp_path}"])
-    assert cfg.model.family == "fun_asr_nano" and cfg.task == "speech"
-    notes = [r.message for r in caplog.records if "old name of model.family" in r.message]
-    assert notes == ["config: task: speech is the old name of model.family (fun_asr_nano); it still works"]
-    cfg = load_config(REPO / "configs" / "sft_demo.yaml", [f"train.output_dir={tmp_path}"])
-    assert cfg.model.family == "causal_lm" and cfg.task == "chat"  # task is filled from the family
-    assert families.get("speech").name == "fun_asr_nano" and families.get("chat").name == "causal_lm"
-
-
-def test_a_task_and_a_family_that_disagree_are_one_line(tmp_path):
-    with pytest.raises(ConfigError, match="task=chat and model.family=qwen3_asr name different model families") as e:
-        load_config(REPO / "configs" / "qwen3_asr_demo.yaml", [f"train.output_dir={tmp_path}", "task=chat"])
+    old.write_text(f"include: {REPO / 'configs' / 'demo.yaml'}\ntask: chat\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"old.yaml: task: chat is no longer read; write model.family: causal_lm"):
+        load_config(old, [f"train.output_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"override 'task=speech'.*write model.family: fun_asr_nano") as e:
+        load_config(REPO / "configs" / "qwen3_asr_demo.yaml", [f"train.output_dir={tmp_path}", "task=speech"])
     assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"task: vision is no longer read; write model.family \(one of causal_lm"):
+        load_config(REPO / "configs" / "demo.yaml", ["task=vision"])
+    with pytest.raises(ConfigError, match="model.family='speech': use one of the model families"):
+        families.get("speech")
+
+
+def test_a_run_folder_saved_with_task_beside_model_family_still_loads(tmp_path):
+    """An older brisk saved ``task:`` (filled from model.family) in every run's config.yaml: resuming or evaluating
+    such a run reads it as it was."""
+    cfg = load_config(REPO / "configs" / "sft_demo.yaml", [f"train.output_dir={tmp_path}"])
+    saved = cfg.to_dict()
+    assert "task" not in saved
+    saved["task"] = "chat"
+    old = tmp_path / "config.yaml"
+    old.write_text(yaml.safe_dump(saved), encoding="utf-8")
+    assert load_config(old).model.family == "causal_lm"
+    saved["model"]["family"] = "qwen3_asr"  # the two disagree: refused, not guessed
+    old.write_text(yaml.safe_dump(saved), encoding="utf-8")
+    with pytest.raises(ConfigError, match="task: chat is no longer read"):
+        load_config(old)
 
 
 def test_presets_are_the_families_own_and_a_missing_one_is_a_config_error(monkeypatch):
-    assert PRESETS["fast"]["speech"] is families.get("fun_asr_nano").presets["fast"]
-    assert PRESETS["fast"]["chat"] == PRESETS["fast"]["causal_lm"]
+    assert PRESETS["fast"]["fun_asr_nano"] is families.get("fun_asr_nano").presets["fast"]
+    assert set(PRESETS["fast"]) == set(families.names())
     bare = dataclasses.replace(families.get("qwen3_asr"), name="bare", presets={})
     monkeypatch.setitem(families.registry._REGISTRY, "bare", bare)
     with pytest.raises(ConfigError, match="speed.preset=fast: model.family=bare has no such preset"):

@@ -56,7 +56,7 @@ def test_the_fast_preset_on_a_gpu_is_the_whole_set(tmp_path):
     cfg, plan = make_plan(cfg, "cuda", 1)
     assert set(plan.on) == {"packing", "cuda_graph", "frozen_eval", "encoder_dtype", "compile", "fused_adamw",
                             "label_head", "fresh_grads", "fuse_projections", "flex_attention"}
-    assert cfg.speed.label_rows_frac == PRESETS["fast"]["speech"]["label_rows_frac"]
+    assert cfg.speed.label_rows_frac == PRESETS["fast"]["fun_asr_nano"]["label_rows_frac"]
     assert cfg.speed.compile_dynamic is False and cfg.speed.graph_capture == "seen"
     assert not plan.persistent_grads and plan.on_device_skip and plan.capturable
     assert plan.notes and plan.notes[0].startswith("preset fast: on ")

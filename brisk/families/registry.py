@@ -50,7 +50,6 @@ class Family:
     val_recognizer: Callable | None = None  # (model, valid dataset, device, fast) -> Recognizer for train.val_decode
     eval_main: Callable | None = None  # (args, cfg, model, tokenizer, weights, device) -> exit code: its own `brisk eval`
     eval_set: Callable | None = None  # (path, cfg) -> (keys, audio paths, references) of an eval jsonl; none: FunASR jsonl
-    task: str = ""  # the old top-level `task:` word for it (an alias)
     labelled: str = "transcript"  # what its labelled tokens are (the log's accuracy line)
     frozen_audio: tuple[str, ...] = ()  # switches that need model.encoder.freeze and model.adaptor.freeze
     refused: str = ("model.family={family} does not take {bad}; set them false (it takes {takes})")
@@ -133,20 +132,15 @@ def load_module(path: str) -> None:
 
 
 def get(name: str, key: str = "model.family") -> Family:
-    """The family called ``name`` (or by its old ``task:`` word); one line listing the families otherwise."""
+    """The family called ``name``; one line listing the families otherwise."""
     if name in _REGISTRY:
         return _REGISTRY[name]
     load_plugins()
     if name in _REGISTRY:
         return _REGISTRY[name]
-    for f in _REGISTRY.values():
-        if f.task and f.task == name:
-            return f
-    aliases = ", ".join(f"{f.task} = {f.name}" for f in _REGISTRY.values() if f.task)
     close = difflib.get_close_matches(str(name), names(), n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]}?" if close else ""
-    raise ConfigError(f"{key}={name!r}: use one of the model families {', '.join(names())} "
-                      f"(old task: words: {aliases}){hint}")
+    raise ConfigError(f"{key}={name!r}: use one of the model families {', '.join(names())}{hint}")
 
 
 def all_families() -> list[Family]:

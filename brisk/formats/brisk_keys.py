@@ -22,6 +22,8 @@ INFERENCE_KEYS = (
     "model.llm.dtype", "data.sys_prompt", "data.do_think", "data.multiturn_max", "data.max_token_length",
     "data.prompt_class", "data.prompt_conf", "data.max_len", "data.overlong", "data.chat_template",
 )
+# The top-level `task:` word of older configs and brisk.json files -> the model.family it meant.
+OLD_TASK_WORDS = {"speech": "fun_asr_nano", "chat": "causal_lm"}
 # Keys naming a file the export copies into the folder under this name.
 FILE_KEYS = {"model.frontend.cmvn_file": CMVN_NAME, "data.chat_template": TEMPLATE_NAME}
 
@@ -33,8 +35,8 @@ def _get(tree: dict, key: str):
     return node
 
 
-def inference_keys(cfg_tree: dict, task: str) -> dict:
-    """{"task": task, "keys": {dotted key: value}} for a run's config (a dict): files renamed to their name in
+def inference_keys(cfg_tree: dict, family: str) -> dict:
+    """{"family": model.family, "keys": {dotted key: value}} for a run's config (a dict): files renamed to their name in
     the export folder (the caller copies them there)."""
     keys = {}
     for key in INFERENCE_KEYS:
@@ -42,7 +44,7 @@ def inference_keys(cfg_tree: dict, task: str) -> dict:
         if key in FILE_KEYS and value:
             value = FILE_KEYS[key]
         keys[key] = value
-    return {"task": task, "keys": keys}
+    return {"family": family, "keys": keys}
 
 
 def read_keys_file(folder: str | Path) -> dict | None:
@@ -56,7 +58,8 @@ def read_keys_file(folder: str | Path) -> dict | None:
     for key in FILE_KEYS:
         if keys.get(key):
             keys[key] = str(folder / keys[key])
-    return {"task": raw.get("task", "speech"), "keys": keys}
+    old = OLD_TASK_WORDS.get(raw.get("task"))  # brisk.json of an older brisk
+    return {"family": raw.get("family") or old or "fun_asr_nano", "keys": keys}
 
 
 def keys_tree(keys: dict) -> dict:

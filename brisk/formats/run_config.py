@@ -23,7 +23,7 @@ from ..errors import ConfigError
 MODEL_FREE = {"model.init", "model.seed", "model.llm.load_weights", "model.encoder.activation_checkpoint",
               "model.llm.activation_checkpoint"}
 # Data keys that change what the model learns from (the set, its tokens, its prompt or template).
-DATA_KEYS = {"task", "data.train", "data.tokenizer", "data.chat_template", "data.max_len", "data.overlong",
+DATA_KEYS = {"data.train", "data.tokenizer", "data.chat_template", "data.max_len", "data.overlong",
              "data.sys_prompt", "data.do_think", "data.multiturn_max", "data.max_token_length", "data.prompt_class",
              "data.prompt_conf", "data.profile"}
 

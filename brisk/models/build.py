@@ -58,11 +58,11 @@ def _set_on(hf_cfg, keys: dict) -> None:
             setattr(hf_cfg, k, v)
 
 
-def build_model(cfg: ModelConfig, device: torch.device | str | None = None, task: str | None = None) -> nn.Module:
-    """The model of ``cfg.family`` (or of the old ``task`` word given here), built by that family's builder."""
+def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> nn.Module:
+    """The model of ``cfg.family``, built by that family's builder."""
     from ..families import get
 
-    return get(task or cfg.family, key="task" if task else "model.family").build(cfg, device)
+    return get(cfg.family).build(cfg, device)
 
 
 def with_adapters(model: nn.Module, cfg: ModelConfig) -> nn.Module:

@@ -111,7 +111,7 @@ def write_inference_keys(out: Path, cfg: Config) -> None:
             if not Path(src).is_file():
                 raise ConfigError(f"{key}={src}: the file is gone; the export needs it (it changes what the model computes)")
             shutil.copyfile(src, out / name)
-    keys = inference_keys(tree, cfg.task)
+    keys = inference_keys(tree, cfg.model.family)
     (out / KEYS_FILE).write_text(json.dumps(keys, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 

@@ -54,7 +54,6 @@ def folder_overrides(folder):
 FAMILY = register(Family(
     name="causal_lm",
     summary="a causal LM on chat jsonl (assistant-only loss)",
-    task="chat",
     switches=frozenset({"compile", "fuse_projections", "packing", "label_head", "sdpa_backends", "fused_adamw", "tf32",
                         "linear_attention_batched", "fla_kernels", "fla_gated_norm", "liger", "liger_loss",
                         "optimizer_in_backward"}),

@@ -90,7 +90,6 @@ def _native(key: str, broken, why: str) -> FamilyRule:
 FAMILY = register(Family(
     name="fun_asr_nano",
     summary="a speech-LLM of Fun-ASR-Nano's architecture on FunASR jsonl",
-    task="speech",
     switches=frozenset({"frozen_eval", "encoder_dtype", "encoder_cache", "fuse_projections", "compile", "packing",
                         "label_head", "sdpa_backends", "cuda_graph", "fresh_grads", "fused_adamw", "tf32", "liger",
                         "optimizer_in_backward",
