@@ -436,12 +436,17 @@ class Config:
     diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
+    # The family's own section (Family.config), by family name: written in YAML as a top-level section of that
+    # name, never as "sections" (brisk.families.section(cfg) reads it)
+    sections: dict = field(default_factory=dict, metadata={"internal": True})
 
     def __post_init__(self):
         families.get(self.model.family)  # an unknown family: one line listing them
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        out.update(out.pop("sections"))  # each family section at the top level, as it was written
+        return out
 
 
 def _without_task(tree: dict, where) -> dict:
@@ -454,7 +459,8 @@ def _without_task(tree: dict, where) -> dict:
     if meant is not None and (tree.get("model") or {}).get("family") == meant:
         return {k: v for k, v in tree.items() if k != "task"}
     instead = f"model.family: {meant}" if meant else f"model.family (one of {', '.join(families.names())})"
-    raise ConfigError(f"{where}: task: {word} is no longer read; write {instead} instead")
+    shipped = {"causal_lm": "; its shipped configs start at sft_demo", "fun_asr_nano": "; its demo config is demo"}
+    raise ConfigError(f"{where}: task: {word} is no longer read; write {instead} instead{shipped.get(meant, '')}")
 
 
 # Keys that hold file or folder paths, resolved against the folder of the YAML file they appear in.
@@ -589,6 +595,11 @@ def _known_path(key: str) -> bool:
     """Is ``key`` (dotted) a valid leaf or node of Config? Free-form dicts accept any sub-key."""
     cls: Any = Config
     parts = key.split(".")
+    if parts[0] == "sections":
+        return False
+    own = _family_sections()
+    if parts[0] in own:
+        cls, parts = own[parts[0]], parts[1:]
     for i, part in enumerate(parts):
         if not dataclasses.is_dataclass(cls):
             return False
@@ -602,10 +613,40 @@ def _known_path(key: str) -> bool:
     return True
 
 
+def _family_sections() -> dict[str, type]:
+    """{family name: its config dataclass} of every registered family that has keys of its own."""
+    return {f.name: f.config for f in families.all_families() if f.config is not None}
+
+
+def with_sections(tree: dict) -> tuple[dict, dict]:
+    """The tree without the family sections, and those sections built: only the run's family's may be given."""
+    own = _family_sections()
+    given = {k: tree[k] for k in tree if k in own}
+    rest = {k: v for k, v in tree.items() if k not in own}
+    family = (rest.get("model") or {}).get("family") or families.DEFAULT
+    for name in given:
+        if name != family:
+            raise ConfigError(f"{name}: the config section of model.family={name}, but model.family is {family}")
+    built = {}
+    if family in own:
+        data = given.get(family) or {}
+        if not isinstance(data, dict):
+            keys = ", ".join(f.name for f in dataclasses.fields(own[family]))
+            raise ConfigError(f"{family}: give a mapping of its keys ({keys})")
+        built[family] = build(own[family], data, prefix=family)
+    return rest, built
+
+
 def leaf_keys(cls: Any = None, prefix: str = "") -> list[str]:
-    """Every dotted leaf key of the config tree (a free-form mapping is one leaf)."""
+    """Every dotted leaf key of the config tree (a free-form mapping is one leaf), the families' own sections
+    included."""
     out = []
+    if cls is None:
+        for name, section in _family_sections().items():
+            out += leaf_keys(section, name)
     for name, tp in typing.get_type_hints(cls or Config).items():
+        if cls is None and name == "sections":
+            continue  # written as the families' own sections
         key = f"{prefix}.{name}" if prefix else name
         out += leaf_keys(tp, key) if dataclasses.is_dataclass(tp) else [key]
     return out
@@ -778,7 +819,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         tree = _with_model_folder(tree, folder)
     merged = expand_preset(_merge(tree, cli))
     _resolve_paths(merged, Path.cwd(), CWD_KEYS & _flatten(merged))
+    merged, sections = with_sections(merged)
     cfg = build(Config, merged)
+    cfg.sections = sections
     check_rules(cfg)  # which switches go together: before any model exists
     if not Path(cfg.train.output_dir).is_absolute():  # the default
         cfg.train.output_dir = str((Path.cwd() / cfg.train.output_dir).resolve())

@@ -1,7 +1,8 @@
 """`brisk train --help-config`: every config key with its type, default and one-line meaning.
 
 The meaning is the comment on the key's line in brisk/config.py (read from the source, so there is one
-place to write it); a section's meaning is its class docstring.
+place to write it); a section's meaning is its class docstring. A model family's own section (``Family.config``)
+follows, its meanings from each field's ``metadata["help"]``.
 """
 
 from __future__ import annotations
@@ -66,12 +67,14 @@ def rows(cls=C.Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
     hints = typing.get_type_hints(cls)
     comments = field_comments(cls)
     for f in dataclasses.fields(cls):
+        if f.metadata.get("internal"):
+            continue
         key = f"{prefix}{f.name}"
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
             nested += rows(tp, key + ".")
             continue
-        meaning = comments.get(f.name, "")
+        meaning = f.metadata.get("help") or comments.get(f.name, "")
         if f.name == "config" and tp is dict:
             meaning += " (keys of the transformers config class of model_type, e.g. hidden_size)"
         out.append((key, _type(tp), _show(_default(f)), meaning))
@@ -82,7 +85,7 @@ def sections(cls=C.Config, prefix: str = "") -> list[tuple[str, str]]:
     out = []
     for f in dataclasses.fields(cls):
         tp = typing.get_type_hints(cls)[f.name]
-        if dataclasses.is_dataclass(tp):
+        if dataclasses.is_dataclass(tp) and not f.metadata.get("internal"):
             doc = (" ".join(tp.__doc__.strip().split("\n\n")[0].split())
                    if tp.__doc__ and not tp.__doc__.startswith(tp.__name__ + "(") else "")
             out.append((prefix + f.name, doc))
@@ -90,13 +93,24 @@ def sections(cls=C.Config, prefix: str = "") -> list[tuple[str, str]]:
     return out
 
 
+def family_rows() -> list[tuple[str, str, str, str]]:
+    """Each registered family's own keys (its ``config`` section), after the shared ones."""
+    from . import families
+
+    return [row for f in families.all_families() if f.config is not None for row in rows(f.config, f.name + ".")]
+
+
 def help_text() -> str:
+    from . import families
+
     docs = dict(sections())
+    docs.update({f.name: f"model.family={f.name} only: {f.summary}" for f in families.all_families()})
     lines = ["Every config key: type, default, meaning. Set keys in a YAML file or as key=value after it,",
              "e.g. brisk train demo train.max_epochs=3 optim.lr=1e-3 (a shipped config by name: demo, fun_asr_nano, ...; or a file)"]
-    width = max(len(k) for k, *_ in rows())
+    every = rows() + family_rows()
+    width = max(len(k) for k, *_ in every)
     section = None
-    for key, tp, default, meaning in rows():
+    for key, tp, default, meaning in every:
         sec = key.rsplit(".", 1)[0] if "." in key else "top level"
         if sec != section:
             section = sec

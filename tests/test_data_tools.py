@@ -36,6 +36,22 @@ def test_a_key_without_a_transcript_is_one_line_and_nothing_is_written(tmp_path,
     assert f"{tmp_path / 'wav.scp'}:2: key b has no transcript" in capsys.readouterr().err and not out.exists()
 
 
+def test_relative_audio_paths_beside_the_list_or_from_the_current_folder(tmp_path, monkeypatch, capsys):
+    """A relative path in wav.scp is read beside it, else from the current folder (where Kaldi recipes run); a path
+    found in neither is one line saying where it looked."""
+    (tmp_path / "lists").mkdir()
+    (tmp_path / "lists" / "text").write_text("u0 hello\n", encoding="utf-8")
+    scp, out = tmp_path / "lists" / "wav.scp", tmp_path / "train.jsonl"
+    monkeypatch.chdir(DEMO)
+    scp.write_text("u0 audio/valid/utt0001.flac\n", encoding="utf-8")
+    assert main(["data", "speech", str(scp), str(tmp_path / "lists" / "text"), "--out", str(out)]) == 0
+    assert str((DEMO / "audio" / "valid" / "utt0001.flac").resolve()) in out.read_text(encoding="utf-8")
+    scp.write_text("u0 audio/valid/no_such.flac\n", encoding="utf-8")
+    assert main(["data", "speech", str(scp), str(tmp_path / "lists" / "text"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "wav.scp:1: audio file audio/valid/no_such.flac not found" in err and str(tmp_path / "lists") in err
+
+
 def test_the_chat_demo_command_writes_the_bundled_set(tmp_path):
     assert main(["data", "chat", "demo", "--out", str(tmp_path / "chat")]) == 0
     for name in ("train.jsonl", "valid.jsonl", "tokenizer/tokenizer_config.json", "tokenizer/chat_template.jinja"):

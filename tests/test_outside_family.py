@@ -29,10 +29,11 @@ def test_a_family_from_outside_trains_evaluates_and_exports(tmp_path, capsys):
     argv = ["--family-module", "tests.toy_family", "train", str(REPO / "configs" / "sft_demo.yaml"),
             "model.family=toy_lm", "model.llm.config.num_hidden_layers=1", "train.max_steps=4", "train.export=toy",
             f"train.output_dir={run}", "train.progress=false", "train.tensorboard=false", "diagnose.report=false"]
-    assert main(argv) == 0
-    manifest = json.loads((run / "model-toy" / "toy.json").read_text())
+    assert main(argv + ["toy_lm.manifest=manifest.json"]) == 0
+    manifest = json.loads((run / "model-toy" / "manifest.json").read_text())  # its own config key, read by its exporter
     assert manifest["family"] == "toy_lm" and manifest["tensors"] and (run / "model-toy" / "weights.safetensors").is_file()
-    assert "toy_lm" in (run / "config.yaml").read_text()
+    saved = (run / "config.yaml").read_text()
+    assert "family: toy_lm" in saved and "toy_lm:\n  manifest: manifest.json" in saved
     capsys.readouterr()
     assert main(["--family-module", "tests.toy_family", "eval", str(run), str(REPO / "data" / "chat_demo" / "valid.jsonl"),
                  "--max-new-tokens", "4", "--max-utts", "4"]) == 0
@@ -45,3 +46,21 @@ def test_a_family_from_outside_trains_evaluates_and_exports(tmp_path, capsys):
 def test_an_unknown_family_module_is_one_line(capsys):
     assert main(["--family-module", "tests.no_such_family", "train"]) == 2
     assert capsys.readouterr().err.startswith("error: --family-module tests.no_such_family: cannot import it")
+
+
+def test_a_family_section_is_checked_shown_and_its_own(capsys):
+    import tests.toy_family  # noqa: F401 - registers toy_lm
+    from brisk.config import ConfigError, load_config
+    from brisk.config_help import help_text
+
+    sft = REPO / "configs" / "sft_demo.yaml"
+    assert load_config(sft, ["model.family=toy_lm", "train.export=toy"]).sections["toy_lm"].manifest == "toy.json"  # its default
+    with pytest.raises(ConfigError, match="unknown config key toy_lm.manifesto.*did you mean toy_lm.manifest"):
+        load_config(sft, ["model.family=toy_lm", "train.export=toy", "toy_lm.manifesto=x.json"])
+    with pytest.raises(ConfigError, match="toy_lm: the config section of model.family=toy_lm, but model.family is "
+                                          "causal_lm"):
+        load_config(sft, ["toy_lm.manifest=x.json"])
+    text = help_text()
+    assert "[toy_lm]  model.family=toy_lm only" in text
+    assert any(line.split()[:1] == ["toy_lm.manifest"] and "file name of the export's manifest" in line
+               for line in text.splitlines())

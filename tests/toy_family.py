@@ -1,17 +1,25 @@
-"""A fourth model family from outside brisk/: a text-only causal LM with an export format of its own, registered by
-this module alone (`brisk --family-module tests.toy_family ...`, or a package's `brisk.families` entry point).
+"""A fourth model family from outside brisk/: a text-only causal LM with a config key and an export format of its
+own, registered by this module alone (`brisk --family-module tests.toy_family ...`, or a package's `brisk.families` entry point).
 brisk's own code is not edited for it: it borrows the causal_lm family's model, data and eval parts, and its
 exporter is here."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from brisk.families import Family, register
+from brisk.families import Family, register, section
 from brisk.families import causal_lm
 
 FORMAT = "toy"
+
+
+@dataclass
+class ToyConfig:
+    """The toy family's own keys: toy_lm.manifest in YAML or on the command line."""
+
+    manifest: str = field(default="toy.json", metadata={"help": "file name of the export's manifest"})
 
 
 def write_toy(model, cfg, state: dict, out: Path, dtype: str, tokenizer) -> None:
@@ -22,7 +30,7 @@ def write_toy(model, cfg, state: dict, out: Path, dtype: str, tokenizer) -> None
 
     weights = {k: v.detach().to(DTYPES[dtype]).clone() for k, v in state.items()}  # tied weights: a copy each
     save_file(weights, str(out / "weights.safetensors"))
-    (out / "toy.json").write_text(json.dumps({"family": FAMILY.name, "tensors": sorted(weights)}), encoding="utf-8")
+    (out / section(cfg).manifest).write_text(json.dumps({"family": FAMILY.name, "tensors": sorted(weights)}), encoding="utf-8")
 
 
 def write_readme(out: Path, fmt: str, dtype: str, cfg) -> None:
@@ -41,4 +49,5 @@ FAMILY = register(Family(
     exporters={FORMAT: write_toy},
     readme=write_readme,
     eval_main=causal_lm.eval_main,
+    config=ToyConfig,
 ))

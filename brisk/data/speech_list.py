@@ -41,7 +41,11 @@ def speech_lines(wav_scp: Path, text: Path) -> list[dict]:
         if key not in texts:
             raise DataError(f"{where}: key {key} has no transcript in {text}")
         audio = Path(path).expanduser()
-        audio = audio if audio.is_absolute() else wav_scp.parent / audio
+        if not audio.is_absolute():  # beside wav.scp, else from the current folder (where Kaldi recipes run)
+            audio = wav_scp.parent / audio if (wav_scp.parent / audio).exists() or not audio.exists() else audio.resolve()
+        if not audio.exists():
+            raise DataError(f"{where}: audio file {path} not found (a relative path is looked for beside {wav_scp.name}, "
+                            f"in {wav_scp.parent.resolve()}, then in the current folder)")
         try:
             info = sf.info(str(audio))
         except Exception as e:  # noqa: BLE001 - soundfile raises several kinds; the line says which file

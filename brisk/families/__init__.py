@@ -24,7 +24,7 @@ from __future__ import annotations
 from importlib import import_module
 
 from .registry import (DEFAULT, Family, FamilyRule, all_families, family_of, folder_family, get,  # noqa: F401
-                       load_module, load_plugins, names, register)
+                       load_module, load_plugins, names, register, section)
 from .contract import FamilyModel, SpeechModel  # noqa: F401
 
 BUILT_IN = ("fun_asr_nano", "causal_lm", "qwen3_asr")  # each a package here whose __init__ registers its spec

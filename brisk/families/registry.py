@@ -71,6 +71,10 @@ class Family:
     # The transformers folders (config.json) it loads: their model_type values ("*": any other config.json)
     folder_types: tuple[str, ...] = ()
     folder_overrides: Callable | None = None  # (folder) -> config overrides that load the folder as this family's model
+    # The family's own config keys: a dataclass whose fields are the keys of a top-level section named after the
+    # family (``<name>.<key>`` in YAML and overrides), each with ``metadata={"help": ...}`` for --help-config.
+    # Its values are ``section(cfg)``. None: the family reads only the shared sections.
+    config: type | None = None
 
     def refuse(self, bad: list[str]) -> str:
         return self.refused.format(family=self.name, bad=", ".join(f"speed.{k}" for k in bad),
@@ -141,6 +145,14 @@ def get(name: str, key: str = "model.family") -> Family:
     close = difflib.get_close_matches(str(name), names(), n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]}?" if close else ""
     raise ConfigError(f"{key}={name!r}: use one of the model families {', '.join(names())}{hint}")
+
+
+def section(cfg) -> Any:
+    """The run's values of its family's own config section (``Family.config``), defaults where not set."""
+    family = family_of(cfg)
+    if family.config is None:
+        raise ConfigError(f"model.family={family.name} has no config section of its own")
+    return cfg.sections.get(family.name) or family.config()
 
 
 def all_families() -> list[Family]:
