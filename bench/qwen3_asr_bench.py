@@ -146,6 +146,7 @@ def recipe_arm(args, idx: list[list[int]]) -> tuple[list[float], str]:
     from transformers import (AutoProcessor, Qwen3ASRForConditionalGeneration, Trainer, TrainerCallback,
                               TrainingArguments)
 
+    from brisk.families import section
     from brisk.families.qwen3_asr.data import read_lines, target_text
     from brisk.families.qwen3_asr.model import hf_config
     from tests.test_qwen3_asr import DataCollatorForQwen3ASRFinetuning, make_preprocess_fn_prefix_only
@@ -154,7 +155,7 @@ def recipe_arm(args, idx: list[list[int]]) -> tuple[list[float], str]:
     utts, _ = read_lines(cfg.data.train, cfg)
     processor = AutoProcessor.from_pretrained(cfg.data.tokenizer, local_files_only=True)
     pre = make_preprocess_fn_prefix_only(processor)
-    rows = [pre({"audio": u.audio_paths()[0], "text": target_text(u, cfg.data.language), "prompt": ""})
+    rows = [pre({"audio": u.audio_paths()[0], "text": target_text(u, section(cfg).language), "prompt": ""})
             for g in idx for u in (utts[i] for i in g)]
     sizes = [len(g) for g in idx]
     starts = [sum(sizes[:i]) for i in range(len(sizes))]

@@ -225,7 +225,6 @@ class DataConfig:
     auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
     max_len: int = 2048  # causal_lm: tokens of one conversation at most (see data.overlong)
     overlong: str = "truncate"  # causal_lm: a conversation over data.max_len is truncated (its end dropped) or skipped
-    language: str | None = None  # model.family=qwen3_asr: FunASR jsonl targets become "language <this><asr_text>..." and decoding is prefilled with it (none: "language None", no prefill)
     chat_template: str | None = None  # causal_lm: a jinja chat template with {% generation %} markers; none: the tokenizer's own, or the training twin of a known one
     train_split: str | None = None  # a split of data.train where its layout has splits (train_sft of ultrachat_200k's parquet folder, a DatasetDict folder)
     valid_split: str | None = None  # a split of data.valid (test_sft); data.valid may be the same folder as data.train
@@ -449,6 +448,31 @@ class Config:
         return out
 
 
+# Keys that moved into a family's own section: old dotted key -> new one. An older config or run folder that
+# gives one is read as the new key, with one line in the log.
+MOVED_KEYS = {"data.language": "qwen3_asr.language"}
+
+
+def _moved(tree: dict, where) -> dict:
+    """``tree`` with each MOVED_KEYS key of an older config read as its new key: a value given for the family
+    that now owns the key goes into its section (one line in the log); an unset one (every run folder an older
+    brisk saved holds them all) or one for another family, which never read it, is dropped."""
+    for old, new in MOVED_KEYS.items():
+        section, key = old.split(".")
+        if key not in (tree.get(section) or {}):
+            continue
+        value = tree[section][key]
+        tree = {**tree, section: {k: v for k, v in tree[section].items() if k != key}}
+        owner, new_key = new.split(".")
+        if value is None or ((tree.get("model") or {}).get("family") or families.DEFAULT) != owner:
+            continue
+        import logging
+
+        logging.getLogger("brisk").info("config: %s: %s is now %s (read as that)", where, old, new)
+        tree = {**tree, owner: {new_key: value, **(tree.get(owner) or {})}}
+    return tree
+
+
 def _without_task(tree: dict, where) -> dict:
     """The old top-level ``task:`` is no longer read. A run folder saved by an older brisk holds it beside its
     model.family, which says the same: it is dropped. Alone, or naming another family, it is one line."""
@@ -623,7 +647,7 @@ def with_sections(tree: dict) -> tuple[dict, dict]:
     own = _family_sections()
     given = {k: tree[k] for k in tree if k in own}
     rest = {k: v for k, v in tree.items() if k not in own}
-    family = (rest.get("model") or {}).get("family") or families.DEFAULT
+    family = families.get((rest.get("model") or {}).get("family") or families.DEFAULT).name
     for name in given:
         if name != family:
             raise ConfigError(f"{name}: the config section of model.family={name}, but model.family is {family}")
@@ -677,6 +701,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip().lstrip("+")
     if key == "task":
         _without_task({"task": raw.strip()}, f"override {text!r}")
+    if key in MOVED_KEYS:
+        raise ConfigError(f"override {text!r}: {key} is now {MOVED_KEYS[key]}; give {MOVED_KEYS[key]}={raw.strip()}")
     if not _known_path(key):
         parent = key.rsplit(".", 1)[0] if "." in key else ""
         raise ConfigError(f"unknown config key {key} (from override {text!r}){did_you_mean(key)}; "
@@ -803,7 +829,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None and not Path(path).exists():
         path = shipped_config(str(path)) or path  # a shipped config's bare name, as `brisk train demo` takes it
     tree: dict = read_yaml(Path(path)) if path is not None else {}
-    tree = _without_task(tree, path)
+    tree = _moved(_without_task(tree, path), path)
     unknown = sorted(k for k in _flatten(tree) if not _known_path(k))
     if unknown:  # named with its file here; build() below no longer knows where a key came from
         raise ConfigError(f"{path}: unknown config key {unknown[0]}{did_you_mean(unknown[0])}; "

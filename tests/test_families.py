@@ -5,6 +5,7 @@ ConfigError line, never a KeyError."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
 import yaml
@@ -102,3 +103,24 @@ def test_every_family_builds_a_model_of_the_written_contract(config, speech):
     cfg = load_config(REPO / "configs" / config)
     model = family_of(cfg).build(cfg.model, None)
     assert isinstance(model, FamilyModel) and isinstance(model, SpeechModel) == speech
+
+
+def test_a_key_that_moved_into_a_family_section_still_reads(tmp_path, caplog):
+    """data.language became qwen3_asr.language: an older config's value is read as it (one log line), an older run
+    folder's unset one (of any family) is dropped, and the old key on the command line is one line naming the new."""
+    old = tmp_path / "old.yaml"
+    written = load_config(REPO / "configs" / "qwen3_asr_demo.yaml", [f"train.output_dir={tmp_path}"]).to_dict()
+    del written["qwen3_asr"]
+    written["data"]["language"] = "German"  # as an older brisk wrote it
+    old.write_text(yaml.safe_dump(written), encoding="utf-8")
+    with caplog.at_level(logging.INFO, logger="brisk"):
+        cfg = load_config(old, [f"train.output_dir={tmp_path}"])
+    assert families.section(cfg).language == "German"
+    assert any("data.language is now qwen3_asr.language" in r.message for r in caplog.records)
+    saved = load_config(REPO / "configs" / "demo.yaml", [f"train.output_dir={tmp_path}"]).to_dict()
+    saved["data"]["language"] = None  # as every run folder of an older brisk holds it
+    old.write_text(yaml.safe_dump(saved), encoding="utf-8")
+    assert load_config(old).model.family == "fun_asr_nano"
+    with pytest.raises(ConfigError, match=r"override 'data.language=English': data.language is now "
+                                          r"qwen3_asr.language; give qwen3_asr.language=English"):
+        load_config(REPO / "configs" / "qwen3_asr_demo.yaml", ["data.language=English"])

@@ -9,7 +9,18 @@ part below imports its module when first called."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ..registry import Family, FamilyRule, register
+
+
+@dataclass
+class Qwen3ASRConfig:
+    """Qwen3-ASR's own keys (the ``qwen3_asr:`` section)."""
+
+    language: str | None = field(default=None, metadata={"help": (
+        "FunASR jsonl targets become 'language <this><asr_text>...' and decoding is prefilled with it "
+        "(none: 'language None', no prefill)")})
 
 
 def encoder_blocks(model, compile: bool = False) -> list:
@@ -133,4 +144,5 @@ FAMILY = register(Family(
     folder_overrides=folder_overrides,
     encoder_blocks=encoder_blocks,
     audio_path=("audio_tower", "multi_modal_projector"),
+    config=Qwen3ASRConfig,
 ))

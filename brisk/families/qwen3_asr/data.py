@@ -15,7 +15,7 @@ wrong (tests/test_qwen3_asr.py shows both):
   ends the target, so the model never learns to stop; here the final eos keeps its label.
 
 FunASR jsonl lines (a ``<|startofspeech|>!path<|endofspeech|>`` user turn, the transcript as the assistant turn)
-become ``language <data.language><asr_text><transcript>`` targets (``language None`` without data.language), the
+become ``language <qwen3_asr.language><asr_text><transcript>`` targets (``language None`` without it), the
 recipe's advice for data without a language, under an empty system turn: the prefix decoding uses
 (``Qwen3ASRPrompt.system``).
 
@@ -37,6 +37,7 @@ from ...data.audio import AudioError, read_audio
 from ...data.dataset import Sample
 from ...data.jsonl import Utterance, decode_line, not_speech_format, read_jsonl
 from ...data.prompt import Tokens
+from ..registry import section
 
 ASR_TEXT = "<asr_text>"
 
@@ -232,7 +233,7 @@ def qwen3_asr_dataset(cfg, which: str, path: str | None, vocab_size: int, tokeni
                               "or a FunASR jsonl")
         return None
     utts, skipped = read_lines(path, cfg)
-    dataset = Qwen3ASRDataset(utts, load_processor(cfg), cfg.data.language, cfg.data.skip_bad,
+    dataset = Qwen3ASRDataset(utts, load_processor(cfg), section(cfg).language, cfg.data.skip_bad,
                               math.ceil(cfg.data.max_speech_length), tower_window(cfg))
     return dataset, skipped, {"bad_lines": len(skipped)}
 

@@ -13,6 +13,7 @@ import torch
 from ...data.audio import read_audio
 from .data import ASR_TEXT, Qwen3ASRPrompt, audio_token_count, features
 from ...eval.decode import Recognizer
+from ..registry import section
 
 
 class Qwen3ASRRecognizer(Recognizer):
@@ -90,7 +91,7 @@ def qwen3_asr_recognizer(cfg, model, tokenizer, device: str = "cpu", **kw) -> Qw
     """The family's ``recognizer`` (`brisk eval`, `brisk transcribe`); the processor comes from the run's config."""
     from .data import load_processor
 
-    return Qwen3ASRRecognizer(model, load_processor(cfg), device=device, language=cfg.data.language, **kw)
+    return Qwen3ASRRecognizer(model, load_processor(cfg), device=device, language=section(cfg).language, **kw)
 
 
 def qwen3_asr_val_recognizer(model, dataset, device, fast: bool = False) -> Qwen3ASRRecognizer:
