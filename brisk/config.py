@@ -642,7 +642,15 @@ def _family_sections() -> dict[str, type]:
     return {f.name: f.config for f in families.all_families() if f.config is not None}
 
 
-def with_sections(tree: dict) -> tuple[dict, dict]:
+def build_config(tree: dict) -> Config:
+    """A Config from a merged tree: the shared sections, then the run's family's own (``Config.sections``)."""
+    rest, sections = _with_sections(tree)
+    cfg = build(Config, rest)
+    cfg.sections = sections
+    return cfg
+
+
+def _with_sections(tree: dict) -> tuple[dict, dict]:
     """The tree without the family sections, and those sections built: only the run's family's may be given."""
     own = _family_sections()
     given = {k: tree[k] for k in tree if k in own}
@@ -845,9 +853,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         tree = _with_model_folder(tree, folder)
     merged = expand_preset(_merge(tree, cli))
     _resolve_paths(merged, Path.cwd(), CWD_KEYS & _flatten(merged))
-    merged, sections = with_sections(merged)
-    cfg = build(Config, merged)
-    cfg.sections = sections
+    cfg = build_config(merged)
     check_rules(cfg)  # which switches go together: before any model exists
     if not Path(cfg.train.output_dir).is_absolute():  # the default
         cfg.train.output_dir = str((Path.cwd() / cfg.train.output_dir).resolve())

@@ -19,6 +19,7 @@ from brisk.eval.load import load_for_inference
 from brisk.models.export import export_folder
 from brisk.models.lm import lm_loss
 
+from .conftest import REPO
 from .test_prompt_parity import DATASET_CONF, funasr_dataset, write_folder, write_jsonl
 
 
@@ -175,3 +176,18 @@ def test_training_ends_with_one_export_and_cli_converts(tmp_path, capsys):
     assert all(torch.equal(native.state_dict()[k], v) for k, v in model.state_dict().items())
     cfg = json.loads((run / "model-hf" / "config.json").read_text())
     assert cfg["model_type"] == "fun_asr_nano" and cfg["architectures"] == ["FunAsrNanoForConditionalGeneration"]
+
+
+def test_what_the_native_class_cannot_hold_is_refused_at_load_and_by_the_exporter(tmp_path):
+    """train.export=hf refuses, when the config is loaded, a model transformers' FunAsrNano cannot express; the hf
+    exporter refuses it too (a later `brisk export --format hf` of a run trained with the FunASR export)."""
+    from brisk.config import ConfigError, load_config
+    from brisk.families import get
+
+    base = [f"train.output_dir={tmp_path}", "model.encoder.sanm_shift=1"]
+    with pytest.raises(ConfigError, match=r"train.export=hf: model.encoder.sanm_shift: the native FSMN is centred "
+                                          r"\(needs 0\); or export funasr"):
+        load_config(REPO / "configs" / "demo.yaml", base + ["train.export=hf"])
+    cfg = load_config(REPO / "configs" / "demo.yaml", base + ["train.export=funasr"])
+    with pytest.raises(ConfigError, match=r"^model.encoder.sanm_shift=1: the native FSMN is centred \(needs 0\)$"):
+        get("fun_asr_nano").exporters["hf"](None, cfg, {}, tmp_path, "bf16", None)

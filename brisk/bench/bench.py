@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch._dynamo
 
-from ..config import Config, _merge, _set_dotted, build, parse_override, with_sections
+from ..config import Config, _merge, _set_dotted, build_config, parse_override
 from ..plan import check_rules, expand_preset
 from ..diagnose.timer import StepTimer
 from ..distributed.ranks import pick_device
@@ -212,9 +212,7 @@ def with_overrides(cfg: Config, overrides: list[str], keep: list[str] = ()) -> C
     if (patch.get("speed") or {}).get("preset"):
         kept = {k: tree["speed"][k] for k in keep if k in tree["speed"]}
         tree = _merge(tree, expand_preset({"model": tree["model"], "speed": {**kept, **patch["speed"]}}))
-    tree, sections = with_sections(tree)
-    out = build(Config, tree)
-    out.sections = sections
+    out = build_config(tree)
     check_rules(out)
     return out
 

@@ -8,6 +8,7 @@ so each part below imports its module when first called."""
 
 from __future__ import annotations
 
+from ...errors import ConfigError
 from ..registry import Family, FamilyRule, register
 
 # The switches that act on the frozen audio path or on the graphed step around it.
@@ -48,6 +49,8 @@ def write_funasr(model, cfg, state, out, dtype, tokenizer):
 def write_hf(model, cfg, state, out, dtype, tokenizer):
     from .export import write_hf
 
+    check_native(cfg.model)  # `brisk export --format hf` of a run that was not trained with train.export=hf
+
     write_hf(model, cfg, state, out, dtype, tokenizer)
 
 
@@ -81,10 +84,23 @@ def graph_examples(cfg, collator, vocab, max_tokens):
     return graph_examples(cfg, collator, vocab, max_tokens)
 
 
-def _native(key: str, broken, why: str) -> FamilyRule:
-    """train.export=hf: what transformers' FunAsrNano class cannot express, refused before the run, not after."""
-    return FamilyRule(f"train.export, {key}", lambda c: c.train.export == "hf" and broken(c.model),
-                      f"train.export=hf: {why}; or export funasr")
+# What transformers' FunAsrNano class cannot express: (key, broken(model config), why). Refused when the config is
+# loaded with train.export=hf, and by the hf exporter itself (a later `brisk export --format hf`).
+NATIVE_LIMITS = (
+    ("model.adaptor.downsample_rate", lambda m: m.adaptor.downsample_rate != 1,
+     "the native class has no frame stacking (needs 1)"),
+    ("model.encoder.sanm_shift", lambda m: m.encoder.sanm_shift != 0, "the native FSMN is centred (needs 0)"),
+    ("model.encoder.tp_blocks", lambda m: m.encoder.tp_blocks < 1,
+     "the native encoder expects at least one timestamp block"),
+)
+
+
+def check_native(model_cfg) -> None:
+    """One line naming the first key the native class cannot express, with its value."""
+    for key, broken, why in NATIVE_LIMITS:
+        if broken(model_cfg):
+            section, name = key.split(".")[1:]
+            raise ConfigError(f"{key}={getattr(getattr(model_cfg, section), name)}: {why}")
 
 
 FAMILY = register(Family(
@@ -106,14 +122,8 @@ FAMILY = register(Family(
                       # the data first reaches it (buckets the data never reaches cost nothing)
                       "compile_dynamic": False, "flex_attention": True, "graph_capture": "seen"}},
     frozen_audio=FROZEN_AUDIO,
-    rules=(
-        _native("model.adaptor.downsample_rate", lambda m: m.adaptor.downsample_rate != 1,
-                "model.adaptor.downsample_rate must be 1 (the native class has no frame stacking)"),
-        _native("model.encoder.sanm_shift", lambda m: m.encoder.sanm_shift != 0,
-                "model.encoder.sanm_shift must be 0 (the native FSMN is centred)"),
-        _native("model.encoder.tp_blocks", lambda m: m.encoder.tp_blocks < 1,
-                "model.encoder.tp_blocks must be at least 1 (the native encoder expects a timestamp block)"),
-    ),
+    rules=tuple(FamilyRule(f"train.export, {key}", lambda c, b=broken: c.train.export == "hf" and b(c.model),
+                           f"train.export=hf: {key}: {why}; or export funasr") for key, broken, why in NATIVE_LIMITS),
     refused=("{bad} are for model.family=causal_lm (the speech-LLM's Qwen3 decoder has no linear "
              "attention, and speed.label_head is its loss without full logits) or for model.family=qwen3_asr "
              "(speed.audio_varlen: its audio tower's attention); set them false"),

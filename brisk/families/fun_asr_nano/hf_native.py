@@ -17,7 +17,7 @@ import re
 
 import torch
 
-from ...config import ConfigError, ModelConfig
+from ...config import ModelConfig
 
 ENC, PROJ, LM = "model.audio_tower.layers.", "model.multi_modal_projector.", "model.language_model."
 AUDIO_TOKEN = "<|object_ref_start|>"  # the native processor's audio placeholder
@@ -33,21 +33,10 @@ def folder_overrides(path) -> list[str]:
     return [f"model.path={path}"]
 
 
-def check_exportable(cfg: ModelConfig) -> None:
-    """What the native class cannot express, named with the key that sets it."""
-    if cfg.adaptor.downsample_rate != 1:
-        raise ConfigError(f"model.adaptor.downsample_rate={cfg.adaptor.downsample_rate}: the native class has no frame stacking (needs 1)")
-    if cfg.encoder.sanm_shift != 0:
-        raise ConfigError(f"model.encoder.sanm_shift={cfg.encoder.sanm_shift}: the native FSMN is centred (needs 0)")
-    if cfg.encoder.tp_blocks < 1:
-        raise ConfigError("model.encoder.tp_blocks=0: the native encoder expects at least one timestamp block")
-
-
 def hf_config(cfg: ModelConfig, text_config: dict, audio_token_id: int):
     """The native ``FunAsrNanoConfig`` for a brisk model config and its LLM's config dict."""
     from transformers import FunAsrNanoConfig
 
-    check_exportable(cfg)
     enc, ad, fe = cfg.encoder, cfg.adaptor, cfg.frontend
     llm_dim = text_config["hidden_size"]
     audio = dict(model_type="fun_asr_nano_encoder", num_mel_bins=fe.n_mels, num_stacked_frames=fe.lfr_m,
