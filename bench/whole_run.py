@@ -35,12 +35,17 @@ from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from brisk.diagnose.report import step_kinds  # noqa: E402  (no torch: the report's module imports none)
+from brisk.diagnose.timeline import read as read_timeline  # noqa: E402
 FAST = ["speed.packing=true", "speed.cuda_graph=true", "speed.frozen_eval=true", "speed.encoder_dtype=bf16",
         "speed.compile=true", "speed.fused_adamw=true", "speed.sdpa_backends=[flash,efficient,math]"]
-# FunASR 1.4.16's own trainer on this workload, one H200 (issue 13).
+# FunASR 1.4.16's own trainer on this workload, measured once on an H200 on 2026-11-29: a constant from an earlier
+# machine, shown as such, not an arm of this call.
 FUNASR = {"start-up to first step": 40.0, "steps": 65.0, "validation": 7.4, "checkpoint stalls": 83.0,
           "export": None, "whole run": 196.0}
-LOG_FILES = ("train.log", "steps.jsonl", "checkpoints.jsonl", "accel.json", "slow_steps.jsonl", "config.yaml")  # what is kept of each run (no weights)
+LOG_FILES = ("train.log", "steps.jsonl", "checkpoints.jsonl", "accel.json", "slow_steps.jsonl", "config.yaml",
+             "timeline.json")  # what is kept of each run (no weights)
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ (.*)$")
 
 
@@ -110,7 +115,19 @@ def phases(run_dir: Path, launch: float, end: float, rc: int) -> dict:
     r["report"] = t_report - (t_export or t_around) if t_report and (t_export or t_around) else None
     r["exit"] = end - lines[-1][0] if lines else None  # the last log line to the process's end
     r["export_bytes"] = sum(p.stat().st_size for p in run_dir.glob("model-*/**/*") if p.is_file())
+    timeline = read_timeline(run_dir)  # the run's own spans (brisk.diagnose.timeline), where it wrote them
+    if timeline:
+        r["first_step_at"] = timeline["marks"].get("first step start")
+        for kind, group in step_kinds(steps):
+            r[f"steps: {kind}"] = sum(s["data"] + s["compute"] for s in group)
+            r[f"steps: {kind}: n"] = len(group)
+        r["compile_in_steps"] = sum(s.get("compile_s", 0.0) for s in steps)
     return r
+
+
+def cell(r: dict, key: str, unit: str = "s") -> str:
+    """A failed run's cells say FAILED with its exit code: its partial times are no result."""
+    return f"FAILED (exit {r['rc']})" if r.get("rc") else fmt(r.get(key), unit)
 
 
 def fmt(v, unit="s") -> str:
@@ -122,20 +139,27 @@ def fmt(v, unit="s") -> str:
 def table(results: dict, tiny: bool) -> str:
     arms = list(results)
     name = "brisk, tiny CPU" if tiny else "brisk fast path"
-    head = "| phase | " + " | ".join(f"{name}, {a} cache" for a in arms) + (" |" if tiny else " | FunASR 1.4.16 (issue 13) |")
+    head = "| phase | " + " | ".join(f"{name}, {a} cache" for a in arms) + (
+        " |" if tiny else " | FunASR 1.4.16, an H200 on 2026-11-29 (not this call) |")
     rows = [head, "|---" * (len(arms) + 1 + (0 if tiny else 1)) + "|"]
 
     def row(name, key, unit="s", funasr=None):
-        cells = [fmt(results[a].get(key), unit) for a in arms]
+        cells = [cell(results[a], key, unit) for a in arms]
         rows.append(f"| {name} | " + " | ".join(cells) + (" |" if tiny else f" | {fmt(funasr) if funasr else '-'} |"))
 
     row("start-up to first step", "startup", funasr=FUNASR["start-up to first step"])
+    row("  first step started (from the process's start, timeline.json)", "first_step_at")
     row("  of which build/load", "build_load")
     row("  of which CUDA-graph capture (compiles inside)", "capture")
     row("compile (all speed.compile lines)", "compile")
     row("steps (data + compute)", "steps", funasr=FUNASR["steps"])
     row("  mean step", "step_mean_ms", "ms")
     row("  median step", "step_median_ms", "ms")
+    kinds = sorted({k for a in arms for k in results[a] if k.startswith("steps: ") and not k.endswith(": n")})
+    for k in kinds:
+        row(f"  {k}", k)
+    if kinds:
+        row("  compiling inside the steps", "compile_in_steps")
     row("validation", "validation", funasr=FUNASR["validation"])
     row("checkpoint stalls (sum)", "checkpoint_stalls", funasr=FUNASR["checkpoint stalls"])
     row("  largest stall", "checkpoint_max_stall")

@@ -6,6 +6,7 @@ import json
 import time
 
 import numpy as np
+import pytest
 import soundfile as sf
 import torch
 
@@ -14,7 +15,7 @@ from brisk.diagnose.doctor import doctor
 from brisk.train.checkpoint import Checkpoints
 from brisk.train.run import build_trainer
 
-from .conftest import DEMO, tiny_config
+from .conftest import DEMO, run_train, tiny_config
 
 
 def _data(tmp_path) -> str:
@@ -176,3 +177,48 @@ def test_gc_is_frozen_again_after_a_step_that_captured_graphs(tmp_path, monkeypa
     trainer.step_fn = Capturing()
     trainer.fit()
     assert frozen == [1, 3]
+
+
+def test_the_timeline_accounts_for_the_run_from_the_process_start_to_the_export(tmp_path):
+    """timeline.json holds the run's spans from the process's start; the first step starts where the spans before
+    the training end; the export is a span; the report splits the training span into its steps and the work
+    between them, and what it lists adds up to no more than the span."""
+    from brisk.diagnose.report import write_report
+    from brisk.diagnose.timeline import _IMPORTED, process_age
+
+    assert process_age() >= time.perf_counter() - _IMPORTED  # the process started before this module was imported
+    run = tmp_path / "run"
+    run_train(run, **{"train.max_steps": 4, "train.export": "funasr", "diagnose.report": False})
+    tl = json.loads((run / "timeline.json").read_text())
+    names = [s["name"] for s in tl["spans"]]
+    assert names[0] == "python, imports, config" and "model: load, freeze, speed plan" in names and names[-1] == "export"
+    assert all(s["seconds"] >= 0 for s in tl["spans"])
+    training = names.index("training: steps, validation, checkpoints")
+    before = sum(s["seconds"] for s in tl["spans"][:training])
+    first = tl["marks"]["first step start"]
+    assert before <= first < before + 0.5 and tl["marks"]["first step end"] > first
+    assert tl["total"] >= sum(s["seconds"] for s in tl["spans"]) - 1e-3
+
+    md = write_report(run).read_text()
+    section = md.split("## Where the run's time went")[1].split("\n## ")[0]
+    rows = [r.split("|") for r in section.splitlines() if r.startswith("| –")]
+    steps = [r for r in rows if r[1].startswith(" – steps:")]
+    assert sum(int(r[3].split()[0]) for r in steps) == 4  # every step, in exactly one kind
+    span = next(s["seconds"] for s in tl["spans"] if s["name"].startswith("training"))
+    assert sum(float(r[2]) for r in rows) == pytest.approx(span, abs=0.02)  # the loop's own work closes the sum
+    assert "| export |" in section
+
+
+def test_steps_are_told_apart_by_what_made_them_cost():
+    from brisk.diagnose.report import step_kinds
+
+    base = {"data": 0.0, "compute": 0.01, "new_shape": False, "compiles": 0, "compile_s": 0.0, "step_captures": 0,
+            "audio_captures": 0}
+    steps = [{**base, "step": 1, "new_shape": True, "compiles": 3, "step_captures": 1},
+             {**base, "step": 2, "new_shape": True, "compiles": 2},
+             {**base, "step": 3, "new_shape": True},
+             {**base, "step": 4},
+             {**base, "step": 5, "step_captures": -1, "audio_captures": -2}]  # graphs released: nothing captured
+    kinds = {k: [s["step"] for s in v] for k, v in step_kinds(steps)}
+    assert kinds == {"captured a CUDA graph (a bucket's first batch)": [1], "compiled new graphs": [2],
+                     "first batch of a new shape": [3], "steady": [4, 5]}

@@ -37,3 +37,12 @@ def test_phases_come_from_the_run_files(tmp_path):
     assert r["checkpoint_final_wait"] == 2.0 and r["footprint_bytes"] == 40
     assert abs(r["export"] - 6.0) < 1e-3 and abs(r["report"] - 1.0) < 1e-3 and abs(r["exit"] - 1.5) < 1e-3
     assert abs(r["wall"] - 30.5) < 1e-9
+
+
+def test_a_failed_arm_is_failed_in_every_row_never_a_time():
+    bench = _bench()
+    ok = {"rc": 0, "wall": 30.0, "startup": 10.0, "steps_n": 3}
+    failed = {"rc": 1, "wall": 22.3, "startup": 9.0, "steps_n": 3}  # the partial times a dead warm run left
+    md = bench.table({"cold": ok, "warm": failed}, tiny=False)
+    whole = next(line for line in md.splitlines() if line.startswith("| whole run"))
+    assert "30.0 s" in whole and "FAILED (exit 1)" in whole and "22.3" not in md and "9.0 s" not in md

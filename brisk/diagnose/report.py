@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 
 from ..plan import SWITCH_KEYS
+from .timeline import read as read_timeline
 
 CAUSE_COLORS = {"plan_build": "#d62728", "new_shape": "#ff7f0e", "recompile": "#9467bd", "graph_capture": "#e377c2",
                 "data": "#1f77b4", "checkpoint": "#2ca02c", "validation": "#17becf", "gc": "#8c564b", "unknown": "#7f7f7f"}
@@ -80,6 +81,47 @@ def phase_bars(steps: list[dict]) -> list[tuple[str, float]]:
     if graphed(steps):
         return [("data", med["data"]), ("whole graphed step", med["optimizer"]), ("between steps", other)]
     return [(p, med[p]) for p in phases] + [("between steps", other)]
+
+
+def step_kinds(steps: list[dict]) -> list[tuple[str, list[dict]]]:
+    """The steps by what made them cost: a CUDA-graph capture (the first batch of a bucket), a compile, a batch
+    shape seen for the first time, or none of these (steady)."""
+    # a capture counter falls below 0 at release(), when graphs are dropped: such a step captured nothing
+    captured = lambda s: s.get("step_captures", 0) > 0 or s.get("audio_captures", 0) > 0  # noqa: E731
+    kinds = {"captured a CUDA graph (a bucket's first batch)": [], "compiled new graphs": [],
+             "first batch of a new shape": [], "steady": []}
+    for s in steps:
+        key = ("captured a CUDA graph (a bucket's first batch)" if captured(s) else
+               "compiled new graphs" if s.get("compiles", 0) or s.get("compile_s", 0) > 0.05 else
+               "first batch of a new shape" if s.get("new_shape") else "steady")
+        kinds[key].append(s)
+    return [(k, v) for k, v in kinds.items() if v]
+
+
+def time_budget(steps: list[dict], timeline: dict) -> list[tuple[str, float, str]]:
+    """(phase, seconds, note) from launch to the end of the export: timeline.json's spans, the training span
+    split into its steps by kind (step_kinds) and the work between them (validation, checkpoints, gc)."""
+    rows = []
+    for span in timeline["spans"]:
+        rows.append((span["name"], span["seconds"], ""))
+        if not span["name"].startswith("training"):
+            continue
+        inside = 0.0
+        for kind, group in step_kinds(steps):
+            sec = sum(s["data"] + s["compute"] for s in group)
+            comp = sum(s.get("compile_s", 0.0) for s in group)
+            note = f"{len(group)} steps" + (f", of which {comp:.1f} s compiling (Dynamo, Inductor, cache loads)"
+                                            if comp >= 0.05 else "")
+            if kind == "steady" and group:
+                note += f", median {statistics.median(s['data'] + s['compute'] for s in group) * 1000:.1f} ms"
+            rows.append((f"– steps: {kind}", sec, note))
+            inside += sec
+        for name, sec in timeline.get("details", {}).get("training", {}).items():
+            if name != "compile":  # inside the steps above, not beside them
+                rows.append((f"– {name.replace('_', ' ')}", sec, ""))
+                inside += sec
+        rows.append(("– the loop's own work (logging, metrics, batches to the device)", max(0.0, span["seconds"] - inside), ""))
+    return rows
 
 
 def plot_decoding(ax, history: list[dict]) -> None:
@@ -237,6 +279,15 @@ def write_report(run_dir: str | Path) -> Path:
     ]
     if len(ranks) > 1:
         lines += rank_lines(ranks)
+    timeline = read_timeline(run_dir)
+    if timeline:
+        first = timeline["marks"].get("first step start")
+        lines += ["## Where the run's time went", "",
+                  f"From the {timeline['from']}"
+                  + (f"; the first step started at {first:.1f} s" if first is not None else "") + ".", "",
+                  "| phase | seconds | |", "|---|---|---|"]
+        lines += [f"| {name} | {sec:.2f} | {note} |" for name, sec, note in time_budget(steps, timeline)]
+        lines += [f"| total | {sum(sp['seconds'] for sp in timeline['spans']):.2f} | |", ""]
     if slow:
         lines += ["## Slow steps", "", "| step | time | x median | cause | why |", "|---|---|---|---|---|"]
         lines += [f"| {x['step']}{' (rank %d)' % x['rank'] if 'rank' in x else ''} | {x['total']:.3f} s | {x['ratio']:.1f} | "

@@ -132,6 +132,7 @@ class StepTimer:
             "step_captures": c1.get("step_captures", 0) - c0.get("step_captures", 0),
             "audio_captures": c1.get("audio_captures", 0) - c0.get("audio_captures", 0),
             "gc": c1.get("gc_seconds", 0.0) - c0.get("gc_seconds", 0.0),
+            "compile_s": round(c1.get("compile_seconds", 0.0) - c0.get("compile_seconds", 0.0), 4),
         }
         steal = steal_share(rec["steal_start"], rec["steal_end"], out["host"])
         if steal is not None:

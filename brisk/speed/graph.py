@@ -49,6 +49,7 @@ import torch
 from ..formats.batch import AudioBatch
 from ..swap import swapped
 from .capture import capture_graph, compile_events, on_side_stream, settle
+from .compile import compile_seconds
 
 log = logging.getLogger("brisk")
 
@@ -313,11 +314,16 @@ class GraphedStep:
                 rows = self.audio(b)
                 t, key = b.input_ids.shape[1], self._key(b)
                 if key not in self.graphs and t <= MAX_GRAPH_TOKENS:
+                    t1, c1 = time.perf_counter(), compile_seconds()
                     settle(lambda: self._warm(b, rows), what=f"bucket {key}")  # noqa: B023 (called here)
                     cap = self._capture(b, rows, key)
                     if cap is not None:
                         cap.graph.replay()  # the first replay of a graph pays its upload; do it here, at lr = 0
                     self.graphs[key] = cap
+                    torch.cuda.synchronize()
+                    # every bucket pays its own trace (static shapes), even from a warm compile cache: say each
+                    log.info("cuda_graph: bucket %s up front in %.1f s, of which %.1f s compiling", key,
+                             time.perf_counter() - t1, compile_seconds() - c1)
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 

@@ -15,6 +15,7 @@ from ..config import Config, ConfigError, save_config
 from ..data.loader import build_split, load_tokenizer, prepare_data
 from ..diagnose.accel import acceleration_state, write_state
 from ..diagnose.report import one_line
+from ..diagnose.timeline import Timeline
 from ..diagnose.timer import StepTimer
 from ..distributed.ranks import broadcast_from_rank0
 from ..distributed.sync import close_process_group
@@ -55,7 +56,8 @@ def setup_logging(run_dir: Path | None, rank: int = 0) -> None:
 
 
 
-def build_trainer(cfg: Config) -> Trainer:
+def build_trainer(cfg: Config, timeline: Timeline | None = None) -> Trainer:
+    timeline = timeline or Timeline()
     ranks = start_process(cfg)
     rank = ranks.rank
     # Rank 0 checks the folder before any rank writes to it: another rank's train.log, opened first, made rank 0
@@ -68,7 +70,9 @@ def build_trainer(cfg: Config) -> Trainer:
 
     tokenizer = load_tokenizer(cfg) if (cfg.data.train or cfg.data.valid) else None
     prepared = prepare_data(cfg, tokenizer)  # a bad line or audio file: one line now, before the model is built
+    timeline.end("tokenizer and data checks")
     parts = assemble(cfg, ranks)
+    timeline.end("model: load, freeze, speed plan")
     cfg = parts.cfg  # the effective config: what the plan resolved for this device is what the run saves
     if rank == 0:
         save_config(cfg, run_dir / "config.yaml")
@@ -101,9 +105,11 @@ def build_trainer(cfg: Config) -> Trainer:
     timer = StepTimer(ranks.device, run_dir / f"steps{'' if rank == 0 else f'.rank{rank}'}.jsonl")
     hooks = step_hooks(parts, mark=timer.mark, logit_stats=probe is not None,
                        grad_groups=probe.grad_groups if probe is not None else None)
-    step_fn = step_function(parts, train_step(parts, hooks))
+    timeline.end("data loaders, resume")
+    step_fn = step_function(parts, train_step(parts, hooks))  # speed.graph_capture=ahead captures every bucket here
+    timeline.end("step set-up")
     return Trainer(cfg, run_dir, parts, step_fn, train, valid, timer, ckpts, saver, probe, pos,
-                   trap=state["plan_build_trap"])
+                   trap=state["plan_build_trap"], timeline=timeline)
 
 
 def check_disk(cfg: Config, parts: Parts, ckpts: Checkpoints | None, train, pos: Position, run_dir: Path) -> None:
@@ -168,7 +174,9 @@ def _train(cfg: Config, threads: int) -> dict:
     if cfg.train.average_best and cfg.train.parallel == "fsdp" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("train.average_best with train.parallel=fsdp is not supported yet: average after the run "
                           "with a single process, or use train.parallel=ddp")
-    trainer = build_trainer(cfg)
+    timeline = Timeline()
+    timeline.end("python, imports, config")
+    trainer = build_trainer(cfg, timeline)
     if export != "none" and not (cfg.data.tokenizer or cfg.model.llm.path):
         log.warning("train.export=%s skipped: a model folder needs a tokenizer (data.tokenizer or model.llm.path)", export)
         export = "none"
@@ -178,17 +186,21 @@ def _train(cfg: Config, threads: int) -> dict:
         finally:
             trainer.close_data()
             torch.set_num_threads(threads)  # averaging and export are host work: not on the steps' one GPU thread
+    timeline.end("training: steps, validation, checkpoints")
     if stop.requested:  # Ctrl-C or pre-emption: the checkpoint is on disk; no export, no report, exit soon
         return result
     run_dir = trainer.run_dir
     if torch.distributed.is_initialized():
         torch.distributed.barrier()  # every rank's steps file is complete before rank 0 writes the report
     full = use_average(trainer, cfg) if cfg.train.average_best else None  # the export then holds the average
+    if full is not None:
+        timeline.end("average of the best checkpoints")
     if full is None:
         full = trainer.weights()[0] if trainer.sharded and export != "none" else None  # FSDP: a collective
     if full is None and export != "none" and trainer.rank == 0:
         full = trainer.export_state()  # the trained weights from the final checkpoint's host buffers, if they are there
     if trainer.rank == 0:
+        timeline.write(run_dir)  # what the report below reads; rewritten with the export's span at the end
         report = start_report(run_dir) if cfg.diagnose.report else None  # plots while the export writes
         if export != "none":
             from ..models.export import export_folder
@@ -200,8 +212,12 @@ def _train(cfg: Config, threads: int) -> dict:
                 latest = trainer.ckpts.latest() if trainer.ckpts else None
                 log.error("the export failed; the trained weights are in %s", latest or "no checkpoint (train.save_final=false)")
                 raise
+            timeline.end("export")
         if report is not None:
             finish_report(report)
+            timeline.end("report (plots, beside the export)")
+        timeline.write(run_dir)
+        log.info("where the time went: %s", timeline.summary())
         files, nbytes = SYNCER.pending()
         errors, SYNCER.errors = SYNCER.errors, []
         for err in errors:

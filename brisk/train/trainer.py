@@ -14,6 +14,7 @@ import torch
 from ..config import Config
 from ..data.loader import Split
 from ..diagnose.slow import GCWatch, SlowStepDetector
+from ..diagnose.timeline import Timeline
 from ..diagnose.timer import StepTimer
 from ..distributed.ranks import gather_to_rank0
 from ..families import family_of
@@ -71,6 +72,7 @@ class Trainer:
     phases: dict = field(default_factory=dict)  # seconds spent between/around steps: validation, checkpoint, gc
     stop: object | None = None  # brisk.train.stop.StopOnSignal: a SIGINT/SIGTERM ends the run after the step
     frozen_at: int = 0  # train.gc_every: the graphs captured when the collector last froze what was alive
+    timeline: Timeline = field(default_factory=Timeline)  # the run's spans, launch to export (timeline.json)
 
     def __post_init__(self):
         c = self.cfg
@@ -108,7 +110,7 @@ class Trainer:
         return min(self.cfg.train.max_epochs, -(-steps // per_epoch)) if steps else self.cfg.train.max_epochs
 
     def counters(self) -> dict:
-        return {**compile_counters(), "gc_seconds": self.gcwatch.seconds,
+        return {**compile_counters(), "compile_seconds": compile_seconds(), "gc_seconds": self.gcwatch.seconds,
                 **self.step_fn.captures}  # a GraphedStep's graphs so far
 
     # ------------------------------------------------------------------------------------ the loop
@@ -120,6 +122,8 @@ class Trainer:
         with run_scope(self.cfg):
             if self.pos.step == 0:  # the "before" of the validation curves (nothing without a validation set)
                 self.validate()
+            self.timeline.end("validation before the first step" if self.valid is not None and self.pos.step == 0
+                              else "trainer set-up")
             while self.pos.epoch < c.max_epochs and not self.done():
                 self.monitor.epoch = (self.pos.epoch + 1, self.total_epochs())
                 self.train.sampler.set_epoch(self.pos.epoch, self.pos.batches_in_epoch)
@@ -179,7 +183,9 @@ class Trainer:
         if self.probe is not None:
             self.probe.on_batch(p.step, batches[0])
         lr = self.schedule.lr
+        self.timeline.mark("first step start")
         metrics = self.step_fn(batches)
+        self.timeline.mark("first step end")  # the host's view: a GPU may still be running it
         module_norms = metrics.pop("module_norms", None)  # a vector: for the probe, not the monitor
         if p.step == 1 and self.saver is not None and not self.sharded and self.checkpoints_ahead():
             self.saver.warm(self.state)  # pinned checkpoint buffers, allocated off the step's path
@@ -343,6 +349,7 @@ class Trainer:
         if self.cfg.speed.compile:
             self.phases["compile"] = compile_seconds()  # inside steps (and capture), not added to them
         log.info("time around the steps: %s", json.dumps({k: round(v, 3) for k, v in self.phases.items()}))
+        self.timeline.details["training"] = dict(self.phases)
         self.monitor.close()
         for rec in self.timer.close():
             self.monitor.step_time(rec["total"])
