@@ -3,6 +3,13 @@ same model (random init), the same data (ultrachat-like lengths) and the same GP
 
     python bench/sft_bench.py --wheels /path/to/.whl --out $OUT                  # everything, table printed last
     python bench/sft_bench.py --models qwen3_5_2b --arms a_loop,d_brisk_fast --steps 4
+    python bench/sft_bench.py --one-pass --conversations 2000 --batch-tokens 8192 --arm-batch-tokens a_loop=4096 \
+        --arms a_loop,b3_trl_liger_fla,d_brisk_fast --wheels .whl --out $OUT    # the seed's measure: one whole pass
+
+--one-pass is seed 004's measure: every arm trains one pass over the same fixed set (every batch of the first
+epoch once; the first steps of each shape count), and the headline is the pass's wall time from the arm's launch
+to its exit. An arm's own budget (--arm-batch-tokens) changes its batches, never the set; the table says which
+budget each arm used. Without it the bench times --steps steps after --warmup (quick A/Bs, never a headline).
     python bench/sft_bench.py --estimate --models qwen3_5_9b,qwen3_5_27b_lora --batch-tokens 8192   # memory floor, CPU
     python bench/sft_bench.py --models tiny --device cpu --set model.llm.lora.enabled=true model.llm.lora.only=true
 
@@ -92,6 +99,8 @@ PROFILED = {"a_loop", "d_brisk_fast", "d3_brisk_fast_norms", "d4_brisk_fast_comp
 # ------------------------------------------------------------------------------------------ worker
 BATCH_TOKENS: int | None = None  # --batch-tokens: data.batch_tokens for every arm (the configs' 16,384 by default)
 SETS: list[str] = []  # --set: config overrides for every arm (the HF arms read LoRA and checkpointing from them)
+ARM_BATCH_TOKENS: dict[str, int] = {}  # --arm-batch-tokens: an arm's own budget (the loop at the largest that fits)
+ARM = ""  # the worker's arm
 
 
 def load_cfg(model: str, data: Path, extra: list[str]):
@@ -100,20 +109,23 @@ def load_cfg(model: str, data: Path, extra: list[str]):
 
     tiny = ["model.llm.config.vocab_size=392", "data.max_len=1024", "data.batch_tokens=2048"] if model == "tiny" else []
     tiny += [f"data.batch_tokens={BATCH_TOKENS}"] if BATCH_TOKENS else []
+    tiny += [f"data.batch_tokens={ARM_BATCH_TOKENS[ARM]}"] if ARM in ARM_BATCH_TOKENS else []
     # overlong=skip: every arm, TRL too, trains on whole conversations (TRL's padding-free rows do not truncate)
     return load_config(REPO / MODELS[model], [f"data.train={data / 'train.jsonl'}", "data.valid=null", "data.overlong=skip",
                                                f"data.tokenizer={data / 'tokenizer'}", f"train.device={DEVICE}",
                                                *tiny, *SETS, *extra])
 
 
-def groups(cfg, n: int):
-    """The first n batches of the sampler, as lists of samples (identical in every arm)."""
+def groups(cfg, n: int | None):
+    """The first n batches of the sampler (n None: every batch of the first epoch, once), as lists of samples
+    (identical in every arm at one batch budget)."""
     from brisk.data.collate import Collator
     from brisk.data.loader import build_split
 
     split = build_split(cfg, "train", Collator(), int(cfg.model.llm.config["vocab_size"]))
     batches = split.sampler.batches(0)
-    return [[split.dataset[(i, 0)] for i in idx] for idx in (batches * (1 + n // len(batches)))[:n]]
+    chosen = batches if n is None else (batches * (1 + n // len(batches)))[:n]
+    return [[split.dataset[(i, 0)] for i in idx] for idx in chosen]
 
 
 def sync() -> None:
@@ -282,8 +294,9 @@ def worker(args) -> dict:
     from brisk.train.threads import pick_threads
 
     pick_threads(cfg, torch.device(DEVICE))  # every arm, the loop's and TRL's too, on the config's host threads
-    n = args.warmup + args.steps
-    sample_groups = groups(cfg, n)
+    if args.one_pass:  # the seed's measure: every batch of the set once, the first steps of each shape included
+        args.warmup = 0
+    sample_groups = groups(cfg, None if args.one_pass else args.warmup + args.steps)
     torch.manual_seed(0)
     arm, out = args.arm, Path(args.out)
     prof = out / f"ops_{args.model}_{arm}.txt" if arm in PROFILED and not args.no_profile else None
@@ -300,7 +313,9 @@ def worker(args) -> dict:
                 "compile_s_steps": [round(x, 2) for x in STEP_COMPILE_S],
                 "triton_kernels_steps": list(STEP_TRITON)} if len(STEP_GC_MS) == len(times) else {}),
             "peak_gib": peak_gib(), "note": note, "flops_per_token": flops_per_token(cfg, sample_groups[args.warmup:]),
-            "peak_tflops": matmul_peak(), "torch_threads": torch.get_num_threads()}  # train.cpu_threads' A/B
+            "peak_tflops": matmul_peak(), "torch_threads": torch.get_num_threads(),  # train.cpu_threads' A/B
+            "one_pass": bool(args.one_pass), "batch_tokens": cfg.data.batch_tokens, "steps_s": sum(times),
+            "conversations": sum(len(g) for g in sample_groups)}
 
 
 def flops_per_token(cfg, timed_groups) -> float:
@@ -581,6 +596,8 @@ def driver(args) -> None:
             cmd = [sys.executable, __file__, "--worker", "--arm", arm, "--model", model, "--data", str(data),
                    "--out", str(out), "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device,
                    *(["--batch-tokens", str(args.batch_tokens)] if args.batch_tokens else []),
+                   *(["--one-pass"] if args.one_pass else []),
+                   *(["--arm-batch-tokens", args.arm_batch_tokens] if args.arm_batch_tokens else []),
                    *(["--set", *args.set] if args.set else []), *(["--no-profile"] if args.no_profile else [])]
             t0 = time.time()
             try:
@@ -604,7 +621,30 @@ def driver(args) -> None:
         print(f"\n### {f.name} (top CUDA kernels of one step)\n```\n" + "\n".join(f.read_text().splitlines()[:18]) + "\n```")
     for f in sorted(out.glob("ops_*_groups.md")):
         print("\n" + f.read_text())
-    print("\n" + table(rows))
+    print("\n" + (pass_table(rows) if args.one_pass else table(rows)))
+
+
+def pass_table(rows: list[dict]) -> str:
+    """One pass over the whole set an arm (--one-pass): its wall time from the process's launch to its exit (model
+    load, data, every step: the seed's measure), the steps alone, tokens/s over every step and at the median step,
+    MFU at the all-steps rate, peak memory; ratios against the model's a_loop. An arm that failed says so."""
+    out = ["| model | arm | batch tokens | conversations | pass, launch to exit | vs a_loop | steps alone | "
+           "tokens/s, every step | median step tokens/s | MFU | peak GiB |", "|---" * 11 + "|"]
+    base = {r["model"]: r for r in rows if r["arm"] == "a_loop" and "tokens_per_s" in r}
+    peaks = sorted(r["peak_tflops"] for r in rows if r.get("peak_tflops"))
+    matmul = peaks[len(peaks) // 2] if peaks else None
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['model']} | {r['arm']} | | | FAILED: {r['error'][:80]} | | | | | | |")
+            continue
+        b = base.get(r["model"])
+        ratio = f"{b['wall_s'] / r['wall_s']:.2f}x" if b else "-"
+        tflops = r["tokens_per_s"] * r["flops_per_token"] / 1e12 if r.get("flops_per_token") else None
+        mfu = f"{tflops / matmul:.1%}" if tflops and matmul else "-"
+        out.append(f"| {r['model']} | {r['arm']} | {r['batch_tokens']:,} | {r['conversations']:,} | {r['wall_s']:.1f} s | "
+                   f"{ratio} | {r['steps_s']:.1f} s ({r['steps']} steps) | {r['tokens_per_s']:,.0f} | "
+                   f"{statistics.median(r['tps_steps']):,.0f} | {mfu} | {r['peak_gib']:.1f} |")
+    return "\n".join(out)
 
 
 def main() -> None:
@@ -623,6 +663,10 @@ def main() -> None:
     ap.add_argument("--no-fla", action="store_true", help="leave flash-linear-attention out of every arm (its gated "
                     "delta rule backward refuses Triton < 3.7.1 on Hopper: torch 2.11's Triton 3.6)")
     ap.add_argument("--batch-tokens", type=int, help="data.batch_tokens (padded tokens a batch) for every arm")
+    ap.add_argument("--one-pass", action="store_true", help="every arm trains one pass over the whole set (every "
+                    "batch of epoch 0 once, no warm-up left out): the pass's wall time, launch to exit, is the headline")
+    ap.add_argument("--arm-batch-tokens", default="", metavar="ARM=N,...", help="an arm's own data.batch_tokens, "
+                    "e.g. a_loop=4096 (the seed's loop at the largest padded budget that fits the GPU)")
     ap.add_argument("--out")
     ap.add_argument("--work", default="/tmp/sft_bench_work", help="generated data and wheel installs")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (--models tiny)")
@@ -635,10 +679,12 @@ def main() -> None:
                     "it (built on the meta device: no weights, no GPU) and stop")
     args = ap.parse_args()
     if args.table:
-        print(table([json.loads(x) for f in args.table for x in Path(f).read_text().splitlines() if x.strip()]))
+        rows = [json.loads(x) for f in args.table for x in Path(f).read_text().splitlines() if x.strip()]
+        print(pass_table(rows) if any(r.get("one_pass") for r in rows) else table(rows))
         return
-    global DEVICE, BATCH_TOKENS, SETS
-    DEVICE, BATCH_TOKENS, SETS = args.device, args.batch_tokens, args.set
+    global DEVICE, BATCH_TOKENS, SETS, ARM_BATCH_TOKENS, ARM
+    DEVICE, BATCH_TOKENS, SETS, ARM = args.device, args.batch_tokens, args.set, args.arm or ""
+    ARM_BATCH_TOKENS = {k: int(v) for k, v in (x.split("=") for x in args.arm_batch_tokens.split(",") if x)}
     if args.estimate:
         for model in args.models.split(","):
             print(f"\n{estimate_table(model)}")

@@ -163,3 +163,25 @@ def test_timed_steps_record_their_compiles(bench, monkeypatch, tmp_path):
     assert len(times) == 3
     assert bench.STEP_COMPILE_S[0] > 0 and bench.STEP_COMPILE_S[1:] == [0.0, 0.0]
     assert bench.STEP_TRITON == [0, 1, 0]
+
+
+def test_one_pass_takes_every_batch_once_and_its_table_ranks_by_the_whole_pass(bench, tmp_path):
+    """--one-pass: every batch of the first epoch exactly once (no repeats, no warm-up left out); the table's
+    headline is the pass's wall time against a_loop's, and a failed arm says FAILED."""
+    cfg = bench.load_cfg("tiny", ROOT / "data/chat_demo", ["data.batch_tokens=2048"])
+    from brisk.data.collate import Collator
+    from brisk.data.loader import build_split
+
+    batches = build_split(cfg, "train", Collator(), int(cfg.model.llm.config["vocab_size"])).sampler.batches(0)
+    every = bench.groups(cfg, None)
+    assert len(every) == len(batches) and sum(len(g) for g in every) == sum(len(b) for b in batches)
+    assert len({s.key for g in every for s in g}) == sum(len(b) for b in batches)  # each conversation once
+
+    loop = {"model": "m", "arm": "a_loop", "steps": 40, "tokens_per_s": 5000.0, "tps_steps": [4000.0, 6000.0],
+            "peak_gib": 60.0, "one_pass": True, "batch_tokens": 4096, "steps_s": 400.0, "conversations": 2000,
+            "wall_s": 460.0}
+    fast = {**loop, "arm": "d_brisk_fast", "batch_tokens": 8192, "steps_s": 70.0, "wall_s": 92.0, "steps": 20}
+    text = bench.pass_table([loop, fast, {"model": "m", "arm": "b_trl_liger", "error": "timed out"}])
+    rows = text.splitlines()
+    assert "| m | d_brisk_fast | 8,192 | 2,000 | 92.0 s | 5.00x | 70.0 s (20 steps) |" in rows[3]
+    assert "FAILED: timed out" in rows[4] and " s |" not in rows[4]
