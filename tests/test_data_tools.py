@@ -56,3 +56,21 @@ def test_the_chat_demo_command_writes_the_bundled_set(tmp_path):
     assert main(["data", "chat", "demo", "--out", str(tmp_path / "chat")]) == 0
     for name in ("train.jsonl", "valid.jsonl", "tokenizer/tokenizer_config.json", "tokenizer/chat_template.jinja"):
         assert (tmp_path / "chat" / name).read_bytes() == (REPO / "data" / "chat_demo" / name).read_bytes(), name
+
+
+def test_text_length_counts_the_tokenizers_tokens_when_given_one(tmp_path, capsys):
+    """FunASR's own list-to-jsonl script counts text_length with the LLM's tokenizer; --tokenizer does the same (the
+    bundled demo's word-level tokenizer: one token a word), without it the count is characters; a folder with no
+    tokenizer is one line and nothing is written."""
+    wavs = sorted((DEMO / "audio" / "valid").glob("*.flac"))[:2]
+    (tmp_path / "wav.scp").write_text("".join(f"u{i} {w}\n" for i, w in enumerate(wavs)), encoding="utf-8")
+    (tmp_path / "text").write_text("u0 red green blue\nu1 four seven\n", encoding="utf-8")
+    args = [str(tmp_path / "wav.scp"), str(tmp_path / "text"), "--out"]
+    assert main(["data", "speech", *args, str(tmp_path / "tok.jsonl"), "--tokenizer", str(DEMO / "tokenizer")]) == 0
+    assert "text_length counts tokens of" in capsys.readouterr().out
+    rows = [json.loads(x) for x in (tmp_path / "tok.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [r["text_length"] for r in rows] == [3, 2]
+    assert main(["data", "speech", *args, str(tmp_path / "chars.jsonl")]) == 0
+    assert [json.loads(x)["text_length"] for x in (tmp_path / "chars.jsonl").read_text().splitlines()] == [14, 10]
+    assert main(["data", "speech", *args, str(tmp_path / "bad.jsonl"), "--tokenizer", str(tmp_path)]) == 2
+    assert "no tokenizer could be read there" in capsys.readouterr().err and not (tmp_path / "bad.jsonl").exists()

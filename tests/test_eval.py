@@ -159,6 +159,9 @@ def test_transcribe_a_folder_streams_a_jsonl(tiny_run, tmp_path, capsys):
 
     texts = [r.text for r in recognizer(cfg, model, tok, max_new_tokens=12).transcribe([str(w) for w in wavs])]
     assert [r["key"] for r in rows] == [w.stem for w in wavs] and [r["text"] for r in rows] == texts
+    # --out x.txt would hold jsonl: one line before any model is loaded, and nothing written
+    assert main(["transcribe", str(run), str(folder), "--out", str(tmp_path / "t.txt")]) == 2
+    assert "name the file *.jsonl" in capsys.readouterr().err and not (tmp_path / "t.txt").exists()
 
 
 def test_fast_decoding_freezes_the_collector_only_while_it_decodes(tiny_run, monkeypatch, capsys):

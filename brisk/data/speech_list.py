@@ -2,9 +2,11 @@
 
 ``wav.scp`` holds ``key path`` a line, ``text`` holds ``key transcript``. Each utterance becomes FunASR's line:
 a system turn, the user turn naming the audio, the transcript as the assistant turn, ``speech_length`` (10 ms
-frames, from the file's header) and ``text_length`` (characters: an upper bound on tokens, which is what batching
-needs). A key missing from ``text``, an audio file that is not there or whose header does not read: one line
-naming the file and line, and nothing written."""
+frames, from the file's header) and ``text_length``: the transcript's tokens under ``--tokenizer`` (a local
+tokenizer folder, the LLM's: what FunASR's own list-to-jsonl script counts with Qwen3's tokenizer), else its
+characters (an upper bound on the tokens of a BPE tokenizer, so batches hold fewer utterances than they could).
+A key missing from ``text``, an audio file that is not there or whose header does not read: one line naming the
+file and line, and nothing written."""
 
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ def read_pairs(path: Path, what: str) -> dict[str, tuple[str, str]]:
     return out
 
 
-def speech_lines(wav_scp: Path, text: Path) -> list[dict]:
+def speech_lines(wav_scp: Path, text: Path, count=len) -> list[dict]:
+    """The jsonl's rows; ``count(transcript)`` is its text_length (characters unless a tokenizer counts)."""
     import soundfile as sf
 
     wavs, texts = read_pairs(wav_scp, "path list"), read_pairs(text, "transcript list")
@@ -55,7 +58,7 @@ def speech_lines(wav_scp: Path, text: Path) -> list[dict]:
             {"role": "system", "content": SYSTEM},
             {"role": "user", "content": f"{PROMPT}<|startofspeech|>!{audio}<|endofspeech|>"},
             {"role": "assistant", "content": transcript}],
-            "speech_length": int(info.frames * 100 / info.samplerate), "text_length": len(transcript)})
+            "speech_length": int(info.frames * 100 / info.samplerate), "text_length": count(transcript)})
     return rows
 
 
@@ -63,15 +66,32 @@ def add_arguments(ap) -> None:
     ap.add_argument("wav_scp", type=Path, help="key path, a line")
     ap.add_argument("text", type=Path, help="key transcript, a line")
     ap.add_argument("--out", type=Path, required=True, help="the jsonl to write")
+    ap.add_argument("--tokenizer", type=Path, help="a local tokenizer folder (the LLM's, e.g. a Fun-ASR-Nano folder's "
+                    "Qwen3-0.6B/): text_length counts its tokens; without it, the transcript's characters")
+
+
+def token_counter(folder: Path):
+    """text_length as tokens of the tokenizer in ``folder`` (no special tokens: the answer's own)."""
+    from transformers import AutoTokenizer
+
+    if not folder.is_dir():
+        raise DataError(f"--tokenizer {folder}: not a folder (give the local folder holding tokenizer.json)")
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise DataError(f"--tokenizer {folder}: no tokenizer could be read there ({str(e).splitlines()[0]})") from None
+    return lambda text: len(tok(text, add_special_tokens=False)["input_ids"])
 
 
 def make(args) -> int:
     from ..files import _atomic_file
 
-    rows = speech_lines(args.wav_scp, args.text)
+    count = token_counter(args.tokenizer) if args.tokenizer else len
+    rows = speech_lines(args.wav_scp, args.text, count)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with _atomic_file(args.out, sync=False, mode="w") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    print(f"wrote {len(rows)} utterances to {args.out}")
+    print(f"wrote {len(rows)} utterances to {args.out}; text_length counts "
+          + (f"tokens of {args.tokenizer}" if args.tokenizer else "characters (--tokenizer counts tokens)"))
     return 0

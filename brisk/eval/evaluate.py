@@ -297,6 +297,10 @@ def transcribe_main(args) -> int:
     from ..config import data_path
     from .testset import read_items, run_items
 
+    if args.out and not args.out.endswith(".jsonl"):  # before a model is loaded: x.txt would hold jsonl otherwise
+        raise ConfigError(f"--out {args.out}: transcripts are written as jsonl (key, audio, text a line); name the file "
+                          "*.jsonl, or take the plain 'audio<TAB>text' lines from stdout (brisk transcribe ... > "
+                          f"{args.out})")
     device = pick_device(args.device)
     args.audio = [data_path(a) for a in args.audio]
     cfg, model, tok, _ = load_run(args.model, args.weights, device)
