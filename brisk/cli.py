@@ -68,7 +68,7 @@ def cmd_train(args) -> int:
     from .train.run import train
 
     if args.help_config:
-        from .config_help import help_text
+        from .config.help import help_text
 
         sys.stdout.write(help_text())
         return 0

@@ -7,7 +7,7 @@ which switches go together. The rules that need only the config run when the con
 the device and the number of ranks, resolves a preset for that device and returns the ``SpeedPlan`` that
 assembling a run reads. Every broken rule is one ``ConfigError`` line that names the keys.
 
-Adding a switch: a field in ``SpeedConfig`` (config.py, with its comment), an entry here, its rules here, and
+Adding a switch: a field in ``SpeedConfig`` (config/speed.py, with its meaning), an entry here, its rules here, and
 its ``apply_*`` function in brisk/speed, called by ``speed.accelerate`` (model side) or by
 ``train.assemble.step_function`` (step side: ``speed.graph.GraphedStep``). Which switches a model family takes
 and its preset values are the family's (brisk/families); the plan asks it. The acceleration line, accel.json and
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from . import families
 from .errors import ConfigError
 
-if TYPE_CHECKING:  # config.py calls check_rules: a runtime import back would be a circle
+if TYPE_CHECKING:  # config/ calls check_rules: a runtime import back would be a circle
     from .config import Config
 
 
@@ -314,7 +314,7 @@ def _fla_in_fp32(cfg, device: str) -> bool:
     does not keep it out; brisk.speed.llm_kernels)."""
     if device != "cuda" or cfg.model.llm.dtype == "bf16":
         return False
-    from .config_llm import linear_key_head_dims
+    from .config.llm import linear_key_head_dims
 
     return bool(linear_key_head_dims(cfg.model.llm)) and (cfg.speed.fla_kernels or _installed("fla"))
 

@@ -56,7 +56,7 @@ def test_a_key_without_value_asks_for_key_value(capsys):
 
 
 def test_help_config_lists_every_key_with_type_default_and_meaning(capsys):
-    from brisk.config_help import rows
+    from brisk.config.help import rows
 
     assert main(["train", "--help-config"]) == 0
     out = capsys.readouterr().out

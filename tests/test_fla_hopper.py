@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from brisk.config import load_config
-from brisk.config_llm import linear_key_head_dims
+from brisk.config.llm import linear_key_head_dims
 from brisk.errors import ConfigError
 from brisk.speed import fla_hopper as H
 

@@ -51,7 +51,7 @@ def test_an_unknown_family_module_is_one_line(capsys):
 def test_a_family_section_is_checked_shown_and_its_own(capsys):
     import tests.toy_family  # noqa: F401 - registers toy_lm
     from brisk.config import ConfigError, load_config
-    from brisk.config_help import help_text
+    from brisk.config.help import help_text
 
     sft = REPO / "configs" / "sft_demo.yaml"
     assert load_config(sft, ["model.family=toy_lm", "train.export=toy"]).sections["toy_lm"].manifest == "toy.json"  # its default

@@ -32,7 +32,7 @@ def test_an_arm_out_of_memory_is_a_row_not_a_crash(bench, monkeypatch, tmp_path)
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(bench, "run_arm", oom)
-    args = type("A", (), dict(model="tiny", data=str(tmp_path), warmup=1, steps=1, arm="d_brisk_fast",
+    args = type("A", (), dict(model="tiny", data=str(tmp_path), warmup=1, steps=1, arm="d_brisk_fast", one_pass=False,
                               out=str(tmp_path), no_profile=True))()
     row = bench.worker(args)
     assert row["error"] == "out of memory at 4,096 tokens a batch" and "tokens_per_s" not in row

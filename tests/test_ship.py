@@ -208,7 +208,7 @@ def test_transcribe_says_once_what_it_did_to_the_audio(speech_run, tmp_path, cap
 
 def test_every_default_the_help_prints_is_a_value(tmp_path):
     from brisk.config import load_config
-    from brisk.config_help import rows
+    from brisk.config.help import rows
 
     # (task: the old name of model.family, filled from it, so none there means "the family's word")
     nones = [key for key, _tp, default, _ in rows() if default == "none" and key != "task"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..config_llm import linear_key_head_dims, llm_config_tree
+from ..config.llm import linear_key_head_dims, llm_config_tree
 from ..plan import make_plan
 from ..speed.fla_hopper import in_window, triton_version
 from ..speed.llm_kernels import available, fla_refusal

@@ -78,7 +78,7 @@ def unusable_here(cfg: Config, device: torch.device) -> dict[str, str]:
     values = preset_values(cfg.speed.preset, True, family=cfg.model.family)
     if "fla_kernels" not in values:
         return {}
-    from ..config_llm import linear_key_head_dims
+    from ..config.llm import linear_key_head_dims
     from ..speed.llm_kernels import available, fla_refusal
 
     why = fla_refusal(linear_key_head_dims(cfg.model.llm)) if available("fla") else None

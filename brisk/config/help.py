@@ -1,43 +1,21 @@
 """`brisk train --help-config`: every config key with its type, default and one-line meaning.
 
-The meaning is the comment on the key's line in brisk/config.py (read from the source, so there is one
-place to write it); a section's meaning is its class docstring. A model family's own section (``Family.config``)
-follows, its meanings from each field's ``metadata["help"]``.
+A key's meaning is its field's ``metadata["help"]`` (``brisk.config.keys.key``); a section's meaning is its class
+docstring. A model family's own section (``Family.config``) follows, declared the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import re
 import typing
-from functools import lru_cache
 
-from . import config as C
-
-
-@lru_cache(maxsize=None)
-def field_comments(cls) -> dict[str, str]:
-    """{field: comment} from the ``name: type = default  # comment`` lines of a dataclass's source, with the
-    comment-only lines aligned under it (``    #      more words``) joined on."""
-    out, last = {}, None
-    for line in inspect.getsource(cls).splitlines():
-        m = re.match(r"^    (\w+): .*?=.*?  # (.*)$", line)
-        if m:
-            last = m.group(1)
-            out[last] = m.group(2).strip()
-            continue
-        more = re.match(r"^    #\s{2,}(.*)$", line)  # aligned under the comment above, not a comment of its own
-        if more and last is not None:
-            out[last] += " " + more.group(1).strip()
-        else:
-            last = None
-    return out
+from .tree import Config
 
 
 def _type(tp) -> str:
-    text = str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "").replace("brisk.config.", "")
-    return re.sub(r"\bNoneType\b", "None", text)
+    text = str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "")
+    return re.sub(r"\bNoneType\b", "None", re.sub(r"brisk\.config\.\w+\.", "", text))
 
 
 def _default(f: dataclasses.Field):
@@ -60,12 +38,11 @@ def _show(v) -> str:
     return str(v)
 
 
-def rows(cls=C.Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
+def rows(cls=Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
     """(key, type, default, meaning) for every leaf key, in declaration order, a section's own keys before its
     subsections' (so each section is printed once)."""
     out, nested = [], []
     hints = typing.get_type_hints(cls)
-    comments = field_comments(cls)
     for f in dataclasses.fields(cls):
         if f.metadata.get("internal"):
             continue
@@ -74,14 +51,14 @@ def rows(cls=C.Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
         if dataclasses.is_dataclass(tp):
             nested += rows(tp, key + ".")
             continue
-        meaning = f.metadata.get("help") or comments.get(f.name, "")
+        meaning = f.metadata.get("help", "")
         if f.name == "config" and tp is dict:
             meaning += " (keys of the transformers config class of model_type, e.g. hidden_size)"
         out.append((key, _type(tp), _show(_default(f)), meaning))
     return out + nested
 
 
-def sections(cls=C.Config, prefix: str = "") -> list[tuple[str, str]]:
+def sections(cls=Config, prefix: str = "") -> list[tuple[str, str]]:
     out = []
     for f in dataclasses.fields(cls):
         tp = typing.get_type_hints(cls)[f.name]
@@ -95,13 +72,13 @@ def sections(cls=C.Config, prefix: str = "") -> list[tuple[str, str]]:
 
 def family_rows() -> list[tuple[str, str, str, str]]:
     """Each registered family's own keys (its ``config`` section), after the shared ones."""
-    from . import families
+    from .. import families
 
     return [row for f in families.all_families() if f.config is not None for row in rows(f.config, f.name + ".")]
 
 
 def help_text() -> str:
-    from . import families
+    from .. import families
 
     docs = dict(sections())
     docs.update({f.name: f"model.family={f.name} only: {f.summary}" for f in families.all_families()})

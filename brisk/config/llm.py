@@ -14,10 +14,10 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
-if TYPE_CHECKING:  # config.py calls these checks
-    from .config import LLMConfig
+if TYPE_CHECKING:  # load.py calls these checks
+    from .model import LLMConfig
 
 # Accepted by the config classes and converted (not stored under their own name), e.g. rope_theta into
 # rope_parameters in transformers 5.
