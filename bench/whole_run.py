@@ -36,8 +36,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 from brisk.diagnose.report import step_kinds  # noqa: E402  (no torch: the report's module imports none)
 from brisk.diagnose.timeline import read as read_timeline  # noqa: E402
+import funasr_arm  # noqa: E402  (bench/funasr_arm.py, beside this file)
 FAST = ["speed.packing=true", "speed.cuda_graph=true", "speed.frozen_eval=true", "speed.encoder_dtype=bf16",
         "speed.compile=true", "speed.fused_adamw=true", "speed.sdpa_backends=[flash,efficient,math]"]
 # FunASR 1.4.16's own trainer on this workload, measured once on an H200 on 2026-11-29: a constant from an earlier
@@ -45,7 +47,7 @@ FAST = ["speed.packing=true", "speed.cuda_graph=true", "speed.frozen_eval=true",
 FUNASR = {"start-up to first step": 40.0, "steps": 65.0, "validation": 7.4, "checkpoint stalls": 83.0,
           "export": None, "whole run": 196.0}
 LOG_FILES = ("train.log", "steps.jsonl", "checkpoints.jsonl", "accel.json", "slow_steps.jsonl", "config.yaml",
-             "timeline.json")  # what is kept of each run (no weights)
+             "timeline.json", "history.jsonl")  # what is kept of each run (no weights)
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ (.*)$")
 
 
@@ -115,6 +117,8 @@ def phases(run_dir: Path, launch: float, end: float, rc: int) -> dict:
     r["report"] = t_report - (t_export or t_around) if t_report and (t_export or t_around) else None
     r["exit"] = end - lines[-1][0] if lines else None  # the last log line to the process's end
     r["export_bytes"] = sum(p.stat().st_size for p in run_dir.glob("model-*/**/*") if p.is_file())
+    history = jsonl(run_dir / "history.jsonl")
+    r["val_loss_last"] = history[-1]["loss"] if history else None
     timeline = read_timeline(run_dir)  # the run's own spans (brisk.diagnose.timeline), where it wrote them
     if timeline:
         r["first_step_at"] = timeline["marks"].get("first step start")
@@ -133,19 +137,23 @@ def cell(r: dict, key: str, unit: str = "s") -> str:
 def fmt(v, unit="s") -> str:
     if v is None:
         return "-"
+    if unit == "loss":
+        return f"{v:.4f}"
     return f"{v:.1f} {unit}" if unit == "s" else f"{v:.0f} {unit}"
 
 
 def table(results: dict, tiny: bool) -> str:
     arms = list(results)
     name = "brisk, tiny CPU" if tiny else "brisk fast path"
-    head = "| phase | " + " | ".join(f"{name}, {a} cache" for a in arms) + (
-        " |" if tiny else " | FunASR 1.4.16, an H200 on 2026-11-29 (not this call) |")
-    rows = [head, "|---" * (len(arms) + 1 + (0 if tiny else 1)) + "|"]
+    constant = not tiny and "funasr" not in results  # FunASR's trainer ran in this call: no constant column
+    title = lambda a: "FunASR 1.4.16's trainer (finetune.sh), this call" if a == "funasr" else f"{name}, {a} cache"  # noqa: E731
+    head = "| phase | " + " | ".join(title(a) for a in arms) + (
+        " | FunASR 1.4.16, an H200 on 2026-11-29 (not this call) |" if constant else " |")
+    rows = [head, "|---" * (len(arms) + 1 + (1 if constant else 0)) + "|"]
 
     def row(name, key, unit="s", funasr=None):
         cells = [cell(results[a], key, unit) for a in arms]
-        rows.append(f"| {name} | " + " | ".join(cells) + (" |" if tiny else f" | {fmt(funasr) if funasr else '-'} |"))
+        rows.append(f"| {name} | " + " | ".join(cells) + (f" | {fmt(funasr) if funasr else '-'} |" if constant else " |"))
 
     row("start-up to first step", "startup", funasr=FUNASR["start-up to first step"])
     row("  first step started (from the process's start, timeline.json)", "first_step_at")
@@ -168,9 +176,14 @@ def table(results: dict, tiny: bool) -> str:
     row("report (plots)", "report")
     row("exit (last log line to process end)", "exit")
     row("whole run (launch to process end)", "wall", funasr=FUNASR["whole run"])
+    row("validation loss after the last epoch", "val_loss_last", "loss")
     row("after it: its writes reaching the disk (sync)", "writeback_after_exit")
     for a in arms:
         r = results[a]
+        if a == "funasr":
+            rows.append(f"\nfunasr: {r.get('steps_n', 0)} steps, rc {r['rc']}; validation losses "
+                        + ", ".join(f"epoch {v['epoch']}: {v['loss']:.4f}" for v in r.get("validation_losses", [])))
+            continue
         sizes = ", ".join(f"{b / 1e9:.2f}" for b in r.get("checkpoint_bytes") or [])
         rows.append(f"\n{a}: {r['steps_n']} steps, rc {r['rc']}; checkpoints GB [{sizes}], footprint "
                     f"{(r.get('footprint_bytes') or 0) / 1e9:.2f} GB; export {r.get('export_bytes', 0) / 1e9:.2f} GB")
@@ -184,7 +197,10 @@ def main() -> int:
     ap.add_argument("--data", default=None, help="folder with train.jsonl/valid.jsonl (default: bench/tmp/wholerun_data)")
     ap.add_argument("--model", default=None, help="a FunASR model folder (default: built by tools/make_nano_folder.py)")
     ap.add_argument("--tiny", action="store_true", help="tiny model, ~10 utterances, CPU, no speed switches")
-    ap.add_argument("--arms", default="cold,warm")
+    ap.add_argument("--arms", default="cold,warm", help="cold, warm (brisk with an empty and with the cold run's "
+                    "compile cache), funasr (FunASR 1.4.16's trainer, bench/funasr_arm.py), in the order given")
+    ap.add_argument("--funasr-wheels", default=str(REPO / ".whl" / "funasr"),
+                    help="the folder of wheels the funasr arm installs (FunASR and what it imports beyond the GPU image)")
     ap.add_argument("--speed", choices=("fast", "preset"), default="fast",
                     help="fast: the round-2 fast path's switches, one by one; preset: speed.preset=fast")
     ap.add_argument("--epochs", type=int, default=4)
@@ -236,6 +252,34 @@ def main() -> int:
     cache = work / "inductor_cache"
     results: dict = {}
     for arm in a.arms.split(","):
+        if arm == "funasr":  # FunASR's own trainer, same data and model folder, same call
+            site = funasr_arm.install(Path(a.funasr_wheels).resolve(), work / "funasr_site")
+            fenv = {**env, "PYTHONPATH": os.pathsep.join([str(site), env.get("PYTHONPATH", "")])}
+            fdir = work / "run_funasr"
+            shutil.rmtree(fdir, ignore_errors=True)
+            cmd = funasr_arm.command(model, data, fdir, a.epochs)
+            print(f"whole_run: funasr: {' '.join(cmd[2:])}", flush=True)
+            t0 = time.time()
+            with (work / "funasr.out").open("w") as f:
+                try:
+                    rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=a.timeout, env=fenv,
+                                        cwd=data).returncode
+                except subprocess.TimeoutExpired:
+                    rc = 124
+            t1 = time.time()
+            results[arm] = {"rc": rc, "wall": t1 - t0,
+                            **funasr_arm.parse((work / "funasr.out").read_text(errors="replace"))}
+            vals = results[arm]["validation_losses"]
+            results[arm]["val_loss_last"] = vals[-1]["loss"] if vals else None
+            t2 = time.time()
+            os.sync()
+            results[arm]["writeback_after_exit"] = round(time.time() - t2, 2)
+            print(f"whole_run: funasr: rc {rc}, {t1 - t0:.1f} s", flush=True)
+            if not a.keep_runs:
+                shutil.rmtree(fdir, ignore_errors=True)
+            if rc:
+                print((work / "funasr.out").read_text(errors="replace")[-3000:])
+            continue
         if arm == "cold" and cache.exists():
             shutil.rmtree(cache)
         run_dir = work / f"run_{arm}"

@@ -46,3 +46,29 @@ def test_a_failed_arm_is_failed_in_every_row_never_a_time():
     md = bench.table({"cold": ok, "warm": failed}, tiny=False)
     whole = next(line for line in md.splitlines() if line.startswith("| whole run"))
     assert "30.0 s" in whole and "FAILED (exit 1)" in whole and "22.3" not in md and "9.0 s" not in md
+
+
+def test_funasr_arm_reads_its_steps_and_validation_from_funasrs_own_log_lines():
+    """The lines FunASR 1.4.16's trainer_ds.log writes (its format string, filled in): each step's total_time and
+    loss, and each validation pass's last average; the table then has FunASR's column from this call."""
+    bench = _bench()
+    line = ("[2026-12-08 10:00:0{i},000][root][INFO] - train, rank: 0, epoch: 0/4, data_slice: 0/1, step_in_slice: "
+            "{s}/37, step_in_epoch: {s}, total step: {s}, (loss_avg_rank: {loss}), (loss_avg_slice: 6.000), "
+            "(ppl_avg_slice: 4.034e+02), (acc_avg_slice: 0.100), (lr: 2.000e-04), [('loss', {loss}), ('acc', 0.1)], "
+            "{{'data_load': '0.001', 'forward_time': '0.100', 'backward_time': '0.150', 'optim_time': '0.010', "
+            "'total_time': '{t}'}}, GPU, memory: usage: 3.000 GB, peak: 9.000 GB, cache: 10.000 GB, cache_peak: 10.000 GB")
+    val = ("[x][root][INFO] - val, rank: 0, epoch: 0/4, data_slice: 0/1, step_in_slice: {v}/5, step_in_epoch: {v}, "
+           "total step: 3, (loss_avg_rank: 5.0), (loss_avg_slice: {loss}), (ppl_avg_slice: 1e+02), (acc_avg_slice: 0.2), "
+           "(lr: 2.000e-04), [('loss', 5.0)], {{'data_load': '0.0', 'forward_time': '0.02', 'total_time': '0.03'}}, GPU, x")
+    text = "\n".join([line.format(i=i, s=i, loss=f"{6 - i * 0.1:.3f}", t=f"{0.3 + i / 10:.3f}") for i in (1, 2, 3)]
+                     + [val.format(v=1, loss="5.500"), val.format(v=5, loss="5.123")])
+    r = bench.funasr_arm.parse(text)
+    assert r["steps_n"] == 3 and abs(r["steps"] - (0.4 + 0.5 + 0.6)) < 1e-9 and r["step_median_ms"] == 500.0
+    assert r["validation_losses"] == [{"epoch": 0, "step": 3, "loss": 5.123}]  # the pass's last line
+    cmd = bench.funasr_arm.command(REPO / "m", REPO / "d", REPO / "o", 4)
+    assert "funasr.bin.train_ds" in cmd and "++train_conf.max_epoch=4" in cmd and "++audio_encoder_conf.freeze=true" in cmd
+    assert f"++llm_conf.init_param_path={REPO / 'm' / 'Qwen3-0.6B'}" in cmd
+    md = bench.table({"funasr": {"rc": 0, "wall": 180.0, **r, "val_loss_last": 5.123},
+                      "cold": {"rc": 0, "wall": 30.0, "steps_n": 3, "val_loss_last": 5.2}}, tiny=False)
+    assert "FunASR 1.4.16's trainer (finetune.sh), this call" in md and "not this call" not in md
+    assert "| validation loss after the last epoch | 5.1230 | 5.2000 |" in md

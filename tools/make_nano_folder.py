@@ -56,9 +56,18 @@ def funasr_config(cfg, llm_dir: str) -> dict:
         "llm": "Qwen3-0.6b",
         "llm_conf": {"hub": "hf", "freeze": cfg.llm.freeze, "llm_dtype": "bf16", "init_param_path": llm_dir,
                      "use_lora": False},
-        # The prompt part of the published Fun-ASR-Nano-2512 dataset_conf: FunASR's recipe trains with the
-        # MultiContextPrompt header, so the benchmark's LLM rows carry it too.
-        "dataset_conf": {"batch_size": 6000, "batch_type": "token", "sort_size": 1024, "max_token_length": 3500,
+        # The published Fun-ASR-Nano-2512 dataset and tokenizer settings (FunASR's own trainer, train_ds.py, runs
+        # on this folder as on the real one); its recipe trains with the MultiContextPrompt header, so the
+        # benchmark's LLM rows carry it too. data_split_num is finetune.sh's to set.
+        "dataset": "FunASR",
+        "tokenizer": "HuggingfaceTokenizer",
+        "tokenizer_conf": {"init_param_path": llm_dir},
+        "dataset_conf": {"index_ds": "FunASR", "batch_sampler": "BatchSampler", "batch_size": 6000,
+                         "batch_type": "token", "sort_size": 1024, "max_token_length": 3500, "shuffle": True,
+                         "batch_size_scale_ratio_max": 2, "num_workers": 4, "audio_adaptor_downsample_rate": 1,
+                         "audio_encoder_downsample_rate": 6, "batch_size_sample_max": 10, "retry": 2000,
+                         "batch_size_token_max": 6000, "max_source_length": 12000, "max_target_length": 2048,
+                         "min_source_length": 10, "batch_size_scale_threshold": 3000, "use_dynamic_output_ratio": 0.0,
                          "prompt_classes": "MultiContextPrompt",
                          "prompt_conf": {"max_neg_hotwords_num": 0, "min_neg_hotwords_num": 0, "use_hist": False,
                                          "use_one_pass_result": True, "use_hotwords": True, "use_asr_hotwords": True,
