@@ -7,9 +7,10 @@ Panels: every step's time with slow steps marked by cause and the running median
 phase breakdown (data, forward, backward, optimizer, between-step work; a CUDA-graphed step is one replay,
 shown as one "whole graphed step" bar); memory (peak allocated per step on a GPU, tokens per step on the
 CPU); the training loss (metrics.jsonl) with the validation loss (history.jsonl); accuracy likewise; where the run decoded (train.val_decode),
-validation CER and WER. The
-markdown holds the acceleration state, summary numbers (GPU-only columns only on a GPU), the slow steps
-with their causes, and the validation history.
+validation CER and WER; where the run's time went, from the process's start to the export (timeline.json: start-up,
+data, model, validation, and the training split into captures, compiles, new shapes and steady steps). The
+markdown holds the acceleration state, summary numbers (GPU-only columns only on a GPU), the same time budget as a
+table, the slow steps with their causes, and the validation history.
 """
 
 from __future__ import annotations
@@ -136,8 +137,23 @@ def plot_decoding(ax, history: list[dict]) -> None:
     ax.set_title(f"validation CER / WER (greedy, {dec[-1].get('decoded', '?')} utterances)")
 
 
+def plot_timeline(ax, budget: list[tuple[str, float, str]]) -> None:
+    """One bar from the process's start to the end of the export: each span, the training span as its parts."""
+    parts = [(name.removeprefix("– "), sec) for i, (name, sec, _) in enumerate(budget)
+             if name.startswith("– ") or not (i + 1 < len(budget) and budget[i + 1][0].startswith("– "))]
+    cmap = __import__("matplotlib").colormaps["tab20"]
+    left = 0.0
+    for i, (name, sec) in enumerate(parts):
+        ax.barh([0], [sec], left=left, color=cmap(i % 20), label=f"{name}: {sec:.1f} s")
+        left += sec
+    ax.set_yticks([])
+    ax.set_xlabel("seconds from the process's start")
+    ax.set_title(f"where the run's time went ({left:.1f} s to the end of the export)")
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+
+
 def plot(steps: list[dict], slow: list[dict], out: Path, title: str = "", metrics: list[dict] | None = None,
-         history: list[dict] | None = None) -> None:
+         history: list[dict] | None = None, budget: list[tuple[str, float, str]] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -146,11 +162,16 @@ def plot(steps: list[dict], slow: list[dict], out: Path, title: str = "", metric
     x = [s["step"] for s in steps]
     y = [s["total"] * 1000 for s in steps]
     decoded = any("cer" in h for h in history or [])
-    rows = 4 if decoded else 3
-    fig, axes = plt.subplots(rows, 2, figsize=(13, 4 * rows), gridspec_kw={"height_ratios": [1.3] + [1] * (rows - 1)})
+    rows = (4 if decoded else 3) + (1 if budget else 0)
+    heights = [1.3] + [1] * (rows - 1 - (1 if budget else 0)) + ([0.7] if budget else [])
+    fig, axes = plt.subplots(rows, 2, figsize=(13, 4 * sum(heights) / 1.08), gridspec_kw={"height_ratios": heights})
     if decoded:
         plot_decoding(axes[3, 0], history)
         axes[3, 1].set_axis_off()
+    if budget:  # the last row, both columns wide
+        for a in axes[-1, :]:
+            a.remove()
+        plot_timeline(fig.add_subplot(axes[0, 0].get_gridspec()[-1, :]), budget)
     ax = axes[0, 0]
     ax.plot(x, y, lw=0.8, color="#444", label="step time")
     ax.plot(x, [v * 1000 for v in running_median([s["total"] for s in steps])], lw=1.5, color="#1f77b4",
@@ -262,7 +283,9 @@ def write_report(run_dir: str | Path) -> Path:
     s = summarize(steps, slow0)
     title = f"{run_dir.name}: {accel.get('gpu', accel.get('device', ''))}, torch {accel.get('torch', '')}"
     history = _read_jsonl(run_dir / "history.jsonl")
-    plot(steps, slow0, run_dir / "report.png", title, _read_jsonl(run_dir / "metrics.jsonl"), history)
+    timeline = read_timeline(run_dir)
+    budget = time_budget(steps, timeline) if timeline else None
+    plot(steps, slow0, run_dir / "report.png", title, _read_jsonl(run_dir / "metrics.jsonl"), history, budget)
     gpu = any("mem_peak_gb" in x for x in steps)
     lines = [f"# Step-time report: {run_dir.name}", ""]
     if accel:
@@ -279,14 +302,13 @@ def write_report(run_dir: str | Path) -> Path:
     ]
     if len(ranks) > 1:
         lines += rank_lines(ranks)
-    timeline = read_timeline(run_dir)
     if timeline:
         first = timeline["marks"].get("first step start")
         lines += ["## Where the run's time went", "",
                   f"From the {timeline['from']}"
                   + (f"; the first step started at {first:.1f} s" if first is not None else "") + ".", "",
                   "| phase | seconds | |", "|---|---|---|"]
-        lines += [f"| {name} | {sec:.2f} | {note} |" for name, sec, note in time_budget(steps, timeline)]
+        lines += [f"| {name} | {sec:.2f} | {note} |" for name, sec, note in budget]
         lines += [f"| total | {sum(sp['seconds'] for sp in timeline['spans']):.2f} | |", ""]
     if slow:
         lines += ["## Slow steps", "", "| step | time | x median | cause | why |", "|---|---|---|---|---|"]
