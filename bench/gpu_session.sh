@@ -6,6 +6,10 @@
 #   bash bench/gpu_session.sh stack    # 1 GPU: compile_scope=stack against per-layer (bench/configs/bench_stack.yaml)
 #   bash bench/gpu_session.sh wholerun # 1 GPU: whole run cold + warm, then the fast path on FunASR's prompt
 #   bash bench/gpu_session.sh fastpath # 1 GPU: bench/configs/bench_fastpath.yaml, then a profile of the best arm
+#   bash bench/gpu_session.sh funasr   # 1 GPU: FunASR's own trainer, then brisk's preset cold and warm, same data
+#                                      #   and folder (wheels: .whl/funasr, bench/funasr_arm.py lists them)
+#   bash bench/gpu_session.sh onepass  # 1 GPU: seed 004's measure for Qwen3 1.7B, one pass over 2,000
+#                                      #   conversations: the seed's loop, TRL + Liger, brisk (wheels: .whl, .whl/bench)
 # Everything worth keeping goes to $OUT (at most 8 files come back: logs are packed into one .tgz).
 set -uo pipefail
 T0=$(date +%s)  # the call's clock: every budget below counts from here (a call is 600 s at most)
@@ -57,7 +61,18 @@ fastpath)
         speed.label_rows_frac=0.3 speed.fresh_grads=true --steps 3 --warmup 8 --out /tmp/prof 2>&1 | sed -n 1,40p
     cp /tmp/prof/profile.md "$OUT/profile_best.md"; gzip -c /tmp/prof/trace.json > "$OUT/profile_best_trace.json.gz"
     ;;
+funasr)  # ~200 s FunASR (4 epochs, validation and a checkpoint each), ~75 s brisk cold, ~35 s warm, ~36 s the folder
+    timeout "$(left 570)" python bench/whole_run.py --arms funasr,cold,warm --speed preset --out /tmp/wrf \
+        --work /tmp/wrf_work --pycache /tmp/pycache --timeout 260 | tail -n 40
+    cp /tmp/wrf/whole_run.md /tmp/wrf/whole_run.json /tmp/wrf/whole_run_logs.tgz "$OUT/"
+    ;;
+onepass)  # Qwen3 1.7B only: the Qwen3.5 2B loop's pass (~2.9M tokens at ~4,800 tokens/s) is longer than a call
+    timeout "$(left 570)" python bench/sft_bench.py --one-pass --conversations 2000 --models qwen3_1p7b \
+        --batch-tokens 8192 --arms a_loop,d4_brisk_fast_compile,b_trl_liger --wheels .whl --budget-s 520 \
+        --no-profile --out /tmp/onepass 2>&1 | tail -n 12
+    cp /tmp/onepass/results.jsonl "$OUT/onepass_results.jsonl"; tar czf "$OUT/onepass_logs.tgz" -C /tmp onepass
+    ;;
 *)
-    echo "usage: bash bench/gpu_session.sh tests2|scaling2|stack|wholerun|fastpath"; exit 2 ;;
+    echo "usage: bash bench/gpu_session.sh tests2|scaling2|stack|wholerun|fastpath|funasr|onepass"; exit 2 ;;
 esac
 echo "part ${1} done in $(( $(date +%s) - T0 )) s"
