@@ -130,3 +130,15 @@ def test_override_inside_a_nested_llm_sub_config_keeps_its_siblings():
     audio, text = cfg.model.llm.config["audio_config"], cfg.model.llm.config["text_config"]
     assert audio["n_window_infer"] == 100 and audio["d_model"] == 96 and audio["output_dim"] == 128
     assert text["num_hidden_layers"] == 3 and text["hidden_size"] == 128
+
+
+def test_a_model_folder_that_is_not_there_is_named_as_missing(tmp_path):
+    """model.path naming no folder says so (a mistyped path), not that a folder lacks its config.yaml."""
+    import pytest
+
+    from brisk.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="no such folder"):
+        load_config("configs/fun_asr_nano.yaml", [f"model.path={tmp_path / 'Fun-ASR-Nano-2512'}"])
+    with pytest.raises(ConfigError, match="no config.yaml there"):
+        load_config("configs/fun_asr_nano.yaml", [f"model.path={tmp_path}"])

@@ -92,7 +92,10 @@ def help_text() -> str:
         if sec != section:
             section = sec
             lines += ["", f"[{sec}]" + (f"  {docs[sec]}" if docs.get(sec) else "")]
-        lines.append(f"  {key:<{width}}  {tp:<18} {default:<14} {meaning}")
+        if len(default) > 14:  # a long list: the meaning on the next line, in its column
+            lines += [f"  {key:<{width}}  {tp:<18} {default}", f"  {'':<{width}}  {'':<18} {'':<14} {meaning}"]
+        else:
+            lines.append(f"  {key:<{width}}  {tp:<18} {default:<14} {meaning}")
     return "\n".join(lines).lstrip("\n") + "\n"
 
 

@@ -111,10 +111,8 @@ def time_budget(steps: list[dict], timeline: dict) -> list[tuple[str, float, str
         for kind, group in step_kinds(steps):
             sec = sum(s["data"] + s["compute"] for s in group)
             comp = sum(s.get("compile_s", 0.0) for s in group)
-            note = f"{len(group)} steps" + (f", of which {comp:.1f} s compiling (Dynamo, Inductor, cache loads)"
-                                            if comp >= 0.05 else "")
-            if kind == "steady" and group:
-                note += f", median {statistics.median(s['data'] + s['compute'] for s in group) * 1000:.1f} ms"
+            note = (f"{len(group)} steps, median {statistics.median(s['data'] + s['compute'] for s in group) * 1000:.1f} ms"
+                    + (f", of which {comp:.1f} s compiling (Dynamo, Inductor, cache loads)" if comp >= 0.05 else ""))
             rows.append((f"– steps: {kind}", sec, note))
             inside += sec
         for name, sec in timeline.get("details", {}).get("training", {}).items():
@@ -304,9 +302,12 @@ def write_report(run_dir: str | Path) -> Path:
         lines += rank_lines(ranks)
     if timeline:
         first = timeline["marks"].get("first step start")
+        after = "" if any(sp["name"].startswith(("report", "export")) for sp in timeline["spans"]) else (
+            " This report was written as the training ended: what came after it (an export, the report) is in the "
+            "run's last log line, and `brisk report RUN` adds it here.")
         lines += ["## Where the run's time went", "",
                   f"From the {timeline['from']}"
-                  + (f"; the first step started at {first:.1f} s" if first is not None else "") + ".", "",
+                  + (f"; the first step started at {first:.1f} s" if first is not None else "") + "." + after, "",
                   "| phase | seconds | |", "|---|---|---|"]
         lines += [f"| {name} | {sec:.2f} | {note} |" for name, sec, note in budget]
         lines += [f"| total | {sum(sp['seconds'] for sp in timeline['spans']):.2f} | |", ""]

@@ -23,6 +23,9 @@ def audio_token_count(lfr_frames: int, use_low_frame_rate: bool = True) -> int:
 # ------------------------------------------------------------------------------ FunASR model folder
 def _folder_yaml(folder: Path) -> dict:
     cfg_file = folder / "config.yaml"
+    if not folder.is_dir():
+        raise ConfigError(f"model.path={folder}: no such folder (give the local folder of a FunASR model, with its "
+                          "config.yaml and model.pt)")
     if not cfg_file.is_file():
         raise ConfigError(f"model.path={folder}: no config.yaml there (expected a FunASR model folder)")
     return yaml.safe_load(cfg_file.read_text(encoding="utf-8")) or {}
