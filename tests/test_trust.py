@@ -504,6 +504,11 @@ def test_thread_counts_leave_the_workers_their_cores(monkeypatch):
         cfg = load_config(DEMO_CONFIG, ["train.cpu_threads=-1"])
         assert "torch's default, 3 intra-op threads" in pick_threads(cfg, torch.device("cpu"), cores=2)
         assert torch.get_num_threads() == 3  # -1 on the CPU: the process's own count, not the last run's
+        # the advice to leave the workers their cores only where there are workers and too few cores for both
+        assert "leaves the workers their cores" in pick_threads(cfg, torch.device("cpu"), cores=2)
+        no_workers = load_config(DEMO_CONFIG, ["train.cpu_threads=-1", "data.num_workers=0"])
+        assert "leaves the workers" not in pick_threads(no_workers, torch.device("cpu"), cores=2)
+        assert "leaves the workers" not in pick_threads(cfg, torch.device("cpu"), cores=8)
         torch.set_num_threads(1)
         assert pick_threads(cfg, torch.device("cuda"), cores=2) is None
         assert torch.get_num_threads() == 3

@@ -50,7 +50,8 @@ def _pick(cfg: Config, device: torch.device, cores: int | None) -> str | None:
         torch.set_num_threads(TORCH_DEFAULT)
         return None if device.type != "cpu" else (
             f"threads: torch's default, {TORCH_DEFAULT} intra-op threads on {cores} usable cores with "
-            f"{workers} DataLoader worker(s) (train.cpu_threads=0 leaves the workers their cores)")
+            f"{workers} DataLoader worker(s)" + (" (train.cpu_threads=0 leaves the workers their cores)"
+                                                 if workers and TORCH_DEFAULT + workers > cores else ""))
     n = want or max(1, cores - workers)
     torch.set_num_threads(n)
     why = "train.cpu_threads" if want else f"auto: {cores} usable cores less {workers} DataLoader worker(s)"
