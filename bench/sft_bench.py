@@ -527,6 +527,20 @@ def install(wheels: Path, target: Path, names: list[str]) -> Path:
     return target
 
 
+def baselines(rows: list[dict]) -> tuple[dict, float | None]:
+    """Each model's a_loop row, and the table's one MFU denominator: the median of the rows' measured bf16 matmul
+    peaks (so MFU follows tokens/s across the table)."""
+    base = {r["model"]: r for r in rows if r["arm"] == "a_loop" and "tokens_per_s" in r}
+    peaks = sorted(r["peak_tflops"] for r in rows if r.get("peak_tflops"))
+    return base, peaks[len(peaks) // 2] if peaks else None
+
+
+def model_tflops(r: dict, matmul: float | None) -> tuple[float | None, str]:
+    """A row's model TFLOP/s at its all-steps rate and its MFU ("-" without a FLOPs count or a peak)."""
+    tflops = r["tokens_per_s"] * r["flops_per_token"] / 1e12 if r.get("flops_per_token") else None
+    return tflops, f"{tflops / matmul:.1%}" if tflops and matmul else "-"
+
+
 def table(rows: list[dict]) -> str:
     """Real tokens/s of the timed steps (all tokens over all time), the per-step spread, and the median step's
     tokens/s (steadier when a few steps are much slower than the rest), each against the model's a_loop; the
@@ -534,9 +548,7 @@ def table(rows: list[dict]) -> str:
     median of the rows' measurements, one denominator for the table)."""
     out = ["| model | arm | real tokens/s (all steps; sd over steps) | vs a_loop | median step tokens/s | vs a_loop "
            "| ms/step | tokens/step | peak GiB | model TFLOP/s | MFU |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    base = {r["model"]: r for r in rows if r["arm"] == "a_loop" and "tokens_per_s" in r}
-    peaks = sorted(r["peak_tflops"] for r in rows if r.get("peak_tflops"))
-    matmul = peaks[len(peaks) // 2] if peaks else None  # one denominator for every row: MFU follows tokens/s
+    base, matmul = baselines(rows)
     for r in rows:
         if "error" in r:
             oom = r["error"].startswith("out of memory")
@@ -548,8 +560,7 @@ def table(rows: list[dict]) -> str:
         b = base.get(r["model"])
         ratio = f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x" if b else "-"
         med_ratio = f"{med / statistics.median(b['tps_steps']):.2f}x" if b else "-"
-        tflops = r["tokens_per_s"] * r["flops_per_token"] / 1e12 if r.get("flops_per_token") else None
-        mfu = f"{tflops / matmul:.1%}" if tflops and matmul else "-"
+        tflops, mfu = model_tflops(r, matmul)
         out.append(f"| {r['model']} | {r['arm']} | {r['tokens_per_s']:,.0f} ± {sd:,.0f} | {ratio} | {med:,.0f} | "
                    f"{med_ratio} | {r['ms_per_step']:.0f} | {r['tokens_per_step']:,.0f} | {r['peak_gib']:.1f} | "
                    f"{'-' if tflops is None else f'{tflops:,.1f}'} | {mfu} |")
@@ -630,17 +641,14 @@ def pass_table(rows: list[dict]) -> str:
     MFU at the all-steps rate, peak memory; ratios against the model's a_loop. An arm that failed says so."""
     out = ["| model | arm | batch tokens | conversations | pass, launch to exit | vs a_loop | steps alone | "
            "tokens/s, every step | median step tokens/s | MFU | peak GiB |", "|---" * 11 + "|"]
-    base = {r["model"]: r for r in rows if r["arm"] == "a_loop" and "tokens_per_s" in r}
-    peaks = sorted(r["peak_tflops"] for r in rows if r.get("peak_tflops"))
-    matmul = peaks[len(peaks) // 2] if peaks else None
+    base, matmul = baselines(rows)
     for r in rows:
         if "error" in r:
             out.append(f"| {r['model']} | {r['arm']} | | | FAILED: {r['error'][:80]} | | | | | | |")
             continue
         b = base.get(r["model"])
         ratio = f"{b['wall_s'] / r['wall_s']:.2f}x" if b else "-"
-        tflops = r["tokens_per_s"] * r["flops_per_token"] / 1e12 if r.get("flops_per_token") else None
-        mfu = f"{tflops / matmul:.1%}" if tflops and matmul else "-"
+        _, mfu = model_tflops(r, matmul)
         out.append(f"| {r['model']} | {r['arm']} | {r['batch_tokens']:,} | {r['conversations']:,} | {r['wall_s']:.1f} s | "
                    f"{ratio} | {r['steps_s']:.1f} s ({r['steps']} steps) | {r['tokens_per_s']:,.0f} | "
                    f"{statistics.median(r['tps_steps']):,.0f} | {mfu} | {r['peak_gib']:.1f} |")
