@@ -51,15 +51,24 @@ LOG_FILES = ("train.log", "steps.jsonl", "checkpoints.jsonl", "accel.json", "slo
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ (.*)$")
 
 
-def sh(cmd: list[str], log: Path, timeout: float, env: dict | None = None) -> tuple[int, float, float]:
-    """Run cmd, output to log; -> (return code, launch time, end time) as wall-clock seconds."""
+def sh(cmd: list[str], log: Path, timeout: float, env: dict | None = None, cwd: Path = REPO) -> tuple[int, float, float]:
+    """Run cmd in cwd, output to log; -> (return code, launch time, end time) as wall-clock seconds."""
     t0 = time.time()
     with log.open("w") as f:
         try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, env=env, cwd=REPO).returncode
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, env=env, cwd=cwd).returncode
         except subprocess.TimeoutExpired:
             rc = 124
     return rc, t0, time.time()
+
+
+def writeback() -> float:
+    """Seconds until an arm's writes reach the disk. A run exits with its last writes still going to the disk (by
+    design: durable in the background); waiting here, timed and reported, keeps the next arm off a disk busy with
+    this arm's ~17 GB (a user's next run rarely starts the moment the last one ends)."""
+    t0 = time.time()
+    os.sync()
+    return round(time.time() - t0, 2)
 
 
 def log_lines(path: Path) -> list[tuple[float, str]]:
@@ -259,21 +268,12 @@ def main() -> int:
             shutil.rmtree(fdir, ignore_errors=True)
             cmd = funasr_arm.command(model, data, fdir, a.epochs)
             print(f"whole_run: funasr: {' '.join(cmd[2:])}", flush=True)
-            t0 = time.time()
-            with (work / "funasr.out").open("w") as f:
-                try:
-                    rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=a.timeout, env=fenv,
-                                        cwd=data).returncode
-                except subprocess.TimeoutExpired:
-                    rc = 124
-            t1 = time.time()
+            rc, t0, t1 = sh(cmd, work / "funasr.out", a.timeout, fenv, cwd=data)
             results[arm] = {"rc": rc, "wall": t1 - t0,
                             **funasr_arm.parse((work / "funasr.out").read_text(errors="replace"))}
             vals = results[arm]["validation_losses"]
             results[arm]["val_loss_last"] = vals[-1]["loss"] if vals else None
-            t2 = time.time()
-            os.sync()
-            results[arm]["writeback_after_exit"] = round(time.time() - t2, 2)
+            results[arm]["writeback_after_exit"] = writeback()
             print(f"whole_run: funasr: rc {rc}, {t1 - t0:.1f} s", flush=True)
             if not a.keep_runs:
                 shutil.rmtree(fdir, ignore_errors=True)
@@ -298,12 +298,7 @@ def main() -> int:
         print(f"whole_run: {arm} cache: {' '.join(cmd[2:])}", flush=True)
         rc, t0, t1 = sh(cmd, work / f"{arm}.out", a.timeout, {**env, "TORCHINDUCTOR_CACHE_DIR": str(cache)})
         results[arm] = phases(run_dir, t0, t1, rc)
-        # The run exits with its last writes still going to the disk (by design: durable in the background).
-        # Wait for them here, timed and reported, so the next arm does not start on a disk busy with this
-        # arm's ~17 GB (a user's next run rarely starts the moment the last one ends).
-        t2 = time.time()
-        os.sync()
-        results[arm]["writeback_after_exit"] = round(time.time() - t2, 2)
+        results[arm]["writeback_after_exit"] = writeback()
         print(f"whole_run: {arm}: rc {rc}, {t1 - t0:.1f} s; its writes reached the disk {results[arm]['writeback_after_exit']:.1f} s "
               "after it exited", flush=True)
         # Keep the logs, free the disk (each run writes ~20 GB of checkpoints and exports at real size).
