@@ -97,5 +97,3 @@ def help_text() -> str:
         else:
             lines.append(f"  {key:<{width}}  {tp:<18} {default:<14} {meaning}")
     return "\n".join(lines).lstrip("\n") + "\n"
-
-

@@ -84,6 +84,9 @@ def phase_bars(steps: list[dict]) -> list[tuple[str, float]]:
     return [(p, med[p]) for p in phases] + [("between steps", other)]
 
 
+COMPILE_SEEN = 0.05  # seconds of torch.compile in a step (cache loads included) that make it a compiling step
+
+
 def step_kinds(steps: list[dict]) -> list[tuple[str, list[dict]]]:
     """The steps by what made them cost: a CUDA-graph capture (the first batch of a bucket), a compile, a batch
     shape seen for the first time, or none of these (steady)."""
@@ -93,7 +96,7 @@ def step_kinds(steps: list[dict]) -> list[tuple[str, list[dict]]]:
              "first batch of a new shape": [], "steady": []}
     for s in steps:
         key = ("captured a CUDA graph (a bucket's first batch)" if captured(s) else
-               "compiled new graphs" if s.get("compiles", 0) or s.get("compile_s", 0) > 0.05 else
+               "compiled new graphs" if s.get("compiles", 0) or s.get("compile_s", 0) > COMPILE_SEEN else
                "first batch of a new shape" if s.get("new_shape") else "steady")
         kinds[key].append(s)
     return [(k, v) for k, v in kinds.items() if v]
@@ -112,7 +115,7 @@ def time_budget(steps: list[dict], timeline: dict) -> list[tuple[str, float, str
             sec = sum(s["data"] + s["compute"] for s in group)
             comp = sum(s.get("compile_s", 0.0) for s in group)
             note = (f"{len(group)} steps, median {statistics.median(s['data'] + s['compute'] for s in group) * 1000:.1f} ms"
-                    + (f", of which {comp:.1f} s compiling (Dynamo, Inductor, cache loads)" if comp >= 0.05 else ""))
+                    + (f", of which {comp:.1f} s compiling (Dynamo, Inductor, cache loads)" if comp > COMPILE_SEEN else ""))
             rows.append((f"– steps: {kind}", sec, note))
             inside += sec
         for name, sec in timeline.get("details", {}).get("training", {}).items():

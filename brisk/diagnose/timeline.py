@@ -50,8 +50,9 @@ class Timeline:
         self.last = t
 
     def mark(self, name: str) -> None:
-        """A moment, in seconds from the start (the first step's start and end)."""
-        self.marks.setdefault(name, self.now())
+        """A moment, in seconds from the start (the first step's start and end); called every step, kept once."""
+        if name not in self.marks:
+            self.marks[name] = self.now()
 
     def to_dict(self) -> dict:
         return {"from": self.origin, "spans": [{"name": n, "seconds": round(s, 3)} for n, s in self.spans],
