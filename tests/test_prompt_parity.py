@@ -8,6 +8,7 @@ reads the folder's dataset_conf and writes the same tokens.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import shutil
 
@@ -18,22 +19,20 @@ from brisk.config import ConfigError, load_config
 from brisk.data.collate import Collator
 from brisk.data.loader import build_split
 
-from .conftest import DEMO
+from .conftest import DEMO, REPO
 
-# The shape of the real Fun-ASR-Nano-2512 config.yaml's dataset_conf (values as published), except
+
+def _nano_folder_tool():
+    spec = importlib.util.spec_from_file_location("make_nano_folder", REPO / "tools" / "make_nano_folder.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+
+# The real Fun-ASR-Nano-2512 config.yaml's dataset_conf (tools/make_nano_folder.py keeps it), with
 # data_split_num: 1 (one jsonl file, so the dataloader builds the training set at once).
-DATASET_CONF = {
-    "index_ds": "FunASR", "batch_sampler": "BatchSampler", "batch_type": "token", "batch_size": 6000,
-    "max_token_length": 3500, "shuffle": True, "sort_size": 1024, "batch_size_scale_ratio_max": 2, "num_workers": 4,
-    "audio_adaptor_downsample_rate": 1, "audio_encoder_downsample_rate": 6, "data_split_num": 1,
-    "batch_size_sample_max": 10, "retry": 2000, "batch_size_token_max": 6000, "max_source_length": 12000,
-    "max_target_length": 2048, "min_source_length": 10, "batch_size_scale_threshold": 3000,
-    "prompt_classes": "MultiContextPrompt",
-    "prompt_conf": {"max_neg_hotwords_num": 0, "min_neg_hotwords_num": 0, "use_hist": False,
-                    "use_one_pass_result": True, "use_hotwords": True, "use_asr_hotwords": True,
-                    "chinese_hotwords_list": None, "english_hotwords_list": None},
-    "use_dynamic_output_ratio": 0.0,
-}
+DATASET_CONF = {**_nano_folder_tool().PUBLISHED_DATASET_CONF, "data_split_num": 1}
 ENC = dict(output_size=32, attention_heads=4, linear_units=64, num_blocks=2, tp_blocks=1, kernel_size=11)
 
 

@@ -35,6 +35,22 @@ TINY = {"model.encoder.output_size": 32, "model.encoder.linear_units": 64, "mode
         "model.llm.config.head_dim": 16, "model.llm.config.bos_token_id": 0, "model.llm.config.eos_token_id": 0}
 
 
+# The real Fun-ASR-Nano-2512 config.yaml's dataset_conf, values as published, but data_split_num (finetune.sh sets
+# it). tests/test_prompt_parity.py builds its folders from it too.
+PUBLISHED_DATASET_CONF = {
+    "index_ds": "FunASR", "batch_sampler": "BatchSampler", "batch_type": "token", "batch_size": 6000,
+    "max_token_length": 3500, "shuffle": True, "sort_size": 1024, "batch_size_scale_ratio_max": 2, "num_workers": 4,
+    "audio_adaptor_downsample_rate": 1, "audio_encoder_downsample_rate": 6,
+    "batch_size_sample_max": 10, "retry": 2000, "batch_size_token_max": 6000, "max_source_length": 12000,
+    "max_target_length": 2048, "min_source_length": 10, "batch_size_scale_threshold": 3000,
+    "prompt_classes": "MultiContextPrompt",
+    "prompt_conf": {"max_neg_hotwords_num": 0, "min_neg_hotwords_num": 0, "use_hist": False,
+                    "use_one_pass_result": True, "use_hotwords": True, "use_asr_hotwords": True,
+                    "chinese_hotwords_list": None, "english_hotwords_list": None},
+    "use_dynamic_output_ratio": 0.0,
+}
+
+
 def funasr_config(cfg, llm_dir: str) -> dict:
     """config.yaml with FunASR 1.4's names (sanm_shfit is FunASR's spelling)."""
     e, a, fe = cfg.encoder, cfg.adaptor, cfg.frontend
@@ -62,16 +78,7 @@ def funasr_config(cfg, llm_dir: str) -> dict:
         "dataset": "FunASR",
         "tokenizer": "HuggingfaceTokenizer",
         "tokenizer_conf": {"init_param_path": llm_dir},
-        "dataset_conf": {"index_ds": "FunASR", "batch_sampler": "BatchSampler", "batch_size": 6000,
-                         "batch_type": "token", "sort_size": 1024, "max_token_length": 3500, "shuffle": True,
-                         "batch_size_scale_ratio_max": 2, "num_workers": 4, "audio_adaptor_downsample_rate": 1,
-                         "audio_encoder_downsample_rate": 6, "batch_size_sample_max": 10, "retry": 2000,
-                         "batch_size_token_max": 6000, "max_source_length": 12000, "max_target_length": 2048,
-                         "min_source_length": 10, "batch_size_scale_threshold": 3000, "use_dynamic_output_ratio": 0.0,
-                         "prompt_classes": "MultiContextPrompt",
-                         "prompt_conf": {"max_neg_hotwords_num": 0, "min_neg_hotwords_num": 0, "use_hist": False,
-                                         "use_one_pass_result": True, "use_hotwords": True, "use_asr_hotwords": True,
-                                         "chinese_hotwords_list": None, "english_hotwords_list": None}},
+        "dataset_conf": PUBLISHED_DATASET_CONF,
     }
 
 
