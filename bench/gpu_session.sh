@@ -17,7 +17,7 @@ OUT=${OUT:-bench/tmp/gpu_out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/tmp/pycache
-unset PYTHONDONTWRITEBYTECODE  # the image forbids .pyc files: 8 s of every start-up (bench/results/2026-11-29-h200-round2b)
+unset PYTHONDONTWRITEBYTECODE  # the image forbids .pyc files: 8 s of every start-up (bench/results/2026-11-29-h200-whole-run)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 left() { local s=$(( $1 - ($(date +%s) - T0) )); echo $(( s > 10 ? s : 10 )); }  # of a budget of $1 s, at least 10
 { date -u; nvidia-smi -L; python -c "import torch, transformers; print('torch', torch.__version__, 'transformers',
