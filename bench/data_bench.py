@@ -93,7 +93,7 @@ def main() -> None:
     ap.add_argument("--data", required=True)
     ap.add_argument("--mode", choices=("cold", "warm"), default="cold")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "tmp" / "data")
-    ap.add_argument("--max-len", type=int, default=1024, help="TRL's default max_length; brisk's data.max_len")
+    ap.add_argument("--max-len", type=int, default=1024, help="TRL's default max_length; brisk's causal_lm.max_len")
     ap.add_argument("--num-proc", type=int, default=None, help="trl: dataset_num_proc (default: TRL's, None)")
     ap.add_argument("--split", default="train_sft", help="brisk-chat, rate: data.train_split ('' for none)")
     ap.add_argument("--chat", action="store_true", help="rate: the chat store (else the speech list)")
@@ -107,7 +107,7 @@ def main() -> None:
         if args.mode == "cold":
             shutil.rmtree(cache, ignore_errors=True)
         row |= brisk(args, "configs/sft_demo.yaml", [
-            f"data.train={args.data}", f"data.train_split={args.split or 'null'}", f"data.max_len={args.max_len}",
+            f"data.train={args.data}", f"data.train_split={args.split or 'null'}", f"causal_lm.max_len={args.max_len}",
             "data.batch_tokens=8192", "data.num_workers=1", "model.llm.config.max_position_embeddings=4096"],
             runs / "chat")
         row["cache_mb"] = round(du(cache) / 2**20)
@@ -177,7 +177,7 @@ def rate(args) -> dict:
 
     if args.chat:
         cfg = load_config(ROOT / "configs" / "sft_demo.yaml", [
-            f"data.train={args.data}", f"data.train_split={args.split or 'null'}", f"data.max_len={args.max_len}",
+            f"data.train={args.data}", f"data.train_split={args.split or 'null'}", f"causal_lm.max_len={args.max_len}",
             "data.batch_tokens=8192", "data.num_workers=1", "data.valid=null", f"train.output_dir={args.out / 'runs' / 'chat'}"])
         collator = Collator(packed=True, token_buckets=(8192,))
     else:

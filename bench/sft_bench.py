@@ -54,7 +54,7 @@ Arms (each a fresh process; real tokens/s = non-pad tokens of the timed steps ov
                   side stream under the rest of the backward (optim.grad_clip by the previous step's norm); like
                   d4, without the preset's fla_gated_norm
 Every arm, TRL too, trains on the same batches in the same order (groups of whole conversations under a
-padded-token budget; data.overlong=skip): TRL tokenises the same messages itself and its loader is handed the
+padded-token budget; causal_lm.overlong=skip): TRL tokenises the same messages itself and its loader is handed the
 groups.
 Op tables (torch.profiler, one step after the timed ones) for a_loop and the d_brisk_fast arms go to $OUT/ops_*.txt
 (top ops by CUDA time) and $OUT/ops_*_groups.md (every CUDA kernel of the step in groups: GEMM, attention,
@@ -107,11 +107,11 @@ def load_cfg(model: str, data: Path, extra: list[str]):
     sys.path.insert(0, str(REPO))
     from brisk.config import load_config
 
-    tiny = ["model.llm.config.vocab_size=392", "data.max_len=1024", "data.batch_tokens=2048"] if model == "tiny" else []
+    tiny = ["model.llm.config.vocab_size=392", "causal_lm.max_len=1024", "data.batch_tokens=2048"] if model == "tiny" else []
     tiny += [f"data.batch_tokens={BATCH_TOKENS}"] if BATCH_TOKENS else []
     tiny += [f"data.batch_tokens={ARM_BATCH_TOKENS[ARM]}"] if ARM in ARM_BATCH_TOKENS else []
     # overlong=skip: every arm, TRL too, trains on whole conversations (TRL's padding-free rows do not truncate)
-    return load_config(REPO / MODELS[model], [f"data.train={data / 'train.jsonl'}", "data.valid=null", "data.overlong=skip",
+    return load_config(REPO / MODELS[model], [f"data.train={data / 'train.jsonl'}", "data.valid=null", "causal_lm.overlong=skip",
                                                f"data.tokenizer={data / 'tokenizer'}", f"train.device={DEVICE}",
                                                *tiny, *SETS, *extra])
 

@@ -68,15 +68,14 @@ SWITCH_KEYS = tuple(s.key for s in SWITCHES)
 # without CUDA the gpu_only switches stay off, and the frozen-audio switches need a frozen encoder and adaptor
 # (the plan's notes say what was left off and why). A switch goes in when a probe against the shipped
 # kernel_noise tolerances and an interleaved bench on the GPU show it keeps the numbers and pays.
-def _presets() -> dict[str, dict[str, dict[str, Any]]]:
+def presets() -> dict[str, dict[str, dict[str, Any]]]:
+    """Read on each call: a family registered later (an entry point, --family-module) brings its own."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for f in families.all_families():
         for name, values in f.presets.items():
             out.setdefault(name, {})[f.name] = values
     return out
 
-
-PRESETS = _presets()
 # a preset skips them if missing
 PACKAGES = {"fla_kernels": "fla", "fla_gated_norm": "fla", "liger": "liger_kernel", "liger_loss": "liger_kernel"}
 
@@ -252,8 +251,8 @@ def preset_values(name: str, frozen_audio: bool, lora: bool = False, family: str
     """The preset's values for a model family, for a model whose encoder and adaptor
     are (or are not) both frozen, with or without LoRA adapters (the fused projections would skip them; static
     layers and FlexAttention have no GPU test with adapters) or FSDP (fused projections untested there)."""
-    if name not in PRESETS:
-        raise ConfigError(f"speed.preset={name!r}: use one of {', '.join(sorted(PRESETS))} (or leave it unset)")
+    if name not in presets():
+        raise ConfigError(f"speed.preset={name!r}: use one of {', '.join(sorted(presets()))} (or leave it unset)")
     fam = families.get(family)
     if name not in fam.presets:
         raise ConfigError(f"speed.preset={name}: model.family={fam.name} has no such preset (its presets: "

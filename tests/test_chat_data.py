@@ -116,8 +116,8 @@ def test_collated_layouts(tok, tmp_path):
 def test_config_rules():
     with pytest.raises(ConfigError, match="train.export=funasr"):
         load_config(ROOT / "configs" / "sft_demo.yaml", ["train.export=funasr"])
-    with pytest.raises(ConfigError, match="data.overlong"):
-        load_config(ROOT / "configs" / "sft_demo.yaml", ["data.overlong=cut"])
+    with pytest.raises(ConfigError, match="causal_lm.overlong"):
+        load_config(ROOT / "configs" / "sft_demo.yaml", ["causal_lm.overlong=cut"])
     with pytest.raises(ConfigError, match="task: vision is no longer read"):
         load_config(ROOT / "configs" / "sft_demo.yaml", ["task=vision"])
 

@@ -12,7 +12,7 @@ import yaml
 
 from brisk import families
 from brisk.config import ConfigError, load_config
-from brisk.plan import PRESETS, preset_values
+from brisk.plan import presets, preset_values
 
 from .conftest import REPO
 
@@ -48,8 +48,8 @@ def test_a_run_folder_saved_with_task_beside_model_family_still_loads(tmp_path):
 
 
 def test_presets_are_the_families_own_and_a_missing_one_is_a_config_error(monkeypatch):
-    assert PRESETS["fast"]["fun_asr_nano"] is families.get("fun_asr_nano").presets["fast"]
-    assert set(PRESETS["fast"]) == set(families.names())
+    assert presets()["fast"]["fun_asr_nano"] is families.get("fun_asr_nano").presets["fast"]
+    assert set(presets()["fast"]) == set(families.names())
     bare = dataclasses.replace(families.get("qwen3_asr"), name="bare", presets={})
     monkeypatch.setitem(families.registry._REGISTRY, "bare", bare)
     with pytest.raises(ConfigError, match="speed.preset=fast: model.family=bare has no such preset"):
@@ -124,3 +124,47 @@ def test_a_key_that_moved_into_a_family_section_still_reads(tmp_path, caplog):
     with pytest.raises(ConfigError, match=r"override 'data.language=English': data.language is now "
                                           r"qwen3_asr.language; give qwen3_asr.language=English"):
         load_config(REPO / "configs" / "qwen3_asr_demo.yaml", ["data.language=English"])
+
+
+def test_the_chat_keys_moved_into_the_causal_lm_section_read_from_older_configs_and_exports(tmp_path):
+    """data.max_len / overlong / chat_template became causal_lm.*: an older chat config's values (a relative
+    template path resolved against its folder, as before) are read as them; a speech run folder's unset ones are
+    dropped; an older export's brisk.json names them under the new keys (its template resolved in the folder)."""
+    import json
+
+    from brisk.formats.brisk_keys import read_keys_file
+
+    (tmp_path / "t.jinja").write_text("{% generation %}{% endgeneration %}", encoding="utf-8")
+    written = load_config(REPO / "configs" / "sft_demo.yaml", [f"train.output_dir={tmp_path}"]).to_dict()
+    del written["causal_lm"]
+    written["data"].update(max_len=300, overlong="skip", chat_template="t.jinja")  # as an older brisk wrote it
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(written), encoding="utf-8")
+    own = families.section(load_config(tmp_path / "old.yaml"))
+    assert (own.max_len, own.overlong, own.chat_template) == (300, "skip", str(tmp_path / "t.jinja"))
+    speech = load_config(REPO / "configs" / "demo.yaml", [f"train.output_dir={tmp_path}"]).to_dict()
+    speech["data"].update(max_len=2048, overlong="truncate", chat_template=None)
+    (tmp_path / "speech.yaml").write_text(yaml.safe_dump(speech), encoding="utf-8")
+    assert "causal_lm" not in load_config(tmp_path / "speech.yaml").to_dict()
+    for family, expect in (("causal_lm", {"causal_lm.max_len": 96, "causal_lm.chat_template": str(tmp_path / "x.jinja")}),
+                           ("fun_asr_nano", {})):
+        (tmp_path / "brisk.json").write_text(json.dumps({"family": family, "keys": {
+            "model.llm.dtype": "bf16", "data.max_len": 96, "data.chat_template": "x.jinja"}}), encoding="utf-8")
+        assert read_keys_file(tmp_path)["keys"] == {"model.llm.dtype": "bf16", **expect}
+
+
+def test_key_roles_are_read_from_the_declarations_the_families_sections_included():
+    """brisk.config.roles: the path keys and the exported keys come from key(path=, inference=, exported=), a
+    family's own section under its name; the resume rule's run-only sections are the tree's other sections."""
+    from brisk.config import Config
+    from brisk.config.roles import exported_keys, path_keys
+    from brisk.formats.run_config import RUN_SECTIONS, refused
+
+    assert {"data.train", "model.llm.path", "causal_lm.chat_template", "data.chat_template"} <= path_keys("in")
+    assert {"train.output_dir", "speed.inductor_cache_dir"} <= path_keys("out") and not path_keys("out") & path_keys("in")
+    exported = exported_keys()
+    assert exported["causal_lm.chat_template"] == "chat_template_training.jinja"
+    assert exported["model.frontend.cmvn_file"] == "am.mvn" and exported["causal_lm.max_len"] is None
+    assert "data.batch_tokens" not in exported and "qwen3_asr.language" not in exported
+    shared = {f.name for f in dataclasses.fields(Config)} - {"sections"}
+    assert set(RUN_SECTIONS) | {"model", "data"} == shared
+    assert refused("causal_lm.max_len") and refused("qwen3_asr.language") and not refused("optim.lr")

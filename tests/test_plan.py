@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from brisk.config import ConfigError, SpeedConfig
-from brisk.plan import PRESETS, RULES, SWITCH_KEYS, make_plan, switches_on
+from brisk.plan import presets, RULES, SWITCH_KEYS, make_plan, switches_on
 
 from .conftest import tiny_config
 
@@ -20,7 +20,7 @@ def test_every_switch_is_a_speed_key_and_defaults_are_off():
     fields = {f.name for f in dataclasses.fields(SpeedConfig)}
     assert set(SWITCH_KEYS) <= fields
     assert switches_on(SpeedConfig()) == []
-    assert all(set(values) <= fields for tasks in PRESETS.values() for values in tasks.values())
+    assert all(set(values) <= fields for tasks in presets().values() for values in tasks.values())
     assert all(r.when in ("config", "device", "ranks") for r in RULES)
 
 
@@ -56,7 +56,7 @@ def test_the_fast_preset_on_a_gpu_is_the_whole_set(tmp_path):
     cfg, plan = make_plan(cfg, "cuda", 1)
     assert set(plan.on) == {"packing", "cuda_graph", "frozen_eval", "encoder_dtype", "compile", "fused_adamw",
                             "label_head", "fresh_grads", "fuse_projections", "flex_attention"}
-    assert cfg.speed.label_rows_frac == PRESETS["fast"]["fun_asr_nano"]["label_rows_frac"]
+    assert cfg.speed.label_rows_frac == presets()["fast"]["fun_asr_nano"]["label_rows_frac"]
     assert cfg.speed.compile_dynamic is False and cfg.speed.graph_capture == "seen"
     assert not plan.persistent_grads and plan.on_device_skip and plan.capturable
     assert plan.notes and plan.notes[0].startswith("preset fast: on ")

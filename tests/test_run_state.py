@@ -29,16 +29,20 @@ def _folder(run: Path, saved: dict) -> Path:
 
 
 def test_check_refuses_a_model_or_data_change_and_returns_the_allowed_ones(tmp_path):
-    saved = {"model": {"llm": {"config": {"hidden_size": 128}}}, "data": {"max_len": 512},
+    saved = {"model": {"family": "causal_lm", "llm": {"config": {"hidden_size": 128}}}, "causal_lm": {"max_len": 512},
              "train": {"max_steps": 4, "log_every": 10, "resume": False}, "optim": {"lr": 0.001}}
     run = _folder(tmp_path / "run", saved)
     now = {**saved, "train": {"max_steps": 6, "log_every": 3, "resume": True}, "optim": {"lr": 0.002}}
     # the resume itself and optim.lr (warned about after the restore) are not in the list
     assert run_state.check_resume(run, now) == ["train.log_every: 10 -> 3", "train.max_steps: 4 -> 6"]
-    bad = {**now, "model": {"llm": {"config": {"hidden_size": 64}}}, "data": {"max_len": 256}}
+    bad = {**now, "model": {"family": "causal_lm", "llm": {"config": {"hidden_size": 64}}}, "causal_lm": {"max_len": 256}}
     with pytest.raises(ConfigError, match=r"config.yaml\); refused, nothing in the folder changed: "
-                                          r"data.max_len: 512 -> 256; model.llm.config.hidden_size: 128 -> 64"):
+                                          r"causal_lm.max_len: 512 -> 256; model.llm.config.hidden_size: 128 -> 64"):
         run_state.check_resume(run, bad)
+    # a run an older brisk saved, with the key under its old name (data.max_len), is compared under the new one
+    old = _folder(tmp_path / "old", {**{k: v for k, v in saved.items() if k != "causal_lm"}, "data": {"max_len": 512}})
+    with pytest.raises(ConfigError, match=r"causal_lm.max_len: 512 -> 256"):
+        run_state.check_resume(old, {**now, "causal_lm": {"max_len": 256}})
     assert run_state.check_resume(tmp_path / "empty", bad) == []  # no checkpoint: a fresh start, nothing to check
 
 

@@ -76,7 +76,7 @@ def test_chat_export_evaluates_as_its_run(tmp_path, capsys):
     run = tmp_path / "chat"
     cfg = load_config(ROOT / "configs" / "sft_demo.yaml", [
         f"train.output_dir={run}", "train.max_steps=8", "diagnose.report=false", "train.tensorboard=false",
-        "train.export_dtype=fp32", "data.max_len=96"])  # a max_len the export must carry (defaults to 2048)
+        "train.export_dtype=fp32", "causal_lm.max_len=96"])  # a max_len the export must carry (defaults to 2048)
     train(cfg)
     data = ROOT / "data" / "chat_demo" / "valid.jsonl"
     _eval(capsys, run, data, tmp_path / "run.jsonl", "--answers", "3", "--max-new-tokens", "8")
@@ -111,9 +111,9 @@ def test_a_resume_with_another_model_is_refused_and_leaves_the_folder_byte_ident
     before = _hashes(run)
     capsys.readouterr()
     assert main(_sft_argv(run, "train.max_steps=8", "train.resume=true", "model.llm.config.hidden_size=64",
-                          "data.max_len=256")) == 2
+                          "causal_lm.max_len=256")) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "model.llm.config.hidden_size: 128 -> 64" in err and "data.max_len" in err, err
+    assert err.count("\n") == 1 and "model.llm.config.hidden_size: 128 -> 64" in err and "causal_lm.max_len" in err, err
     assert "train.max_steps" not in err  # allowed keys are not named as refused
     assert _hashes(run) == before
     # eval and export given a run whose files disagree: one line too, nothing written

@@ -259,10 +259,10 @@ def main_table() -> None:
 
     unlabelled = list(chat[:3]) + [json.dumps({"messages": [{"role": "user", "content": " ".join(["dog"] * 80)},
                                                              {"role": "assistant", "content": "dog"}]})] * 2
-    case("chat: conversations with no assistant token within data.max_len",
-         ["train", sft, f"train.output_dir={tmp}/cl", "train.max_steps=1", "data.max_len=64", "data.valid=none",
+    case("chat: conversations with no assistant token within causal_lm.max_len",
+         ["train", sft, f"train.output_dir={tmp}/cl", "train.max_steps=1", "causal_lm.max_len=64", "data.valid=none",
           f"data.train={jsonl(tmp, 'unlabelled.jsonl', unlabelled)}"], pick="dropped", want="out",
-         shown="brisk train configs/sft_demo.yaml data.max_len=64 data.train=<chat jsonl with 2 user turns of 80 words>")
+         shown="brisk train configs/sft_demo.yaml causal_lm.max_len=64 data.train=<chat jsonl with 2 user turns of 80 words>")
     # model.family: an unknown family, and what Qwen3-ASR does not take
     q3 = str(REPO / "configs" / "qwen3_asr_demo.yaml")
     case("an unknown model family", ["train", q3, "model.family=whisper"])

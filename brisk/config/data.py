@@ -21,7 +21,7 @@ class AutoBatchConfig:
     trial_batches: int = key(16, "batches of each candidate looked at; the one with the most LLM tokens is the trial "
                              "step")
     cache: str | None = key(None, "json file of found budgets per (model, GPU, switches); none: "
-                            "~/.cache/brisk/autobatch.json")
+                            "~/.cache/brisk/autobatch.json", path="out")
 
     def __post_init__(self):
         if not 0 < self.memory_frac <= 1:
@@ -35,10 +35,11 @@ class AutoBatchConfig:
 @dataclass
 class DataConfig:
     train: str | None = key(None, "FunASR jsonl; causal_lm: a jsonl, parquet file / folder / glob, or datasets "
-                            "save_to_disk folder")
-    valid: str | None = key(None, "the same, for validation; none: no validation")
-    tokenizer: str | None = key(None, "a tokenizer folder; defaults to model.llm.path")
-    profile: str | None = key(None, "a length profile (speech_length/text_length jsonl) for synthetic batches")
+                            "save_to_disk folder", path="in")
+    valid: str | None = key(None, "the same, for validation; none: no validation", path="in")
+    tokenizer: str | None = key(None, "a tokenizer folder; defaults to model.llm.path", path="in")
+    profile: str | None = key(None, "a length profile (speech_length/text_length jsonl) for synthetic batches",
+                              path="in")
     batch_tokens: int = key(6000, "budget on padded (speech_length + text_length), FunASR's batch_size")
     max_utts: int = key(10, "utterances a batch at most")
     sort_size: int = key(1024, "utterances sorted by length together before batching")
@@ -47,21 +48,19 @@ class DataConfig:
     pin_memory: bool = key(True, "pinned host memory for faster copies to the GPU")
     max_speech_length: int = key(8000, "10 ms frames; longer utterances are bad input")
     max_text_length: int = key(2048, "tokens")
-    max_token_length: int = key(1500, "LLM tokens of one utterance's prompt + answer")
+    max_token_length: int = key(1500, "LLM tokens of one utterance's prompt + answer", inference=True)
     skip_bad: bool = key(False, "skip (and count) malformed lines and unreadable audio instead of stopping")
-    sys_prompt: bool = key(True, "FunASR dataset_conf.sys_prompt")
-    do_think: bool = key(True, "FunASR dataset_conf.do_think: False appends an empty <think></think>")
-    multiturn_max: int = key(5, "FunASR dataset_conf.multiturn_num_max: turns kept of a multi-turn sample")
+    sys_prompt: bool = key(True, "FunASR dataset_conf.sys_prompt", inference=True)
+    do_think: bool = key(True, "FunASR dataset_conf.do_think: False appends an empty <think></think>", inference=True)
+    multiturn_max: int = key(5, "FunASR dataset_conf.multiturn_num_max: turns kept of a multi-turn sample",
+                              inference=True)
     # FunASR dataset_conf.prompt_classes / prompt_conf, read from model.path's folder (the real Fun-ASR-Nano-2512
     # config.yaml sets MultiContextPrompt): a context header before the first user prompt.
-    prompt_class: str | None = key(None, "MultiContextPrompt (FunASR's context header) or null (no header)")
-    prompt_conf: dict = key(factory=dict, help="FunASR prompt_conf: use_hotwords, use_hist, ... (see docs/export.md)")
+    prompt_class: str | None = key(None, "MultiContextPrompt (FunASR's context header) or null (no header)",
+                                    inference=True)
+    prompt_conf: dict = key(factory=dict, help="FunASR prompt_conf: use_hotwords, use_hist, ... (see docs/export.md)",
+                             inference=True)
     auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
-    max_len: int = key(2048, "causal_lm: tokens of one conversation at most (see data.overlong)")
-    overlong: str = key("truncate", "causal_lm: a conversation over data.max_len is truncated (its end dropped) or "
-                        "skipped")
-    chat_template: str | None = key(None, "causal_lm: a jinja chat template with {% generation %} markers; none: the "
-                                    "tokenizer's own, or the training twin of a known one")
     train_split: str | None = key(None, "a split of data.train where its layout has splits (train_sft of "
                                   "ultrachat_200k's parquet folder, a DatasetDict folder)")
     valid_split: str | None = key(None, "a split of data.valid (test_sft); data.valid may be the same folder as "
@@ -73,10 +72,6 @@ class DataConfig:
                             "known good (logged)")
 
     def __post_init__(self):
-        if self.overlong not in ("truncate", "skip"):
-            raise ConfigError(f"data.overlong={self.overlong!r}: use truncate or skip")
-        if self.max_len < 2:
-            raise ConfigError(f"data.max_len={self.max_len}: must be at least 2 tokens")
         if self.prompt_class not in (None, "MultiContextPrompt"):
             raise ConfigError(f"data.prompt_class={self.prompt_class!r}: brisk reproduces MultiContextPrompt (or null: no header)")
         if self.prepare_workers < 0:

@@ -1,5 +1,7 @@
 """How a config key is declared: its default and its one-line meaning (``--help-config`` prints it), as TRL's
-``field(metadata={"help": ...})``; and the checks several sections share."""
+``field(metadata={"help": ...})``, and what the key is to the rest of brisk; and the checks several sections
+share. A family's own section (Family.config) declares its keys the same way, so the general code learns which
+of them are paths or travel with an export from the declaration, never from a list naming the family."""
 
 from __future__ import annotations
 
@@ -8,12 +10,23 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 
+PATH_ROLES = ("in", "out")
 
-def key(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | None = None):  # noqa: A002
-    """A dataclass field: ``default`` (or ``factory()`` for a list or dict) and ``help``, its meaning."""
+
+def key(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | None = None,  # noqa: A002
+        path: str | None = None, inference: bool = False, exported: str | None = None):
+    """A dataclass field: ``default`` (or ``factory()`` for a list or dict) and ``help``, its meaning.
+
+    ``path``: the value is a file or folder, resolved against the folder of the YAML file that gives it; "in"
+    must exist, "out" is created. ``inference``: it changes what a trained model computes, so an export records
+    it in brisk.json (brisk.formats.brisk_keys). ``exported``: the file the export copies it into the folder as
+    (an ``inference`` path key)."""
+    if path not in (None, *PATH_ROLES):
+        raise ValueError(f"key(path={path!r}): use one of {PATH_ROLES}")
+    meta = {"help": help, "path": path, "inference": inference or exported is not None, "exported": exported}
     if factory is not None:
-        return field(default_factory=factory, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 def check_every(name: str, k: int) -> None:

@@ -17,20 +17,14 @@ from ..formats.hf import hf_folder_model_config, is_hf_folder
 from ..plan import check_rules, expand_preset
 from .build import _known_path, _none_word, _nulls, _set_dotted, build_config, did_you_mean, parse_override
 from .migrate import read_moved, without_task
+from .roles import path_keys
 from .tree import Config
 
-# Keys that hold file or folder paths, resolved against the folder of the YAML file they appear in.
-PATH_KEYS = {
-    "model.path", "model.init", "model.frontend.cmvn_file", "model.llm.path", "model.llm.lora.init_path",
-    "data.train", "data.valid", "data.tokenizer", "data.profile", "data.chat_template",
-    "train.output_dir", "train.resume_from", "speed.inductor_cache_dir", "data.auto_batch.cache",
-}
 # Run folders are where the user is, not where the config file is: a relative train.output_dir, in a YAML
-# file too, is taken from the current folder (so two checkouts or two shells never share a run folder).
+# file too, is taken from the current folder (so two checkouts or two shells never share a run folder). Every
+# other path key (declared with key(path=...), brisk.config.roles) is resolved against the folder of the YAML
+# file it appears in.
 CWD_KEYS = {"train.output_dir"}
-# Paths that must exist when given (outputs and caches are created).
-MUST_EXIST = PATH_KEYS - {"train.output_dir", "speed.inductor_cache_dir", "data.auto_batch.cache"}
-
 
 
 def yaml_error(e: yaml.YAMLError) -> str:
@@ -127,7 +121,7 @@ def read_yaml(path: Path, _seen: tuple = ()) -> dict:
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model, data, train, ...)")
     _nulls(tree)
-    _resolve_paths(tree, path.parent.resolve(), (PATH_KEYS - CWD_KEYS) & _flatten(tree))
+    _resolve_paths(tree, path.parent.resolve(), (path_keys() - CWD_KEYS) & _flatten(tree))
     base = tree.pop("include", None)
     if base is not None:
         base_path = Path(base) if Path(base).is_absolute() else path.parent / base
@@ -156,7 +150,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         key, value = parse_override(text)
         _set_dotted(cli, key, value)
     _nulls(cli)
-    _resolve_paths(cli, Path.cwd(), PATH_KEYS & _flatten(cli))
+    _resolve_paths(cli, Path.cwd(), path_keys() & _flatten(cli))
     folder = (_merge(tree, cli).get("model") or {}).get("path")
     if folder:
         tree = _with_model_folder(tree, folder)
@@ -234,8 +228,12 @@ def get_dotted(cfg: Any, key: str) -> Any:
 
 
 def check_files(cfg: Config) -> None:
-    for key in sorted(MUST_EXIST):
-        value = get_dotted(cfg, key)
+    tree = cfg.to_dict()  # the run's family's own section included
+    for key in sorted(path_keys("in")):
+        try:
+            value = get_dotted(tree, key)
+        except KeyError:  # another family's section, or a moved key's old name
+            continue
         if value is None:
             continue
         if any(c in str(value) for c in "*?[") and key in ("data.train", "data.valid"):  # chat data: a glob of files

@@ -6,11 +6,7 @@ import logging
 
 from .. import families
 from ..errors import ConfigError
-from ..formats.brisk_keys import OLD_TASK_WORDS
-
-# Keys that moved into a family's own section: old dotted key -> new one. An older config or run folder that
-# gives one is read as the new key, with one line in the log.
-MOVED_KEYS = {"data.language": "qwen3_asr.language"}
+from ..formats.brisk_keys import MOVED_KEYS, OLD_TASK_WORDS
 
 
 def read_moved(tree: dict, where) -> dict:

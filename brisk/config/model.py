@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from .. import families
 from ..errors import ConfigError
+from ..formats.brisk_keys import CMVN_NAME
 from .keys import check_every, key
 
 
@@ -14,16 +15,18 @@ from .keys import check_every, key
 class FrontendConfig:
     """Kaldi fbank + low-frame-rate stacking, as FunASR's WavFrontend computes it."""
 
-    fs: int = key(16000, "sample rate (Hz) audio is resampled to")
-    n_mels: int = key(80, "mel bins of the fbank")
-    frame_length: float = key(25.0, "fbank window length, ms")
-    frame_shift: float = key(10.0, "fbank hop, ms")
-    window: str = key("hamming", "fbank window: hamming | hanning | povey | rectangular | blackman")
-    lfr_m: int = key(7, "low-frame-rate stacking: frames stacked into one")
-    lfr_n: int = key(6, "low-frame-rate stacking: frames advanced between stacks")
-    dither: float = key(1.0, "FunASR's default; 0 makes features deterministic (needed by speed.encoder_cache)")
-    cmvn_file: str | None = key(None, "FunASR am.mvn file (mean/variance normalisation); none: no CMVN")
-    upscale_samples: bool = key(True, "FunASR scales [-1, 1] audio to the int16 range before fbank")
+    fs: int = key(16000, "sample rate (Hz) audio is resampled to", inference=True)
+    n_mels: int = key(80, "mel bins of the fbank", inference=True)
+    frame_length: float = key(25.0, "fbank window length, ms", inference=True)
+    frame_shift: float = key(10.0, "fbank hop, ms", inference=True)
+    window: str = key("hamming", "fbank window: hamming | hanning | povey | rectangular | blackman", inference=True)
+    lfr_m: int = key(7, "low-frame-rate stacking: frames stacked into one", inference=True)
+    lfr_n: int = key(6, "low-frame-rate stacking: frames advanced between stacks", inference=True)
+    dither: float = key(1.0, "FunASR's default; 0 makes features deterministic (needed by speed.encoder_cache)",
+                         inference=True)
+    cmvn_file: str | None = key(None, "FunASR am.mvn file (mean/variance normalisation); none: no CMVN", path="in",
+                                 exported=CMVN_NAME)
+    upscale_samples: bool = key(True, "FunASR scales [-1, 1] audio to the int16 range before fbank", inference=True)
 
     def __post_init__(self):
         if self.window not in ("hamming", "hanning", "povey", "rectangular", "blackman"):
@@ -60,7 +63,7 @@ class AdaptorConfig:
     n_layer: int = key(2, "Transformer layers in the adaptor")
     attention_heads: int = key(8, "adaptor attention heads")
     dropout_rate: float = key(0.0, "adaptor dropout")
-    use_low_frame_rate: bool = key(True, "only the first ~L/8 adaptor outputs reach the LLM")
+    use_low_frame_rate: bool = key(True, "only the first ~L/8 adaptor outputs reach the LLM", inference=True)
     freeze: bool = key(True, "keep the adaptor's weights fixed (no gradients)")
 
     def __post_init__(self):
@@ -107,7 +110,7 @@ class LoraConfig:
     bias: str = key("none", "FunASR lora_bias, with only=true: none | all (every bias trains) | lora_only (biases of "
                     "adapted layers train)")
     init_path: str | None = key(None, "FunASR lora_conf.init_param_path: a file whose lora_A/lora_B tensors start the "
-                                "adapters")
+                                "adapters", path="in")
     dtype: str = key("", "the adapters' dtype: \"\" the base weight's (FunASR loralib's) | fp32 (PEFT's default: fp32 "
                      "adapters, gradients and AdamW moments over a bf16 base; see docs/sft.md)")
 
@@ -134,9 +137,9 @@ class LoraConfig:
 class LLMConfig:
     """The decoder: any transformers causal LM, from a local folder or an inline config."""
 
-    path: str | None = key(None, "local folder with config.json (and tokenizer, and optionally weights)")
+    path: str | None = key(None, "local folder with config.json (and tokenizer, and optionally weights)", path="in")
     config: dict = key(factory=dict, help="inline transformers config when path is None, else overrides")
-    dtype: str = key("fp32", "fp32 | bf16 (bf16 runs under autocast, as FunASR does)")
+    dtype: str = key("fp32", "fp32 | bf16 (bf16 runs under autocast, as FunASR does)", inference=True)
     freeze: bool = key(False, "keep the LLM's weights fixed (no gradients)")
     load_weights: bool = key(True, "load *.safetensors from path when present (a FunASR model.pt overrides them)")
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -152,8 +155,10 @@ class LLMConfig:
 @dataclass
 class ModelConfig:
     family: str = key(families.DEFAULT, "the model family (brisk/families): fun_asr_nano | causal_lm | qwen3_asr")
-    path: str | None = key(None, "a FunASR model folder (config.yaml, model.pt, the LLM folder); overrides sizes")
-    init: str | None = key(None, "weights to start from: FunASR model.pt, brisk checkpoint, or .safetensors")
+    path: str | None = key(None, "a FunASR model folder (config.yaml, model.pt, the LLM folder); overrides sizes",
+                            path="in")
+    init: str | None = key(None, "weights to start from: FunASR model.pt, brisk checkpoint, or .safetensors",
+                            path="in")
     seed: int = key(0, "seed of the random initialisation (before any weights are loaded)")
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from ..plan import PRESETS
+from ..plan import presets
 from .keys import key
 
 
@@ -27,7 +27,7 @@ class SpeedConfig:
     compile_encoder: bool = key(True, "with frozen_eval: compile the frozen encoder's blocks too (fewer kernels a "
                                 "step; one more compile at start-up)")
     inductor_cache_dir: str | None = key(None, "persistent Inductor/Triton cache; None: $TORCHINDUCTOR_CACHE_DIR or "
-                                         "~/.cache/brisk/inductor")
+                                         "~/.cache/brisk/inductor", path="out")
     fused_adamw: bool = key(False, "torch's fused AdamW kernel (CUDA)")
     tf32: bool = key(False, "TF32 matmuls/convolutions for the fp32 parts (process-wide, restored at the end)")
     frozen_eval: bool = key(False, "frozen modules in eval mode (no dropout), run without autograd")
@@ -94,8 +94,8 @@ class SpeedConfig:
             raise ConfigError("speed.pack_buckets and speed.speech_buckets must be sorted ascending")
         if not 0 < self.label_rows_frac <= 1:
             raise ConfigError(f"speed.label_rows_frac={self.label_rows_frac}: use a fraction in (0, 1]")
-        if self.preset is not None and self.preset not in PRESETS:
-            raise ConfigError(f"speed.preset={self.preset!r}: use one of {', '.join(sorted(PRESETS))} (or leave it unset)")
+        if self.preset is not None and self.preset not in presets():
+            raise ConfigError(f"speed.preset={self.preset!r}: use one of {', '.join(sorted(presets()))} (or leave it unset)")
 
 
 @dataclass

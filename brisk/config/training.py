@@ -34,7 +34,8 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    output_dir: str = key("runs/demo", "the run folder; a relative path is taken from the current folder")
+    output_dir: str = key("runs/demo", "the run folder; a relative path is taken from the current folder",
+                          path="out")
     device: str = key("auto", "auto | cpu | cuda | cuda:N")
     seed: int = key(1234, "seed of the training randomness (dropout, shuffling, dither)")
     deterministic: bool = key(True, "cuDNN's deterministic convolution algorithms: a rerun gives the same losses")
@@ -54,7 +55,8 @@ class TrainConfig:
                             "val_decode) into checkpoints/avg-best<N>.pt, validate it, export it (FunASR's "
                             "avg_nbest_model)")
     resume: bool = key(False, "continue from the latest checkpoint in output_dir")
-    resume_from: str | None = key(None, "continue from this checkpoint file (instead of the latest)")
+    resume_from: str | None = key(None, "continue from this checkpoint file (instead of the latest)",
+                                     path="in")
     overwrite: bool = key(False, "start afresh in an output_dir that holds a run, deleting that run's files")
     progress: bool = key(True, "show a progress bar on a terminal")
     tensorboard: bool = key(True, "write TensorBoard scalars to <run>/tb")

@@ -10,9 +10,9 @@ Tokens come from the model folder's own chat template, rendered by ``tokenizer.a
 ``return_assistant_tokens_mask=True``; labels are the token ids where that mask is 1 and -100 elsewhere,
 which is how TRL's SFTTrainer builds assistant-only labels. The mask needs ``{% generation %}`` markers in
 the template; most model templates lack them, so, as TRL does, a known template is swapped for its
-training twin (the twins TRL ships, vendored in ``chat_templates/``), or ``data.chat_template`` names one.
-A conversation longer than ``data.max_len`` is truncated at the end (TRL's keep_start) or skipped
-(``data.overlong``), and counted; one left without a labelled token is dropped, as TRL drops it.
+training twin (the twins TRL ships, vendored in ``chat_templates/``), or ``causal_lm.chat_template`` names one.
+A conversation longer than ``causal_lm.max_len`` is truncated at the end (TRL's keep_start) or skipped
+(``causal_lm.overlong``), and counted; one left without a labelled token is dropped, as TRL drops it.
 """
 
 from __future__ import annotations
@@ -37,18 +37,18 @@ def has_generation_markers(template: str) -> bool:
 def training_template(tokenizer, path: str | None = None) -> str:
     """The chat template whose ``{% generation %}`` markers give the assistant mask.
 
-    ``path`` (data.chat_template) wins; else the tokenizer's own if it has markers; else the training twin of
+    ``path`` (causal_lm.chat_template) wins; else the tokenizer's own if it has markers; else the training twin of
     a known model template; else a ConfigError that says how to give one."""
     if path:
         text = Path(path).read_text(encoding="utf-8")
         if not has_generation_markers(text):
-            raise ConfigError(f"data.chat_template={path}: has no {{% generation %}} markers, so no assistant-only "
+            raise ConfigError(f"causal_lm.chat_template={path}: has no {{% generation %}} markers, so no assistant-only "
                               "labels can come from it; wrap the assistant output in {% generation %}...{% endgeneration %}")
         return text
     own = getattr(tokenizer, "chat_template", None)
     if not own:
         raise ConfigError("data.tokenizer: the tokenizer folder has no chat template (chat_template.jinja or "
-                          "tokenizer_config.json's chat_template); give one with data.chat_template=FILE")
+                          "tokenizer_config.json's chat_template); give one with causal_lm.chat_template=FILE")
     if isinstance(own, dict):
         own = own.get("default", "")
     if has_generation_markers(own):
@@ -56,8 +56,8 @@ def training_template(tokenizer, path: str | None = None) -> str:
     for name in KNOWN:
         if own == (TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8"):
             return (TEMPLATES / f"{name}_training.jinja").read_text(encoding="utf-8")
-    raise ConfigError("data.chat_template: the tokenizer's chat template has no {% generation %} markers and is not "
-                      f"one brisk knows ({', '.join(KNOWN)}); give a template with markers: data.chat_template=FILE")
+    raise ConfigError("causal_lm.chat_template: the tokenizer's chat template has no {% generation %} markers and is not "
+                      f"one brisk knows ({', '.join(KNOWN)}); give a template with markers: causal_lm.chat_template=FILE")
 
 
 @dataclass
@@ -130,7 +130,7 @@ class ChatEncoder:
 
 def quiet_length_warning(tokenizer) -> None:
     """Mark transformers' "Token indices sequence length is longer than the specified maximum ... will result in
-    indexing errors" as already shown: brisk truncates or skips by data.max_len itself and says how many."""
+    indexing errors" as already shown: brisk truncates or skips by causal_lm.max_len itself and says how many."""
     warned = getattr(tokenizer, "deprecation_warnings", None)
     if isinstance(warned, dict):
         warned["sequence-length-is-longer-than-the-specified-maximum"] = True

@@ -8,9 +8,9 @@ Rows come from any layout of chat_sources.py, in one of two formats:
 - TRL's conversational prompt/completion: ``prompt`` and ``completion``, each a list of messages. As TRL
   1.16's SFTTrainer labels them with its defaults (completion_only_loss): the prompt rendered with the
   generation prompt gets no loss, every token after it does (the completion turns, their end-of-turn tokens),
-  with the tokenizer's own template (or ``data.chat_template``).
+  with the tokenizer's own template (or ``causal_lm.chat_template``).
 
-Both are truncated at data.max_len (the end dropped) or skipped (data.overlong), and a conversation left with no
+Both are truncated at causal_lm.max_len (the end dropped) or skipped (causal_lm.overlong), and a conversation left with no
 labelled token is dropped, as TRL drops it; each is counted. The cache (token_cache.py) holds ``ids.npy``
 (uint16 when the vocabulary fits, else int32), ``mask.npy`` (uint8, 1 where labelled), ``offsets.npy``
 (int64, n + 1) and the keys; a DataLoader worker or another rank maps the same files.
@@ -230,7 +230,7 @@ def completion_template(tokenizer, path: str | None) -> str | None:
     own = getattr(tokenizer, "chat_template", None)
     if not own:
         raise ConfigError("data.tokenizer: the tokenizer folder has no chat template; give one with "
-                          "data.chat_template=FILE")
+                          "causal_lm.chat_template=FILE")
     return own.get("default") if isinstance(own, dict) else own
 
 
@@ -271,10 +271,10 @@ def report(store: ChatStore, path: str, max_len: int, overlong: str) -> None:
     c = store.counts
     log.info("%s: %d conversations, %d tokens", path, len(store), store.meta["tokens"])
     if c["truncated"] or c["skipped"]:
-        log.info("%s: %d conversations over data.max_len=%d %s", path, c["truncated"] + c["skipped"], max_len,
-                 "truncated" if overlong == "truncate" else "skipped (data.overlong=skip)")
+        log.info("%s: %d conversations over causal_lm.max_len=%d %s", path, c["truncated"] + c["skipped"], max_len,
+                 "truncated" if overlong == "truncate" else "skipped (causal_lm.overlong=skip)")
     if c["unlabelled"]:
-        log.warning("%s: %d conversations dropped: no assistant token left within data.max_len=%d", path,
+        log.warning("%s: %d conversations dropped: no assistant token left within causal_lm.max_len=%d", path,
                     c["unlabelled"], max_len)
     if c["bad_rows"]:
         log.warning("%s: skipped %d bad rows (data.skip_bad=true), first: %s", path, c["bad_rows"],

@@ -358,8 +358,7 @@ def kernel_doctor(config: str, overrides: list[str] | None = None) -> str:
     tree = llm_config_tree(cfg.model.llm)
     budget = min(int(cfg.data.batch_tokens), 8192)
     lengths, total = [], 0
-    for n in G.MIXED:
-        n = min(n, int(cfg.data.max_len))
+    for n in G.MIXED:  # rows up to 2,048 tokens (the default causal_lm.max_len), whatever the run's cap
         if total + n > budget:
             break
         lengths.append(n)

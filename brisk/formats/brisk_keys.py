@@ -12,20 +12,16 @@ from pathlib import Path
 
 KEYS_FILE = "brisk.json"
 CMVN_NAME = "am.mvn"  # FunASR's own name for the CMVN file in a model folder
-TEMPLATE_NAME = "chat_template_training.jinja"
 
-# Dotted keys that change what a trained model computes at inference (front end, prompt, template, dtype).
-INFERENCE_KEYS = (
-    "model.frontend.fs", "model.frontend.n_mels", "model.frontend.frame_length", "model.frontend.frame_shift",
-    "model.frontend.window", "model.frontend.lfr_m", "model.frontend.lfr_n", "model.frontend.dither",
-    "model.frontend.cmvn_file", "model.frontend.upscale_samples", "model.adaptor.use_low_frame_rate",
-    "model.llm.dtype", "data.sys_prompt", "data.do_think", "data.multiturn_max", "data.max_token_length",
-    "data.prompt_class", "data.prompt_conf", "data.max_len", "data.overlong", "data.chat_template",
-)
-# The top-level `task:` word of older configs and brisk.json files -> the model.family it meant.
+# What older brisk versions wrote. The top-level `task:` word of older configs and brisk.json files -> the
+# model.family it meant.
 OLD_TASK_WORDS = {"speech": "fun_asr_nano", "chat": "causal_lm"}
-# Keys naming a file the export copies into the folder under this name.
-FILE_KEYS = {"model.frontend.cmvn_file": CMVN_NAME, "data.chat_template": TEMPLATE_NAME}
+# Keys that moved into a family's own section: old dotted key -> new one (brisk.config.migrate reads configs
+# with it, read_keys_file below brisk.json files).
+MOVED_KEYS = {"data.language": "qwen3_asr.language", "data.max_len": "causal_lm.max_len",
+              "data.overlong": "causal_lm.overlong", "data.chat_template": "causal_lm.chat_template"}
+# The files a brisk.json without a "files" entry names (an older brisk's).
+OLD_FILE_KEYS = ("model.frontend.cmvn_file", "data.chat_template")
 
 
 def _get(tree: dict, key: str):
@@ -35,31 +31,43 @@ def _get(tree: dict, key: str):
     return node
 
 
-def inference_keys(cfg_tree: dict, family: str) -> dict:
-    """{"family": model.family, "keys": {dotted key: value}} for a run's config (a dict): files renamed to their name in
-    the export folder (the caller copies them there)."""
-    keys = {}
-    for key in INFERENCE_KEYS:
-        value = _get(cfg_tree, key)
-        if key in FILE_KEYS and value:
-            value = FILE_KEYS[key]
+def inference_keys(cfg_tree: dict, family: str, declared: dict[str, str | None]) -> dict:
+    """brisk.json's content for a run's config (a dict): {"family", "keys": {dotted key: value}, "files": [keys
+    naming a file]}. ``declared`` is {key: None, or the file's name in the export folder} for the keys that change
+    what the model computes (brisk.config.roles.exported_keys); those of sections the run lacks (another family's)
+    are left out, and files are named by their name in the folder (the caller copies them there)."""
+    keys, files = {}, []
+    for key, name in declared.items():
+        try:
+            value = _get(cfg_tree, key)
+        except (KeyError, TypeError):
+            continue
+        if name is not None and value:
+            value = name
+            files.append(key)
         keys[key] = value
-    return {"family": family, "keys": keys}
+    return {"family": family, "keys": keys, "files": files}
 
 
 def read_keys_file(folder: str | Path) -> dict | None:
-    """The folder's brisk.json (files resolved against the folder), or None when it has none."""
+    """The folder's brisk.json (files resolved against the folder), or None when it has none. Keys an older brisk
+    wrote under their old names are read under their new ones (dropped where another family owns them)."""
     folder = Path(folder)
     f = folder / KEYS_FILE
     if not f.is_file():
         return None
     raw = json.loads(f.read_text(encoding="utf-8"))
+    family = raw.get("family") or OLD_TASK_WORDS.get(raw.get("task")) or "fun_asr_nano"
     keys = dict(raw.get("keys") or {})
-    for key in FILE_KEYS:
+    for key in raw.get("files", OLD_FILE_KEYS):
         if keys.get(key):
             keys[key] = str(folder / keys[key])
-    old = OLD_TASK_WORDS.get(raw.get("task"))  # brisk.json of an older brisk
-    return {"family": raw.get("family") or old or "fun_asr_nano", "keys": keys}
+    for old, new in MOVED_KEYS.items():
+        if old in keys:
+            value = keys.pop(old)
+            if new.split(".")[0] == family:
+                keys.setdefault(new, value)
+    return {"family": family, "keys": keys}
 
 
 def keys_tree(keys: dict) -> dict:

@@ -22,10 +22,12 @@ from ..errors import ConfigError
 # Model keys that change no shape and no computed number of a resumed run (its weights come from the checkpoint).
 MODEL_FREE = {"model.init", "model.seed", "model.llm.load_weights", "model.encoder.activation_checkpoint",
               "model.llm.activation_checkpoint"}
-# Data keys that change what the model learns from (the set, its tokens, its prompt or template).
-DATA_KEYS = {"data.train", "data.tokenizer", "data.chat_template", "data.max_len", "data.overlong",
-             "data.sys_prompt", "data.do_think", "data.multiturn_max", "data.max_token_length", "data.prompt_class",
-             "data.prompt_conf", "data.profile"}
+# Data keys that change what the model learns from (the set, its tokens or its prompt).
+DATA_KEYS = {"data.train", "data.tokenizer", "data.sys_prompt", "data.do_think", "data.multiturn_max",
+             "data.max_token_length", "data.prompt_class", "data.prompt_conf", "data.profile"}
+# The shared sections that hold neither the model nor the data. The rest (model, data, and a model family's
+# own section: its prompt, template, labels or sizes) change what is learnt.
+RUN_SECTIONS = ("optim", "train", "speed", "diagnose", "probe", "bench")
 
 
 def flat(tree: dict, prefix: str = "") -> dict:
@@ -44,7 +46,10 @@ def refused(key: str) -> bool:
     """Does changing ``key`` on a resume change the model's shapes or the data?"""
     if key in MODEL_FREE:
         return False
-    return key.startswith("model.") or any(key == k or key.startswith(k + ".") for k in DATA_KEYS)
+    section = key.split(".")[0]
+    if section == "data":
+        return any(key == k or key.startswith(k + ".") for k in DATA_KEYS)
+    return section not in RUN_SECTIONS
 
 
 def changes(saved: dict, now: dict) -> dict[str, tuple]:

@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 
 from ..adapters.lora import is_lora_key
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, get_dotted
+from ..config.roles import exported_keys
 from ..families import get as get_family
-from ..formats.brisk_keys import FILE_KEYS, KEYS_FILE, inference_keys
+from ..formats.brisk_keys import KEYS_FILE, inference_keys
 from ..files import SYNCER, ensure_free, fsync_dir, fsync_file, no_crc32, share_modes, tensor_bytes
 from .lm import DTYPES
 
@@ -100,18 +101,20 @@ def _replace(tmp: Path, out: Path) -> None:
 
 def write_inference_keys(out: Path, cfg: Config) -> None:
     """brisk.json, and the files it names (CMVN, a chat template) copied into the folder: what the run computed
-    with travels with the model (brisk.formats.brisk_keys)."""
-    tree = cfg.to_dict()
-    for key, name in FILE_KEYS.items():
-        section, *rest = key.split(".")
-        src = tree[section]
-        for part in rest:
-            src = src[part] if isinstance(src, dict) else None
+    with travels with the model (brisk.formats.brisk_keys; the keys are those declared to change it)."""
+    tree, declared = cfg.to_dict(), exported_keys()
+    for key, name in declared.items():
+        if name is None:
+            continue
+        try:
+            src = get_dotted(tree, key)
+        except KeyError:  # another family's section
+            continue
         if src:
             if not Path(src).is_file():
                 raise ConfigError(f"{key}={src}: the file is gone; the export needs it (it changes what the model computes)")
             shutil.copyfile(src, out / name)
-    keys = inference_keys(tree, cfg.model.family)
+    keys = inference_keys(tree, cfg.model.family, declared)
     (out / KEYS_FILE).write_text(json.dumps(keys, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 

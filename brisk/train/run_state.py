@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import Config, ConfigError, config_changes
+from ..config.migrate import read_moved
 from ..distributed.ranks import broadcast_from_rank0
 from ..formats.run_config import changes, checkpoint_config, describe, refused, saved_config
 from ..models.build import read_checkpoint
@@ -63,7 +64,7 @@ def check_resume(run_dir: str | Path, now: dict, resume_from: str | None = None)
     saved, source = saved_config(run_dir, resume_from)
     if saved is None:
         return []
-    diff = changes(saved, now)
+    diff = changes(read_moved(saved, source), now)  # an older brisk's keys under their new names
     bad = {k: v for k, v in diff.items() if refused(k)}
     if bad:
         raise ConfigError(

@@ -7,7 +7,30 @@ imported, so each part below imports its module when first called."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from ...config.keys import key
+from ...errors import ConfigError
 from ..registry import Family, FamilyRule, register
+
+
+@dataclass
+class CausalLMConfig:
+    """A causal LM's own keys (the ``causal_lm:`` section): how a conversation becomes tokens and labels."""
+
+    max_len: int = key(2048, "tokens of one conversation at most (see causal_lm.overlong)", inference=True)
+    overlong: str = key("truncate", "a conversation over causal_lm.max_len is truncated (its end dropped) or skipped",
+                        inference=True)
+    chat_template: str | None = key(None, "a jinja chat template with {% generation %} markers; none: the "
+                                    "tokenizer's own, or the training twin of a known one", path="in",
+                                    exported="chat_template_training.jinja")
+
+    def __post_init__(self):
+        if self.overlong not in ("truncate", "skip"):
+            raise ConfigError(f"causal_lm.overlong={self.overlong!r}: use truncate or skip")
+        if self.max_len < 2:
+            raise ConfigError(f"causal_lm.max_len={self.max_len}: must be at least 2 tokens")
+
 
 def build(cfg, device=None):
     from .model import build_chat_model
@@ -83,4 +106,5 @@ FAMILY = register(Family(
     eval_main=eval_main,
     folder_types=("*",),  # any transformers causal LM folder (a chat run's export is one)
     folder_overrides=folder_overrides,
+    config=CausalLMConfig,
 ))

@@ -4,17 +4,18 @@ labels."""
 from __future__ import annotations
 
 from ...config import Config, ConfigError
+from ..registry import section
 from ...data.loader import cache_dir, load_tokenizer
 
 def chat_prepare(cfg: Config, which: str, path: str, tokenizer=None):
     """A causal LM's data (jsonl, parquet, datasets folders), tokenised once into the cache (its ``prepare``)."""
     from ...data.chat_store import build_chat_store
 
-    d = cfg.data
+    d, own = cfg.data, section(cfg)
     return build_chat_store(path, tokenizer if tokenizer is not None else load_tokenizer(cfg),
-                            max_len=d.max_len, overlong=d.overlong, skip_bad=d.skip_bad,
+                            max_len=own.max_len, overlong=own.overlong, skip_bad=d.skip_bad,
                             cache_dir=cache_dir(cfg), split=d.train_split if which == "train" else d.valid_split,
-                            template_path=d.chat_template, workers=d.prepare_workers, what=f"data.{which}")
+                            template_path=own.chat_template, workers=d.prepare_workers, what=f"data.{which}")
 
 
 def chat_dataset(cfg: Config, which: str, path: str | None, vocab_size: int, tokenizer=None, prepared=None):

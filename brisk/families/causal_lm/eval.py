@@ -17,6 +17,7 @@ import torch
 from ...config import Config
 from ...data.chat import training_template
 from ...data.chat_store import completion_template, read_rows
+from ..registry import section
 from .data import chat_prepare
 from ...data.collate import Collator
 from ...models.lm import lm_loss
@@ -45,7 +46,7 @@ def greedy_answers(model, tokenizer, rows: list[tuple], device, max_new_tokens: 
     Each is rendered with the template training labelled it with: ``template``, the training twin, for a
     conversation (the model's own Qwen3 template renders earlier assistant turns without the empty thinking block
     the twin put in every turn, a history the model never saw in training); ``plain``, the tokenizer's own (or
-    data.chat_template), for a prompt, as TRL's prompt/completion labelling renders it."""
+    causal_lm.chat_template), for a prompt, as TRL's prompt/completion labelling renders it."""
     out = []
     for key, messages, completion in rows:
         if completion is None:
@@ -79,9 +80,9 @@ def chat_eval_main(args, cfg: Config, model, tokenizer, weights, device) -> int:
     dataset = chat_prepare(cfg, "valid", args.data, tokenizer)  # as training reads data.valid
     s = chat_loss(model, dataset, device, args.batch_size)
     rows = read_rows(args.data, d.valid_split, "the eval data", args.answers) if args.answers else []
-    plain = completion_template(tokenizer, d.chat_template) if any(c is not None for *_, c in rows) else None
+    plain = completion_template(tokenizer, section(cfg).chat_template) if any(c is not None for *_, c in rows) else None
     answers = greedy_answers(model, tokenizer, rows, device, min(args.max_new_tokens, 256),
-                             training_template(tokenizer, d.chat_template), plain)
+                             training_template(tokenizer, section(cfg).chat_template), plain)
     s.update(exact_match_rate(answers))
     out = Path(args.out) if args.out else (Path(args.model) / "eval" / f"{Path(args.data).stem}.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)

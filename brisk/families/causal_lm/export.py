@@ -56,6 +56,6 @@ def folder_overrides(path: Path) -> list[str]:
     from ...formats.brisk_keys import read_keys_file
 
     found = read_keys_file(path) or {"keys": {}}
-    keys = {k: v for k, v in found["keys"].items() if k.startswith(("data.", "model.llm."))}
+    keys = {k: v for k, v in found["keys"].items() if k.startswith(("data.", "model.llm.", "causal_lm."))}
     return ["model.family=causal_lm", "train.export=hf", f"model.llm.path={path}", f"data.tokenizer={path}",
             *(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in keys.items())]

@@ -9,8 +9,9 @@ part below imports its module when first called."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from ...config.keys import key
 from ..registry import Family, FamilyRule, register
 
 
@@ -18,9 +19,8 @@ from ..registry import Family, FamilyRule, register
 class Qwen3ASRConfig:
     """Qwen3-ASR's own keys (the ``qwen3_asr:`` section)."""
 
-    language: str | None = field(default=None, metadata={"help": (
-        "FunASR jsonl targets become 'language <this><asr_text>...' and decoding is prefilled with it "
-        "(none: 'language None', no prefill)")})
+    language: str | None = key(None, "FunASR jsonl targets become 'language <this><asr_text>...' and decoding is "
+                               "prefilled with it (none: 'language None', no prefill)")
 
 
 def encoder_blocks(model, compile: bool = False) -> list:
