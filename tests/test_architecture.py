@@ -7,11 +7,13 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1] / "brisk"
 
 # Floor of each room (a top-level module or package of brisk); a room imports its own floor or lower ones.
 FLOORS = {
-    "brisk": 0, "errors": 0, "files": 0, "formats": 0, "safe_load": 0, "swap": 0, "versions": 0,
+    "brisk": 0, "errors": 0, "files": 0, "keys": 0, "formats": 0, "safe_load": 0, "swap": 0, "versions": 0,
     "config": 1, "plan": 1, "families": 1,
     "models": 2, "data": 2, "adapters": 2, "memory": 2,
     "speed": 3, "distributed": 3,
@@ -149,7 +151,7 @@ def test_a_family_spec_imports_no_torch_when_loaded():
         tree = ast.parse(init.read_text(encoding="utf-8"))
         for node in tree.body:
             if isinstance(node, ast.ImportFrom) and node.level:  # the registry's floor, the errors, how keys are declared
-                assert (node.level, node.module) in ((2, "registry"), (2, "contract"), (3, "errors"), (3, "config.keys")), \
+                assert (node.level, node.module) in ((2, "registry"), (2, "contract"), (3, "errors"), (3, "keys")), \
                     f"{init}: {ast.unparse(node)}"
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
@@ -218,3 +220,16 @@ def test_memory_does_not_import_the_models_room():
     bad = [f"{a} imports {b}" for a, targets in import_graph().items() if _room(a) == "memory"
            for b in targets if _room(b) == "models"]
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("first", ["brisk.plan", "brisk.families", "brisk.config", "brisk.diagnose.report", "brisk.cli"])
+def test_a_room_imports_alone_in_a_fresh_process(first):
+    """Importing any room first works (no import cycle through a family's spec) and registers every built-in
+    family with its preset."""
+    import subprocess
+    import sys
+
+    code = (f"import {first}\nfrom brisk import families\nfrom brisk.plan import presets\n"
+            "assert set(presets()['fast']) == set(families.names()) == set(families.BUILT_IN), presets()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent)
+    assert r.returncode == 0, r.stderr[-2000:]

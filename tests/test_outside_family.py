@@ -33,7 +33,7 @@ def test_a_family_from_outside_trains_evaluates_and_exports(tmp_path, capsys):
     manifest = json.loads((run / "model-toy" / "manifest.json").read_text())  # its own config key, read by its exporter
     assert manifest["family"] == "toy_lm" and manifest["tensors"] and (run / "model-toy" / "weights.safetensors").is_file()
     saved = (run / "config.yaml").read_text()
-    assert "family: toy_lm" in saved and "toy_lm:\n  manifest: manifest.json" in saved
+    assert "family: toy_lm" in saved and "toy_lm:\n" in saved and "  manifest: manifest.json\n" in saved
     capsys.readouterr()
     assert main(["--family-module", "tests.toy_family", "eval", str(run), str(REPO / "data" / "chat_demo" / "valid.jsonl"),
                  "--max-new-tokens", "4", "--max-utts", "4"]) == 0

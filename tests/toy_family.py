@@ -1,7 +1,7 @@
 """A fourth model family from outside brisk/: a text-only causal LM with a config key and an export format of its
 own, registered by this module alone (`brisk --family-module tests.toy_family ...`, or a package's `brisk.families` entry point).
-brisk's own code is not edited for it: it borrows the causal_lm family's model, data and eval parts, and its
-exporter is here."""
+brisk's own code is not edited for it: it borrows the causal_lm family's model, data and eval parts (and, for
+them, that family's config keys), and its exporter is here."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ FORMAT = "toy"
 
 
 @dataclass
-class ToyConfig:
-    """The toy family's own keys: toy_lm.manifest in YAML or on the command line."""
+class ToyConfig(causal_lm.CausalLMConfig):
+    """The toy family's own keys: toy_lm.manifest in YAML or on the command line, and the causal_lm keys its
+    borrowed data part reads (toy_lm.max_len, ...)."""
 
     manifest: str = field(default="toy.json", metadata={"help": "file name of the export's manifest"})
 

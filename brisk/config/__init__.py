@@ -6,8 +6,8 @@ key and says how to fix it. Relative paths in a YAML file are resolved against t
 given on the command line against the current directory. The resolved config is saved in the run folder and in
 every checkpoint.
 
-    keys.py      how a key is declared: default, meaning (what --help-config prints), path and export roles
-    roles.py     those roles read back over every section, the families' own included
+    roles.py     what each key is (path, exported), read from its declaration (brisk.keys.key) over every
+                 section, the families' own included
     model.py     model.*: the family, the audio frontend, encoder and adaptor, the LLM and its LoRA
     data.py      data.*: files, batching, checks, the batch sized to the GPU
     training.py  optim.* and train.*

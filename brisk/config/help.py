@@ -1,6 +1,6 @@
 """`brisk train --help-config`: every config key with its type, default and one-line meaning.
 
-A key's meaning is its field's ``metadata["help"]`` (``brisk.config.keys.key``); a section's meaning is its class
+A key's meaning is its field's ``metadata["help"]`` (``brisk.keys.key``); a section's meaning is its class
 docstring. A model family's own section (``Family.config``) follows, declared the same way.
 """
 

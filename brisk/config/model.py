@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from .. import families
 from ..errors import ConfigError
 from ..formats.brisk_keys import CMVN_NAME
-from .keys import check_every, key
+from ..keys import check_every, key
 
 
 @dataclass

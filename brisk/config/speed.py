@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..plan import presets
-from .keys import key
+from ..keys import key
 
 
 @dataclass

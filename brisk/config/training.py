@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from .keys import key
+from ..keys import key
 
 
 @dataclass

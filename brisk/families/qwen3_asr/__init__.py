@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...config.keys import key
+from ...keys import key
 from ..registry import Family, FamilyRule, register
 
 

@@ -1,14 +1,16 @@
 """How a config key is declared: its default and its one-line meaning (``--help-config`` prints it), as TRL's
 ``field(metadata={"help": ...})``, and what the key is to the rest of brisk; and the checks several sections
-share. A family's own section (Family.config) declares its keys the same way, so the general code learns which
-of them are paths or travel with an export from the declaration, never from a list naming the family."""
+share. brisk.config's sections and each family's own section (Family.config) declare their keys with it, so the
+general code learns which keys are paths or travel with an export from the declaration (brisk.config.roles),
+never from a list naming a family. On the ground floor, importing nothing of brisk but the errors: a family's
+spec uses it while brisk.config may not be importable yet."""
 
 from __future__ import annotations
 
 from dataclasses import MISSING, field
 from typing import Any, Callable
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 PATH_ROLES = ("in", "out")
 
