@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from brisk.config import ConfigError, load_config
-from brisk.bench.autobatch import BudgetCache, cache_key, find_batch_tokens, largest_fitting, scaled, sized_to_gpu
+from brisk.bench.autobatch import (BudgetCache, cache_key, find_batch_tokens, keep_schedule, largest_fitting, scaled,
+                                   sized_to_gpu)
 
 from .conftest import DEMO_CONFIG, tiny_overrides
 
@@ -82,6 +83,21 @@ def test_scaled_keeps_the_utterance_density(tmp_path):
     big = scaled(cfg, 48000)
     assert (big.data.batch_tokens, big.data.max_utts) == (48000, 80)
     assert cfg.data.batch_tokens == 6000  # the original is not changed
+
+
+def test_the_found_batch_keeps_the_configured_schedule_per_token(tmp_path):
+    """At the found batch the warm-up is scaled from the configured one (optim.warmup_step_tokens set to it, unless
+    given); the same batch, or a schedule reference given by the user, is left as it is."""
+    from brisk.train.optim import schedule_for
+
+    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"data.batch_tokens": 6000, "optim.warmup_steps": 2500,
+                                                               "train.accum_grad": 2}))
+    kept = keep_schedule(cfg, scaled(cfg, 24000))
+    assert kept.optim.warmup_step_tokens == 12000 and schedule_for(kept)[1] == 625
+    assert schedule_for(kept)[0] == cfg.optim.lr  # lr itself only with optim.lr_scale
+    assert keep_schedule(cfg, scaled(cfg, 6000)).optim.warmup_step_tokens == 0
+    given = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"optim.warmup_step_tokens": 3000}))
+    assert keep_schedule(given, scaled(given, 24000)).optim.warmup_step_tokens == 3000
 
 
 def test_off_by_default_and_without_cuda(tmp_path):

@@ -148,12 +148,12 @@ def test_warmup_scaled_to_the_same_tokens(tmp_path):
     steps, and FunASR's schedule then gives the recipe's learning rate at every token count; unset or at the
     recipe's own batch nothing changes; accumulated batches count."""
     from brisk.config import ConfigError
-    from brisk.train.optim import warmup_steps
+    from brisk.train.optim import schedule_for
 
     cfg = tiny_config(tmp_path, **{"optim.warmup_steps": 2500, "optim.warmup_step_tokens": 6000,
                                    "data.batch_tokens": 24000})
-    steps, note = warmup_steps(cfg)
-    assert steps == 625 and "2500 steps of 6,000 tokens -> 625 steps of 24,000" in note
+    lr, steps, notes = schedule_for(cfg)
+    assert (lr, steps) == (cfg.optim.lr, 625) and "2500 steps of 6,000 tokens -> 625 steps of 24,000" in notes[0]
     model = torch.nn.Linear(2, 2)
     ref = WarmupLR(torch.optim.AdamW(model.parameters(), lr=1e-3), 1e-3, 2500)
     mine = WarmupLR(torch.optim.AdamW(model.parameters(), lr=1e-3), 1e-3, steps)
@@ -161,10 +161,28 @@ def test_warmup_scaled_to_the_same_tokens(tmp_path):
         assert mine.lr_at(k) == pytest.approx(ref.lr_at(4 * k), rel=1e-12)
     same = tiny_config(tmp_path, **{"optim.warmup_step_tokens": 3000, "data.batch_tokens": 1500,
                                     "train.accum_grad": 2, "optim.warmup_steps": 100})
-    assert warmup_steps(same) == (100, None)
-    assert warmup_steps(tiny_config(tmp_path, **{"optim.warmup_steps": 100})) == (100, None)
+    assert schedule_for(same) == (same.optim.lr, 100, [])
+    plain = tiny_config(tmp_path, **{"optim.warmup_steps": 100})
+    assert schedule_for(plain) == (plain.optim.lr, 100, [])
     with pytest.raises(ConfigError, match="warmup_step_tokens"):
         tiny_config(tmp_path, **{"optim.warmup_step_tokens": -1})
+
+
+def test_lr_scale_sqrt_scales_the_peak_from_the_batch_it_was_chosen_for(tmp_path):
+    """optim.lr_scale=sqrt: at 4x the recipe's tokens a step the peak lr doubles (and the warmup is a quarter);
+    at the recipe's own batch nothing changes; without the recipe's batch (warmup_step_tokens) it is one line."""
+    from brisk.config import ConfigError
+    from brisk.train.optim import schedule_for
+
+    cfg = tiny_config(tmp_path, **{"optim.lr": 1e-4, "optim.warmup_steps": 2500, "optim.warmup_step_tokens": 6000,
+                                   "optim.lr_scale": "sqrt", "data.batch_tokens": 24000})
+    lr, steps, notes = schedule_for(cfg)
+    assert lr == pytest.approx(2e-4, rel=1e-12) and steps == 625 and "lr 0.0001 -> 0.0002" in notes[1]
+    same = tiny_config(tmp_path, **{"optim.lr": 1e-4, "optim.warmup_step_tokens": 6000, "optim.lr_scale": "sqrt",
+                                    "data.batch_tokens": 6000})
+    assert schedule_for(same)[0] == 1e-4
+    with pytest.raises(ConfigError, match="optim.lr_scale=sqrt .* optim.warmup_step_tokens"):
+        tiny_config(tmp_path, **{"optim.lr_scale": "sqrt"})
 
 
 def test_a_run_logs_its_scaled_warmup(tmp_path):

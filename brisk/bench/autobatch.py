@@ -216,4 +216,15 @@ def sized_to_gpu(cfg: Config) -> Config:
     out = scaled(cfg, best)
     log.info("data.auto_batch: data.batch_tokens=%d, data.max_utts=%d (peak GiB per tried budget %s, limit %.1f GiB; %s)",
              best, out.data.max_utts, entry["peaks_gib"], entry["limit_gib"], "cached" if cached else "measured")
-    return out
+    return keep_schedule(cfg, out)
+
+
+def keep_schedule(cfg: Config, out: Config) -> Config:
+    """The configured batch is the one the schedule was chosen for: unless optim.warmup_step_tokens says otherwise
+    it becomes that, so the warm-up is scaled to the same tokens at the found batch (brisk.train.optim.schedule_for;
+    optim.lr itself changes only with optim.lr_scale)."""
+    if cfg.optim.warmup_step_tokens or out.data.batch_tokens == cfg.data.batch_tokens:
+        return out
+    tokens = cfg.data.batch_tokens * cfg.train.accum_grad
+    log.info("data.auto_batch: optim.warmup_step_tokens=%d (the configured batch): the warm-up keeps its tokens", tokens)
+    return dataclasses.replace(out, optim=dataclasses.replace(out.optim, warmup_step_tokens=tokens))

@@ -27,7 +27,7 @@ from ..families import family_of
 from ..plan import SpeedPlan, make_plan, preset_values
 from ..speed import Accelerated, accelerate
 from ..speed.flags import run_scope
-from .optim import WarmupLR, build_optimizer, trainable_params, warmup_steps
+from .optim import WarmupLR, build_optimizer, schedule_for, trainable_params
 from .step import StepHooks, TrainStep
 
 log = logging.getLogger("brisk")
@@ -102,10 +102,10 @@ def assemble(cfg: Config, ranks: Ranks) -> Parts:
         log.info(note)
     # After FSDP sharding: the optimizer sees the shards.
     optimizer = build_optimizer(model, cfg.optim, fused=plan.fused_adamw, capturable=plan.capturable)
-    warmup, note = warmup_steps(cfg)
-    if note:
+    lr, warmup, notes = schedule_for(cfg)
+    for note in notes:
         log.info(note)
-    schedule = WarmupLR(optimizer, cfg.optim.lr, warmup)
+    schedule = WarmupLR(optimizer, lr, warmup)
     return Parts(cfg, plan, ranks, model, accel, net, shape_sync, grad_sync, optimizer, schedule, collator_for(cfg))
 
 

@@ -29,16 +29,25 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, *, fused: bool = False, 
     return torch.optim.AdamW(params, **kwargs)
 
 
-def warmup_steps(cfg) -> tuple[int, str | None]:
-    """(optimizer steps of warmup, a log line or None): optim.warmup_steps, or with optim.warmup_step_tokens set
-    that warmup scaled to the same tokens at this run's batch (data.batch_tokens x train.accum_grad). FunASR's
-    schedule at warmup w / f gives at step k / f the learning rate it gives at step k with warmup w."""
+def schedule_for(cfg) -> tuple[float, int, list[str]]:
+    """(peak lr, optimizer steps of warmup, log lines) for this run's batch (data.batch_tokens x train.accum_grad).
+    optim.lr and optim.warmup_steps as given, unless optim.warmup_step_tokens names the batch they were chosen for
+    and this batch differs: the warmup is scaled to the same tokens (FunASR's schedule at warmup w / f gives at step
+    k / f the learning rate it gives at step k with warmup w), and with optim.lr_scale=sqrt the peak lr is scaled by
+    sqrt(f) (each step now averages f times the tokens)."""
     o, tokens = cfg.optim, cfg.data.batch_tokens * cfg.train.accum_grad
     if not o.warmup_step_tokens or tokens == o.warmup_step_tokens:
-        return o.warmup_steps, None
-    steps = max(1, round(o.warmup_steps * o.warmup_step_tokens / tokens))
-    return steps, (f"optim: warmup {o.warmup_steps} steps of {o.warmup_step_tokens:,} tokens -> {steps} steps of "
-                   f"{tokens:,} (data.batch_tokens x train.accum_grad): the same learning rate at each token seen")
+        return o.lr, o.warmup_steps, []
+    f = tokens / o.warmup_step_tokens
+    steps = max(1, round(o.warmup_steps / f))
+    notes = [f"optim: warmup {o.warmup_steps} steps of {o.warmup_step_tokens:,} tokens -> {steps} steps of {tokens:,} "
+             "(data.batch_tokens x train.accum_grad): the same schedule at each token seen"]
+    lr = o.lr
+    if o.lr_scale == "sqrt":
+        lr = o.lr * f**0.5
+        notes.append(f"optim: lr {o.lr:.3g} -> {lr:.3g} (optim.lr_scale=sqrt: x sqrt({tokens:,} / "
+                     f"{o.warmup_step_tokens:,}))")
+    return lr, steps, notes
 
 
 class WarmupLR:
