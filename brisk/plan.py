@@ -95,6 +95,11 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
+    Rule("optim.lr_scale, optim.warmup_step_tokens", "config",
+         lambda c, d, w: c.optim.lr_scale != "none" and not c.optim.warmup_step_tokens and not c.data.auto_batch.enabled,
+         "optim.lr_scale={cfg.optim.lr_scale} scales lr from the batch it was chosen for: give that batch as "
+         "optim.warmup_step_tokens (data.batch_tokens x train.accum_grad of the recipe), or turn on "
+         "data.auto_batch (which takes the configured batch as that)"),
     Rule("speed.cuda_graph, speed.packing", "config", lambda c, d, w: c.speed.cuda_graph and not c.speed.packing,
          "speed.cuda_graph needs speed.packing=true: graphs are captured per packed bucket"),
     Rule("speed.cuda_graph, speed.frozen_eval", "config", lambda c, d, w: c.speed.cuda_graph and not c.speed.frozen_eval,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 
 import pytest
 import yaml
@@ -145,6 +146,22 @@ def test_the_chat_keys_moved_into_the_causal_lm_section_read_from_older_configs_
     speech["data"].update(max_len=2048, overlong="truncate", chat_template=None)
     (tmp_path / "speech.yaml").write_text(yaml.safe_dump(speech), encoding="utf-8")
     assert "causal_lm" not in load_config(tmp_path / "speech.yaml").to_dict()
+    # an older file that includes a newer base (one with a causal_lm section): the file's own values still win
+    (tmp_path / "inc.yaml").write_text("include: sft_qwen3_1p7b\ndata: {max_len: 1024, overlong: skip}\n", encoding="utf-8")
+    inc = families.section(load_config(tmp_path / "inc.yaml", check_paths=False))
+    assert (inc.max_len, inc.overlong) == (1024, "skip")
+    assert families.section(load_config("sft_qwen3_1p7b", check_paths=False)).max_len == 4096
+    # a family from outside that extends the section to borrow causal_lm's parts gets its old values too
+    import tests.toy_family  # noqa: F401 - registers toy_lm
+
+    written["model"]["family"], written["train"]["export"] = "toy_lm", "toy"
+    (tmp_path / "toy.yaml").write_text(yaml.safe_dump(written), encoding="utf-8")
+    try:
+        toy = families.section(load_config(tmp_path / "toy.yaml"))
+        assert (toy.max_len, toy.overlong) == (300, "skip")
+    finally:  # the toy family is this test's alone
+        families.registry._REGISTRY.pop("toy_lm", None)
+        sys.modules.pop("tests.toy_family", None)
     for family, expect in (("causal_lm", {"causal_lm.max_len": 96, "causal_lm.chat_template": str(tmp_path / "x.jinja")}),
                            ("fun_asr_nano", {})):
         (tmp_path / "brisk.json").write_text(json.dumps({"family": family, "keys": {
@@ -168,3 +185,4 @@ def test_key_roles_are_read_from_the_declarations_the_families_sections_included
     shared = {f.name for f in dataclasses.fields(Config)} - {"sections"}
     assert set(RUN_SECTIONS) | {"model", "data"} == shared
     assert refused("causal_lm.max_len") and refused("qwen3_asr.language") and not refused("optim.lr")
+    assert refused("data.max_len") and refused("data.chat_template")  # an older run folder's names of them

@@ -183,6 +183,20 @@ def test_lr_scale_sqrt_scales_the_peak_from_the_batch_it_was_chosen_for(tmp_path
     assert schedule_for(same)[0] == 1e-4
     with pytest.raises(ConfigError, match="optim.lr_scale=sqrt .* optim.warmup_step_tokens"):
         tiny_config(tmp_path, **{"optim.lr_scale": "sqrt"})
+    auto = tiny_config(tmp_path, **{"optim.lr_scale": "sqrt", "data.auto_batch.enabled": True})  # it names the batch
+    assert auto.optim.warmup_step_tokens == 0 and schedule_for(auto)[0] == auto.optim.lr
+
+
+def test_a_resume_at_another_schedule_says_so(caplog):
+    """A checkpoint's schedule (peak lr, warm-up) other than this run's: the resumed lr is logged, not silent."""
+    import logging
+
+    opt = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=1e-3)
+    with caplog.at_level(logging.INFO, logger="brisk"):
+        WarmupLR(opt, 1e-3, 100).load_state_dict({"step_num": 50, "base": 1e-3, "warmup": 100})
+        assert not caplog.records
+        WarmupLR(opt, 2e-3, 25).load_state_dict({"step_num": 50, "base": 1e-3, "warmup": 100})
+    assert "resumed at step 50 with peak lr 0.002 and 25 warm-up steps (the checkpoint's run: 0.001 and 100)" in caplog.text
 
 
 def test_a_run_logs_its_scaled_warmup(tmp_path):

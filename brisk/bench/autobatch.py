@@ -222,7 +222,7 @@ def sized_to_gpu(cfg: Config) -> Config:
 def keep_schedule(cfg: Config, out: Config) -> Config:
     """The configured batch is the one the schedule was chosen for: unless optim.warmup_step_tokens says otherwise
     it becomes that, so the warm-up is scaled to the same tokens at the found batch (brisk.train.optim.schedule_for;
-    optim.lr itself changes only with optim.lr_scale)."""
+    the peak lr too with optim.lr_scale=sqrt)."""
     if cfg.optim.warmup_step_tokens or out.data.batch_tokens == cfg.data.batch_tokens:
         return out
     tokens = cfg.data.batch_tokens * cfg.train.accum_grad

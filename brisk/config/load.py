@@ -16,7 +16,7 @@ from ..formats.funasr import funasr_folder_config, funasr_folder_data_config
 from ..formats.hf import hf_folder_model_config, is_hf_folder
 from ..plan import check_rules, expand_preset
 from .build import _known_path, _none_word, _nulls, _set_dotted, build_config, did_you_mean, parse_override
-from .migrate import read_moved, without_task
+from .migrate import read_moved, shadowed, without_task
 from .roles import path_keys
 from .tree import Config
 
@@ -131,7 +131,7 @@ def read_yaml(path: Path, _seen: tuple = ()) -> dict:
                 raise ConfigError(f"{path}: include: {base}: no file {base_path}, nor a shipped config of that "
                                   f"name ({', '.join(shipped_names())})")
             base_path = shipped
-        tree = _merge(read_yaml(base_path, _seen + (path.resolve(),)), tree)
+        tree = _merge(shadowed(read_yaml(base_path, _seen + (path.resolve(),)), tree), tree)
     return tree
 
 

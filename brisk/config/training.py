@@ -29,9 +29,6 @@ class OptimConfig:
             raise ConfigError(f"optim.lr={self.lr}: must be a number above 0 (for example 2e-4)")
         if self.lr_scale not in ("none", "sqrt"):
             raise ConfigError(f"optim.lr_scale={self.lr_scale!r}: use none or sqrt")
-        if self.lr_scale != "none" and not self.warmup_step_tokens:
-            raise ConfigError(f"optim.lr_scale={self.lr_scale} scales lr from the batch it was chosen for: give that "
-                              "batch as optim.warmup_step_tokens (data.batch_tokens x train.accum_grad of the recipe)")
         for k in ("weight_decay", "eps", "warmup_steps", "warmup_step_tokens", "grad_clip"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"optim.{k}={getattr(self, k)}: must be 0 or more")

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import ConfigError
+from .brisk_keys import MOVED_KEYS
 
 # Model keys that change no shape and no computed number of a resumed run (its weights come from the checkpoint).
 MODEL_FREE = {"model.init", "model.seed", "model.llm.load_weights", "model.encoder.activation_checkpoint",
@@ -43,7 +44,9 @@ def flat(tree: dict, prefix: str = "") -> dict:
 
 
 def refused(key: str) -> bool:
-    """Does changing ``key`` on a resume change the model's shapes or the data?"""
+    """Does changing ``key`` on a resume change the model's shapes or the data? (An older brisk's name of a key
+    that moved is judged as the key it became.)"""
+    key = MOVED_KEYS.get(key, key)
     if key in MODEL_FREE:
         return False
     section = key.split(".")[0]

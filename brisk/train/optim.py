@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -86,6 +88,11 @@ class WarmupLR:
 
     def load_state_dict(self, state: dict) -> None:
         self.step_num = state["step_num"]
+        if (state.get("base"), state.get("warmup")) != (self.base, self.warmup):  # another batch or config on resume
+            logging.getLogger("brisk").info(
+                "optim: resumed at step %d with peak lr %.3g and %d warm-up steps (the checkpoint's run: %s and %s): "
+                "lr now %.3g", self.step_num, self.base, self.warmup, state.get("base"), state.get("warmup"),
+                self.lr_at(self.step_num + 1))
         self._apply(self.lr_at(self.step_num + 1))
 
 
