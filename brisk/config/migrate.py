@@ -27,7 +27,8 @@ def read_moved(tree: dict, where) -> dict:
         new_key = new.split(".")[1]
         if value is None or new_key not in own:
             continue
-        logging.getLogger("brisk").info("config: %s: %s is now %s.%s (read as that)", where, old, family.name, new_key)
+        logging.getLogger("brisk").warning("config: %s: %s is now %s.%s (read as that; write the new key)", where, old,
+                                           family.name, new_key)
         tree = {**tree, family.name: {new_key: value, **(tree.get(family.name) or {})}}
     return tree
 
