@@ -67,10 +67,17 @@ def _load(items: list[str], default: Path | None = None):
 def cmd_train(args) -> int:
     from .train.run import train
 
-    if args.help_config:
+    if args.help_config:  # with a config: that config's values beside each key
         from .config.help import help_text
 
-        sys.stdout.write(help_text())
+        path, overrides = _config_and_overrides(list(args.items), None)
+        if path is None and not overrides:
+            sys.stdout.write(help_text())
+        else:
+            from .config import load_config
+
+            name = args.items[0] if path is not None else "the defaults with these overrides"
+            sys.stdout.write(help_text(load_config(path, overrides, check_paths=False), name))
         return 0
     items = list(args.items)
     if _config_and_overrides(items, None)[0] is None and not any(i.split("=", 1)[0] == "train.output_dir" for i in items):

@@ -73,6 +73,23 @@ def test_help_config_lists_every_key_with_type_default_and_meaning(capsys):
     assert "brisk train --help-config" in str(pytest.raises(ConfigError, load_config, DEMO_CONFIG, ["train.x=1"]).value)
 
 
+def test_help_config_with_a_config_shows_its_values(capsys):
+    """`brisk train CONFIG [overrides] --help-config`: that config's value beside each key, * where it is not the
+    default; its family's own section, no other family's."""
+    assert main(["train", "sft_demo", "causal_lm.max_len=300", "--help-config"]) == 0
+    out = capsys.readouterr().out
+    line = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith("  ") and ln.split()}
+    assert "its value in sft_demo" in out
+    assert "causal_lm *" in line["model.family"] and "300 *" in line["causal_lm.max_len"]
+    assert "0.002 *" in line["optim.lr"] and "truncate " in line["causal_lm.overlong"] and "*" not in line["causal_lm.overlong"]
+    assert "qwen3_asr.language" not in line
+
+
+def test_a_second_config_file_is_one_line(capsys):
+    line = _error_line(capsys, ["train", "sft_demo", "other.yaml"])
+    assert "other.yaml: one config file a run" in line and "include:" in line
+
+
 def test_version(capsys):
     from brisk import __version__
 

@@ -218,6 +218,9 @@ def _set_dotted(tree: dict, key: str, value: Any) -> None:
 
 def parse_override(text: str) -> tuple[str, Any]:
     if "=" not in text:
+        if text.strip().endswith((".yaml", ".yml")):
+            raise ConfigError(f"{text}: one config file a run; put the keys of both in one file (a file may start "
+                              "with `include: other.yaml`) or give them as key=value")
         if _known_path(text.strip()):
             raise ConfigError(f"{text} has no value: did you mean key=value, for example {text.strip()}=VALUE?")
         raise ConfigError(f"override {text!r} is not key=value: did you mean key=value (for example train.max_steps=100)?")

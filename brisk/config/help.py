@@ -77,23 +77,43 @@ def family_rows() -> list[tuple[str, str, str, str]]:
     return [row for f in families.all_families() if f.config is not None for row in rows(f.config, f.name + ".")]
 
 
-def help_text() -> str:
+def help_text(cfg: Config | None = None, name: str = "") -> str:
+    """The table of every key; with a run's ``cfg`` (`brisk train CONFIG --help-config`) the value column is that
+    config's, a value other than the default marked with *."""
     from .. import families
 
     docs = dict(sections())
     docs.update({f.name: f"model.family={f.name} only: {f.summary}" for f in families.all_families()})
+    tree = cfg.to_dict() if cfg is not None else None
+    own = {f.name for f in families.all_families()}
     lines = ["Every config key: type, default, meaning. Set keys in a YAML file or as key=value after it,",
              "e.g. brisk train demo train.max_epochs=3 optim.lr=1e-3 (a shipped config by name: demo, fun_asr_nano, ...; or a file)"]
+    if tree is not None:
+        lines = [f"Every config key: type, its value in {name} (* where it is not the default), meaning.",
+                 "`brisk train --help-config` without a config lists the defaults."]
     every = rows() + family_rows()
     width = max(len(k) for k, *_ in every)
     section = None
     for key, tp, default, meaning in every:
+        value = default
+        if tree is not None:
+            if key.split(".")[0] in own and key.split(".")[0] not in tree:
+                continue  # another family's own section: this config cannot set it
+            now = _show(_nested(tree, key))
+            value = now if now == default else now + " *"
         sec = key.rsplit(".", 1)[0] if "." in key else "top level"
         if sec != section:
             section = sec
             lines += ["", f"[{sec}]" + (f"  {docs[sec]}" if docs.get(sec) else "")]
-        if len(default) > 14:  # a long list: the meaning on the next line, in its column
-            lines += [f"  {key:<{width}}  {tp:<18} {default}", f"  {'':<{width}}  {'':<18} {'':<14} {meaning}"]
+        if len(value) > 14:  # a long list: the meaning on the next line, in its column
+            lines += [f"  {key:<{width}}  {tp:<18} {value}", f"  {'':<{width}}  {'':<18} {'':<14} {meaning}"]
         else:
-            lines.append(f"  {key:<{width}}  {tp:<18} {default:<14} {meaning}")
+            lines.append(f"  {key:<{width}}  {tp:<18} {value:<14} {meaning}")
     return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _nested(tree: dict, key: str):
+    node = tree
+    for part in key.split("."):
+        node = node[part]
+    return node
