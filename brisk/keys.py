@@ -13,19 +13,26 @@ from typing import Any, Callable
 from .errors import ConfigError
 
 PATH_ROLES = ("in", "out")
+RESUME_ROLES = ("refused", "free")
 
 
 def key(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | None = None,  # noqa: A002
-        path: str | None = None, inference: bool = False, exported: str | None = None):
+        path: str | None = None, inference: bool = False, exported: str | None = None,
+        resume: str | None = None):
     """A dataclass field: ``default`` (or ``factory()`` for a list or dict) and ``help``, its meaning.
 
     ``path``: the value is a file or folder, resolved against the folder of the YAML file that gives it; "in"
     must exist, "out" is created. ``inference``: it changes what a trained model computes, so an export records
     it in brisk.json (brisk.formats.brisk_keys). ``exported``: the file the export copies it into the folder as
-    (an ``inference`` path key)."""
+    (an ``inference`` path key). ``resume``: what a change of it does to a resumed run, where its section's rule
+    is not the answer (brisk.formats.run_config.refused): "refused" (it changes the data learnt from) or "free"
+    (it changes no shape and no computed number)."""
     if path not in (None, *PATH_ROLES):
         raise ValueError(f"key(path={path!r}): use one of {PATH_ROLES}")
-    meta = {"help": help, "path": path, "inference": inference or exported is not None, "exported": exported}
+    if resume not in (None, *RESUME_ROLES):
+        raise ValueError(f"key(resume={resume!r}): use one of {RESUME_ROLES}")
+    meta = {"help": help, "path": path, "inference": inference or exported is not None, "exported": exported,
+            "resume": resume}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)

@@ -174,7 +174,12 @@ def test_key_roles_are_read_from_the_declarations_the_families_sections_included
     family's own section under its name; the resume rule's run-only sections are the tree's other sections."""
     from brisk.config import Config
     from brisk.config.roles import exported_keys, path_keys
-    from brisk.formats.run_config import RUN_SECTIONS, refused
+    from brisk.config.roles import resume_roles
+    from brisk.formats.run_config import RUN_SECTIONS
+    from brisk.formats.run_config import refused as refused_with
+
+    def refused(key):
+        return refused_with(key, resume_roles())
 
     assert {"data.train", "model.llm.path", "causal_lm.chat_template", "data.chat_template"} <= path_keys("in")
     assert {"train.output_dir", "speed.inductor_cache_dir"} <= path_keys("out") and not path_keys("out") & path_keys("in")
@@ -186,3 +191,6 @@ def test_key_roles_are_read_from_the_declarations_the_families_sections_included
     assert set(RUN_SECTIONS) | {"model", "data"} == shared
     assert refused("causal_lm.max_len") and refused("qwen3_asr.language") and not refused("optim.lr")
     assert refused("data.max_len") and refused("data.chat_template")  # an older run folder's names of them
+    assert refused("data.train") and refused("data.prompt_conf.use_hist") and not refused("data.batch_tokens")
+    assert refused("model.llm.config.hidden_size") and not refused("model.seed") and not refused("model.init")
+    assert refused_with("toy_lm.manifest", {}) and not refused_with("toy_lm.manifest", {"toy_lm.manifest": "free"})

@@ -6,10 +6,11 @@ them, that family's config keys), and its exporter is here."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from brisk.families import Family, register, section
+from brisk.keys import key
 from brisk.families import causal_lm
 
 FORMAT = "toy"
@@ -20,7 +21,7 @@ class ToyConfig(causal_lm.CausalLMConfig):
     """The toy family's own keys: toy_lm.manifest in YAML or on the command line, and the causal_lm keys its
     borrowed data part reads (toy_lm.max_len, ...)."""
 
-    manifest: str = field(default="toy.json", metadata={"help": "file name of the export's manifest"})
+    manifest: str = key("toy.json", "file name of the export's manifest", resume="free")  # no number changes
 
 
 def write_toy(model, cfg, state: dict, out: Path, dtype: str, tokenizer) -> None:

@@ -35,11 +35,11 @@ class AutoBatchConfig:
 @dataclass
 class DataConfig:
     train: str | None = key(None, "FunASR jsonl; causal_lm: a jsonl, parquet file / folder / glob, or datasets "
-                            "save_to_disk folder", path="in")
+                            "save_to_disk folder", path="in", resume="refused")
     valid: str | None = key(None, "the same, for validation; none: no validation", path="in")
-    tokenizer: str | None = key(None, "a tokenizer folder; defaults to model.llm.path", path="in")
+    tokenizer: str | None = key(None, "a tokenizer folder; defaults to model.llm.path", path="in", resume="refused")
     profile: str | None = key(None, "a length profile (speech_length/text_length jsonl) for synthetic batches",
-                              path="in")
+                              path="in", resume="refused")
     batch_tokens: int = key(6000, "budget on padded (speech_length + text_length), FunASR's batch_size")
     max_utts: int = key(10, "utterances a batch at most")
     sort_size: int = key(1024, "utterances sorted by length together before batching")
@@ -48,18 +48,19 @@ class DataConfig:
     pin_memory: bool = key(True, "pinned host memory for faster copies to the GPU")
     max_speech_length: int = key(8000, "10 ms frames; longer utterances are bad input")
     max_text_length: int = key(2048, "tokens")
-    max_token_length: int = key(1500, "LLM tokens of one utterance's prompt + answer", inference=True)
+    max_token_length: int = key(1500, "LLM tokens of one utterance's prompt + answer", inference=True, resume="refused")
     skip_bad: bool = key(False, "skip (and count) malformed lines and unreadable audio instead of stopping")
-    sys_prompt: bool = key(True, "FunASR dataset_conf.sys_prompt", inference=True)
-    do_think: bool = key(True, "FunASR dataset_conf.do_think: False appends an empty <think></think>", inference=True)
+    sys_prompt: bool = key(True, "FunASR dataset_conf.sys_prompt", inference=True, resume="refused")
+    do_think: bool = key(True, "FunASR dataset_conf.do_think: False appends an empty <think></think>", inference=True,
+                         resume="refused")
     multiturn_max: int = key(5, "FunASR dataset_conf.multiturn_num_max: turns kept of a multi-turn sample",
-                              inference=True)
+                              inference=True, resume="refused")
     # FunASR dataset_conf.prompt_classes / prompt_conf, read from model.path's folder (the real Fun-ASR-Nano-2512
     # config.yaml sets MultiContextPrompt): a context header before the first user prompt.
     prompt_class: str | None = key(None, "MultiContextPrompt (FunASR's context header) or null (no header)",
-                                    inference=True)
+                                    inference=True, resume="refused")
     prompt_conf: dict = key(factory=dict, help="FunASR prompt_conf: use_hotwords, use_hist, ... (see docs/export.md)",
-                             inference=True)
+                             inference=True, resume="refused")
     auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
     train_split: str | None = key(None, "a split of data.train where its layout has splits (train_sft of "
                                   "ultrachat_200k's parquet folder, a DatasetDict folder)")

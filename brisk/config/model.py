@@ -48,7 +48,7 @@ class EncoderConfig:
     attention_dropout_rate: float = key(0.0, "encoder attention dropout")
     freeze: bool = key(True, "keep the encoder's weights fixed (no gradients)")
     activation_checkpoint: int = key(0, "FunASR audio_encoder_conf.activation_checkpoint: 0 off; k: recompute every "
-                                     "k-th SANM block in the backward (1: all)")
+                                     "k-th SANM block in the backward (1: all)", resume="free")
 
     def __post_init__(self):
         check_every("model.encoder.activation_checkpoint", self.activation_checkpoint)
@@ -141,10 +141,11 @@ class LLMConfig:
     config: dict = key(factory=dict, help="inline transformers config when path is None, else overrides")
     dtype: str = key("fp32", "fp32 | bf16 (bf16 runs under autocast, as FunASR does)", inference=True)
     freeze: bool = key(False, "keep the LLM's weights fixed (no gradients)")
-    load_weights: bool = key(True, "load *.safetensors from path when present (a FunASR model.pt overrides them)")
+    load_weights: bool = key(True, "load *.safetensors from path when present (a FunASR model.pt overrides them)",
+                             resume="free")
     lora: LoraConfig = field(default_factory=LoraConfig)
     activation_checkpoint: int = key(0, "FunASR llm_conf.activation_checkpoint: 0 off; k: recompute every k-th decoder "
-                                     "layer in the backward (1: all)")
+                                     "layer in the backward (1: all)", resume="free")
 
     def __post_init__(self):
         if self.dtype not in ("fp32", "bf16"):
@@ -158,8 +159,8 @@ class ModelConfig:
     path: str | None = key(None, "a FunASR model folder (config.yaml, model.pt, the LLM folder); overrides sizes",
                             path="in")
     init: str | None = key(None, "weights to start from: FunASR model.pt, brisk checkpoint, or .safetensors",
-                            path="in")
-    seed: int = key(0, "seed of the random initialisation (before any weights are loaded)")
+                            path="in", resume="free")
+    seed: int = key(0, "seed of the random initialisation (before any weights are loaded)", resume="free")
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     adaptor: AdaptorConfig = field(default_factory=AdaptorConfig)

@@ -41,6 +41,12 @@ def path_keys(role: str | None = None) -> set[str]:
     return keys | {old for old, new in MOVED_KEYS.items() if new in keys}
 
 
+def resume_roles() -> dict[str, str]:
+    """{key: "refused" | "free"} for the keys whose resume role is declared (brisk.formats.run_config.refused reads
+    it before its sections' rule)."""
+    return {k: f.metadata["resume"] for k, f in declared() if f.metadata.get("resume")}
+
+
 def exported_keys() -> dict[str, str | None]:
     """{key: None, or the file name the export copies it to} for every key that changes what a trained model
     computes (brisk.formats.brisk_keys records them)."""

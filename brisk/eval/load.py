@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError, load_config
+from ..config.roles import resume_roles
 from ..data.loader import load_tokenizer
 from ..families import folder_family, names
 from ..formats.run_folder import folder_kind, run_weights
@@ -30,7 +31,7 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", ove
     if kind == "run":
         cfg = load_config(path / "config.yaml", overrides, check_paths=False)  # its data may have moved
         weights = run_weights(path, weights, cfg.train.keep_metric)
-        check_run_files(path, weights)  # config.yaml and the checkpoint describe the same model, or one line
+        check_run_files(path, weights, resume_roles())  # config.yaml and the checkpoint describe the same model, or one line
         model = build_model(cfg.model)
         if weights is not None:
             state = read_state_dict(weights)

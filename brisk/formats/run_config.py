@@ -1,8 +1,8 @@
 """A run's saved config against another: which keys differ, and which of those change the model or the data.
 
-    changes(saved, now) -> {key: (old, new)}       refused(key) -> bool
+    changes(saved, now) -> {key: (old, new)}       refused(key, roles) -> bool
     saved_config(run_dir, resume_from)             checkpoint_config(path)      (read only)
-    check_run_files(run_dir, weights)              (brisk eval / export / transcribe RUN)
+    check_run_files(run_dir, weights, roles)       (brisk eval / export / transcribe RUN)
 
 A change of the model's shapes or of the data it learns from is ``refused``: a resume with it is one ConfigError
 line (brisk.train.run_state.check, before the run folder is locked or written), and a run folder whose
@@ -20,14 +20,8 @@ import yaml
 from ..errors import ConfigError
 from .brisk_keys import MOVED_KEYS
 
-# Model keys that change no shape and no computed number of a resumed run (its weights come from the checkpoint).
-MODEL_FREE = {"model.init", "model.seed", "model.llm.load_weights", "model.encoder.activation_checkpoint",
-              "model.llm.activation_checkpoint"}
-# Data keys that change what the model learns from (the set, its tokens or its prompt).
-DATA_KEYS = {"data.train", "data.tokenizer", "data.sys_prompt", "data.do_think", "data.multiturn_max",
-             "data.max_token_length", "data.prompt_class", "data.prompt_conf", "data.profile"}
-# The shared sections that hold neither the model nor the data. The rest (model, data, and a model family's
-# own section: its prompt, template, labels or sizes) change what is learnt.
+# The shared sections that hold neither the model nor the data: a change of their keys is free on a resume unless
+# a key declares otherwise (brisk.keys.key(resume=...)).
 RUN_SECTIONS = ("optim", "train", "speed", "diagnose", "probe", "bench")
 
 
@@ -43,16 +37,17 @@ def flat(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def refused(key: str) -> bool:
-    """Does changing ``key`` on a resume change the model's shapes or the data? (An older brisk's name of a key
-    that moved is judged as the key it became.)"""
+def refused(key: str, roles: dict[str, str]) -> bool:
+    """Does changing ``key`` on a resume change the model's shapes or the data? ``roles`` is each key's declared
+    answer (brisk.config.roles.resume_roles: "refused" or "free"; a free-form mapping's sub-keys take their key's);
+    where none is declared, the section's: a run section's keys are free, a data key is free, a model key and a
+    family section's key are refused. An older brisk's name of a key that moved is judged as the key it became."""
     key = MOVED_KEYS.get(key, key)
-    if key in MODEL_FREE:
-        return False
+    role = roles.get(key) or next((r for k, r in roles.items() if key.startswith(k + ".")), None)
+    if role is not None:
+        return role == "refused"
     section = key.split(".")[0]
-    if section == "data":
-        return any(key == k or key.startswith(k + ".") for k in DATA_KEYS)
-    return section not in RUN_SECTIONS
+    return section not in RUN_SECTIONS and section != "data"
 
 
 def changes(saved: dict, now: dict) -> dict[str, tuple]:
@@ -94,7 +89,7 @@ def checkpoint_config(path: Path) -> dict | None:
     return ckpt.get("config") if isinstance(ckpt, dict) else None
 
 
-def check_run_files(run_dir: str | Path, weights: Path | None) -> None:
+def check_run_files(run_dir: str | Path, weights: Path | None, roles: dict[str, str]) -> None:
     """A run's checkpoint and its config.yaml must describe the same model and data: else one ConfigError line
     naming the keys (a resume refused on main once rewrote config.yaml; evaluation then built the wrong model)."""
     run_dir = Path(run_dir)
@@ -104,7 +99,7 @@ def check_run_files(run_dir: str | Path, weights: Path | None) -> None:
     saved, _ = saved_config(run_dir)
     if ck is None or saved is None:
         return
-    bad = {k: v for k, v in changes(ck, saved).items() if refused(k)}
+    bad = {k: v for k, v in changes(ck, saved).items() if refused(k, roles)}
     if bad:
         raise ConfigError(f"{run_dir}: its config.yaml and {Path(weights).name} disagree on the model or data: "
                           f"{describe(bad)} (checkpoint -> config.yaml); restore config.yaml from the checkpoint's "

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..config import Config, ConfigError, config_changes
 from ..config.migrate import read_moved
+from ..config.roles import resume_roles
 from ..distributed.ranks import broadcast_from_rank0
 from ..formats.run_config import changes, checkpoint_config, describe, refused, saved_config
 from ..models.build import read_checkpoint
@@ -65,7 +66,7 @@ def check_resume(run_dir: str | Path, now: dict, resume_from: str | None = None)
     if saved is None:
         return []
     diff = changes(read_moved(saved, source), now)  # an older brisk's keys under their new names
-    bad = {k: v for k, v in diff.items() if refused(k)}
+    bad = {k: v for k, v in diff.items() if refused(k, resume_roles())}
     if bad:
         raise ConfigError(
             f"train.resume: {run_dir} was trained with another model or data ({source.name}); refused, nothing in the "
