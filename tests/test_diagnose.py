@@ -223,3 +223,29 @@ def test_steps_are_told_apart_by_what_made_them_cost():
     kinds = {k: [s["step"] for s in v] for k, v in step_kinds(steps)}
     assert kinds == {"captured a CUDA graph (a bucket's first batch)": [1], "compiled new graphs": [2],
                      "first batch of a new shape": [3], "steady": [4, 5]}
+
+
+def test_compile_seconds_split_into_trace_backend_and_backward():
+    """speed.compile.compile_split: Dynamo's trace, the backend (AOTAutograd + Inductor, or their caches) and the
+    backward graphs add up to compile_seconds; a compiled forward and its first backward each add to their part."""
+    from brisk.speed.compile import compile_seconds, compile_split
+
+    total0, split0 = compile_seconds(), compile_split()
+    f = torch.compile(lambda x: (x.sin() * x.cos()).sum(), backend="aot_eager")  # no C compiler needed
+    x = torch.randn(16, requires_grad=True)
+    f(x).backward()
+    total1, split1 = compile_seconds(), compile_split()
+    grown = {k: split1[k] - split0[k] for k in split1}
+    assert grown["trace"] > 0 and grown["backend"] > 0
+    assert sum(grown.values()) == pytest.approx(total1 - total0, rel=1e-6, abs=1e-9)
+
+
+def test_the_time_budget_names_the_parts_of_a_kind_of_steps_compile():
+    from brisk.diagnose.report import time_budget
+
+    step = {"data": 0.0, "compute": 3.0, "new_shape": True, "compiles": 1, "compile_s": 2.5, "step_captures": 1,
+            "audio_captures": 0, "compile_split": {"trace": 0.5, "backend": 1.75, "backward": 0.25}}
+    rows = time_budget([{**step, "step": 1}, {**step, "step": 2}], {"spans": [{"name": "training", "seconds": 7.0}]})
+    note = next(n for name, _, n in rows if name.startswith("– steps: captured"))
+    assert "of which 5.0 s compiling (Dynamo's trace 1.0 s, AOTAutograd and Inductor or their cache 3.5 s, " \
+           "backward graphs 0.5 s)" in note

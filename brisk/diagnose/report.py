@@ -114,8 +114,11 @@ def time_budget(steps: list[dict], timeline: dict) -> list[tuple[str, float, str
         for kind, group in step_kinds(steps):
             sec = sum(s["data"] + s["compute"] for s in group)
             comp = sum(s.get("compile_s", 0.0) for s in group)
+            split = {k: sum(s.get("compile_split", {}).get(k, 0.0) for s in group) for k in ("trace", "backend", "backward")}
             note = (f"{len(group)} steps, median {statistics.median(s['data'] + s['compute'] for s in group) * 1000:.1f} ms"
-                    + (f", of which {comp:.1f} s compiling (Dynamo, Inductor, cache loads)" if comp > COMPILE_SEEN else ""))
+                    + (f", of which {comp:.1f} s compiling (Dynamo's trace {split['trace']:.1f} s, AOTAutograd and "
+                       f"Inductor or their cache {split['backend']:.1f} s, backward graphs {split['backward']:.1f} s)"
+                       if comp > COMPILE_SEEN else ""))
             rows.append((f"– steps: {kind}", sec, note))
             inside += sec
         for name, sec in timeline.get("details", {}).get("training", {}).items():

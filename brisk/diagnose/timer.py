@@ -134,6 +134,9 @@ class StepTimer:
             "gc": c1.get("gc_seconds", 0.0) - c0.get("gc_seconds", 0.0),
             "compile_s": round(c1.get("compile_seconds", 0.0) - c0.get("compile_seconds", 0.0), 4),
         }
+        if out["compile_s"]:  # which part of torch.compile the step waited on (speed.compile.compile_split)
+            out["compile_split"] = {k: round(c1.get(f"compile_{k}_seconds", 0.0) - c0.get(f"compile_{k}_seconds", 0.0), 4)
+                                    for k in ("trace", "backend", "backward")}
         steal = steal_share(rec["steal_start"], rec["steal_end"], out["host"])
         if steal is not None:
             out["steal"] = steal

@@ -18,7 +18,7 @@ from ..diagnose.timeline import Timeline
 from ..diagnose.timer import StepTimer
 from ..distributed.ranks import gather_to_rank0
 from ..families import family_of
-from ..speed.compile import compile_counters, compile_seconds
+from ..speed.compile import compile_counters, compile_seconds, compile_split
 from ..speed.flags import run_scope
 from .assemble import Parts
 from .async_save import AsyncCheckpointer
@@ -110,7 +110,8 @@ class Trainer:
         return min(self.cfg.train.max_epochs, -(-steps // per_epoch)) if steps else self.cfg.train.max_epochs
 
     def counters(self) -> dict:
-        return {**compile_counters(), "compile_seconds": compile_seconds(), "gc_seconds": self.gcwatch.seconds,
+        split = {f"compile_{k}_seconds": v for k, v in compile_split().items()}
+        return {**compile_counters(), "compile_seconds": compile_seconds(), **split, "gc_seconds": self.gcwatch.seconds,
                 **self.step_fn.captures}  # a GraphedStep's graphs so far
 
     # ------------------------------------------------------------------------------------ the loop
