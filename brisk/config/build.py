@@ -14,6 +14,7 @@ import yaml
 from .. import families
 from ..errors import ConfigError
 from .migrate import MOVED_KEYS, without_task
+from .roles import declared
 from .tree import Config
 
 
@@ -185,19 +186,10 @@ def _with_sections(tree: dict) -> tuple[dict, dict]:
     return rest, built
 
 
-def leaf_keys(cls: Any = None, prefix: str = "") -> list[str]:
+def leaf_keys() -> list[str]:
     """Every dotted leaf key of the config tree (a free-form mapping is one leaf), the families' own sections
     included."""
-    out = []
-    if cls is None:
-        for name, section in _family_sections().items():
-            out += leaf_keys(section, name)
-    for name, tp in typing.get_type_hints(cls or Config).items():
-        if cls is None and name == "sections":
-            continue  # written as the families' own sections
-        key = f"{prefix}.{name}" if prefix else name
-        out += leaf_keys(tp, key) if dataclasses.is_dataclass(tp) else [key]
-    return out
+    return [key for key, _ in declared()]
 
 
 def did_you_mean(key: str) -> str:

@@ -10,6 +10,7 @@ import dataclasses
 import re
 import typing
 
+from .load import get_dotted
 from .tree import Config
 
 
@@ -99,7 +100,7 @@ def help_text(cfg: Config | None = None, name: str = "") -> str:
         if tree is not None:
             if key.split(".")[0] in own and key.split(".")[0] not in tree:
                 continue  # another family's own section: this config cannot set it
-            now = _show(_nested(tree, key))
+            now = _show(get_dotted(tree, key))
             value = now if now == default else now + " *"
         sec = key.rsplit(".", 1)[0] if "." in key else "top level"
         if sec != section:
@@ -111,9 +112,3 @@ def help_text(cfg: Config | None = None, name: str = "") -> str:
             lines.append(f"  {key:<{width}}  {tp:<18} {value:<14} {meaning}")
     return "\n".join(lines).lstrip("\n") + "\n"
 
-
-def _nested(tree: dict, key: str):
-    node = tree
-    for part in key.split("."):
-        node = node[part]
-    return node

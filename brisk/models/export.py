@@ -103,18 +103,12 @@ def write_inference_keys(out: Path, cfg: Config) -> None:
     """brisk.json, and the files it names (CMVN, a chat template) copied into the folder: what the run computed
     with travels with the model (brisk.formats.brisk_keys; the keys are those declared to change it)."""
     tree, declared = cfg.to_dict(), exported_keys()
-    for key, name in declared.items():
-        if name is None:
-            continue
-        try:
-            src = get_dotted(tree, key)
-        except KeyError:  # another family's section
-            continue
-        if src:
-            if not Path(src).is_file():
-                raise ConfigError(f"{key}={src}: the file is gone; the export needs it (it changes what the model computes)")
-            shutil.copyfile(src, out / name)
     keys = inference_keys(tree, cfg.model.family, declared)
+    for key in keys["files"]:  # each under its name in the folder, as brisk.json names it
+        src = get_dotted(tree, key)
+        if not Path(src).is_file():
+            raise ConfigError(f"{key}={src}: the file is gone; the export needs it (it changes what the model computes)")
+        shutil.copyfile(src, out / declared[key])
     (out / KEYS_FILE).write_text(json.dumps(keys, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
