@@ -31,7 +31,8 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", ove
     if kind == "run":
         cfg = load_config(path / "config.yaml", overrides, check_paths=False)  # its data may have moved
         weights = run_weights(path, weights, cfg.train.keep_metric)
-        check_run_files(path, weights, resume_roles())  # config.yaml and the checkpoint describe the same model, or one line
+        # config.yaml and the checkpoint describe the same model, or one line
+        check_run_files(path, weights, resume_roles())
         model = build_model(cfg.model)
         if weights is not None:
             state = read_state_dict(weights)

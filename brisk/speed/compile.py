@@ -48,12 +48,7 @@ def compile_counters() -> dict:
 def compile_seconds() -> float:
     """Seconds torch.compile spent compiling in this process so far: Dynamo's own timer around each frame's
     compile, plus AOTAutograd's backward graphs compiled lazily at their first backward (timed apart)."""
-    try:
-        from torch._dynamo.utils import compilation_time_metrics
-    except Exception:  # pragma: no cover
-        return 0.0
-    return float(sum(compilation_time_metrics.get("_compile.compile_inner", []))
-                 + sum(compilation_time_metrics.get("backward._backward_impl", [])))
+    return sum(compile_split().values())
 
 
 def compile_split() -> dict[str, float]:
@@ -65,7 +60,7 @@ def compile_split() -> dict[str, float]:
         from torch._dynamo.utils import compilation_time_metrics as m
     except Exception:  # pragma: no cover
         return {"trace": 0.0, "backend": 0.0, "backward": 0.0}
-    frame = float(sum(m.get("_compile.compile_inner", [])))
+    frame = float(sum(m.get("_compile.compile_inner", [])))  # the frame's whole compile, the backend's inside it
     backend = float(sum(m.get("OutputGraph.call_user_compiler", [])))
     return {"trace": max(0.0, frame - backend), "backend": backend,
             "backward": float(sum(m.get("backward._backward_impl", [])))}
