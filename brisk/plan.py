@@ -76,6 +76,13 @@ def presets() -> dict[str, dict[str, dict[str, Any]]]:
             out.setdefault(name, {})[f.name] = values
     return out
 
+
+def check_preset(name: str) -> None:
+    """A speed.preset name that no family has is one line listing those that exist."""
+    if name not in presets():
+        raise ConfigError(f"speed.preset={name!r}: use one of {', '.join(sorted(presets()))} (or leave it unset)")
+
+
 # a preset skips them if missing
 PACKAGES = {"fla_kernels": "fla", "fla_gated_norm": "fla", "liger": "liger_kernel", "liger_loss": "liger_kernel"}
 
@@ -256,8 +263,7 @@ def preset_values(name: str, frozen_audio: bool, lora: bool = False, family: str
     """The preset's values for a model family, for a model whose encoder and adaptor
     are (or are not) both frozen, with or without LoRA adapters (the fused projections would skip them; static
     layers and FlexAttention have no GPU test with adapters) or FSDP (fused projections untested there)."""
-    if name not in presets():
-        raise ConfigError(f"speed.preset={name!r}: use one of {', '.join(sorted(presets()))} (or leave it unset)")
+    check_preset(name)
     fam = families.get(family)
     if name not in fam.presets:
         raise ConfigError(f"speed.preset={name}: model.family={fam.name} has no such preset (its presets: "

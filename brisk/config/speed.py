@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from ..plan import presets
+from ..plan import check_preset
 from ..keys import key
 
 
@@ -94,8 +94,8 @@ class SpeedConfig:
             raise ConfigError("speed.pack_buckets and speed.speech_buckets must be sorted ascending")
         if not 0 < self.label_rows_frac <= 1:
             raise ConfigError(f"speed.label_rows_frac={self.label_rows_frac}: use a fraction in (0, 1]")
-        if self.preset is not None and self.preset not in presets():
-            raise ConfigError(f"speed.preset={self.preset!r}: use one of {', '.join(sorted(presets()))} (or leave it unset)")
+        if self.preset is not None:
+            check_preset(self.preset)
 
 
 @dataclass
