@@ -539,8 +539,9 @@ def main() -> int:
     paths = [it.path for it in read_items([data])]
     paths = (paths * (1 + a.utts // len(paths)))[:a.utts]
     from brisk.data.audio import read_audio
+    from brisk.families import section
 
-    audio = [read_audio(p, cfg.model.frontend.fs).numel() / cfg.model.frontend.fs for p in paths]
+    audio = [read_audio(p, section(cfg).frontend.fs).numel() / section(cfg).frontend.fs for p in paths]
     from brisk.eval.decode import READERS
 
     meta.update(utterances=len(paths), audio_s=sum(audio), reading_threads=READERS)

@@ -325,7 +325,7 @@ def flops_per_token(cfg, timed_groups) -> float:
     from brisk.families import family_of
 
     lens = [len(s.tokens.input_ids) for g in timed_groups for s in g]
-    return training_flops(family_of(cfg).build(cfg.model, "meta").llm, lens) / sum(lens)
+    return training_flops(family_of(cfg).build(cfg, "meta").llm, lens) / sum(lens)
 
 
 def matmul_peak() -> float | None:

@@ -21,6 +21,19 @@ TINY_QWEN3 = dict(model_type="qwen3", vocab_size=483, hidden_size=64, intermedia
                   tie_word_embeddings=True)
 
 
+def nano_config(llm_path, enc: dict, ad: dict):
+    """A Fun-ASR-Nano Config of the given encoder and adaptor sizes (both frozen), features without dither, the
+    LLM from ``llm_path`` in fp32."""
+    from brisk.config import AudioAdaptorConfig, AudioEncoderConfig, Config, LLMConfig, ModelConfig
+    from brisk.families.fun_asr_nano.config import AdaptorConfig, EncoderConfig, FrontendConfig, FunAsrNanoConfig
+
+    cfg = Config(model=ModelConfig(encoder=AudioEncoderConfig(freeze=True), adaptor=AudioAdaptorConfig(freeze=True),
+                                   llm=LLMConfig(path=str(llm_path), dtype="fp32")))
+    cfg.sections["fun_asr_nano"] = FunAsrNanoConfig(frontend=FrontendConfig(dither=0.0), encoder=EncoderConfig(**enc),
+                                                    adaptor=AdaptorConfig(**ad))
+    return cfg
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from transformers import AutoTokenizer
@@ -42,8 +55,8 @@ def qwen3_folder(tmp_path_factory) -> Path:
 def tiny_overrides(run_dir: Path, **extra) -> list[str]:
     """key=value overrides that shrink the demo config further for fast tests."""
     items = {
-        "model.encoder.output_size": 32, "model.encoder.linear_units": 64, "model.encoder.num_blocks": 2,
-        "model.encoder.tp_blocks": 1, "model.adaptor.ffn_dim": 64, "model.adaptor.n_layer": 1,
+        "fun_asr_nano.encoder.output_size": 32, "fun_asr_nano.encoder.linear_units": 64, "fun_asr_nano.encoder.num_blocks": 2,
+        "fun_asr_nano.encoder.tp_blocks": 1, "fun_asr_nano.adaptor.ffn_dim": 64, "fun_asr_nano.adaptor.n_layer": 1,
         "model.llm.config.hidden_size": 32, "model.llm.config.intermediate_size": 64,
         "model.llm.config.num_attention_heads": 2, "model.llm.config.num_key_value_heads": 1,
         "model.llm.config.head_dim": 16, "train.output_dir": str(run_dir), "train.progress": False,

@@ -25,7 +25,7 @@ def _pair(tmp_path, **extra):
     ckpt = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.encoder.freeze": False, **extra,
                                                                  "model.llm.activation_checkpoint": 1,
                                                                  "model.encoder.activation_checkpoint": 1}))
-    return plain, build_model(plain.model), build_model(ckpt.model)
+    return plain, build_model(plain), build_model(ckpt)
 
 
 def _loss_and_grads(model, batch, seed=7):
@@ -57,7 +57,7 @@ def test_same_loss_and_gradients_exactly_fp32(tmp_path):
 
 def test_state_dict_keys_and_tensors_unchanged(tmp_path):
     cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path))
-    model = build_model(cfg.model)
+    model = build_model(cfg)
     before = {k: v.data_ptr() for k, v in model.state_dict().items()}
     params = [id(p) for p in model.parameters()]
     cfg.model.llm.activation_checkpoint = cfg.model.encoder.activation_checkpoint = 1
@@ -79,7 +79,7 @@ def _save(state, tmp_path):
 def test_every_kth_layer(tmp_path):
     cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.llm.config.num_hidden_layers": 5,
                                                                 "model.llm.activation_checkpoint": 2}))
-    model = build_model(cfg.model)
+    model = build_model(cfg)
     assert [is_checkpointed(m) for m in model.llm.model.layers] == [False, True, False, True, False]
     assert not any(is_checkpointed(m) for m in model.audio_encoder.modules())
     with pytest.raises(ConfigError, match="model.llm.activation_checkpoint=-1"):
@@ -87,7 +87,7 @@ def test_every_kth_layer(tmp_path):
 
 
 def test_composes_with_lora_and_packing(tmp_path):
-    lora = {"model.llm.lora.enabled": True, "model.llm.freeze": True, "model.frontend.dither": 0.0}
+    lora = {"model.llm.lora.enabled": True, "model.llm.freeze": True, "fun_asr_nano.frontend.dither": 0.0}
     cfg, plain, ckpt = _pair(tmp_path, **lora)
     q = ckpt.llm.model.layers[0].self_attn.q_proj
     assert type(q).__name__ == "LoraLinear" and is_checkpointed(ckpt.llm.model.layers[0])
@@ -108,15 +108,17 @@ def test_funasr_folder_keys(tmp_path):
         "llm_conf": {"activation_checkpoint": True, "use_lora": False},
         "audio_encoder_conf": {"activation_checkpoint": False, "output_size": 32}}), encoding="utf-8")
     found = funasr_folder_config(tmp_path)
-    assert found["llm"]["activation_checkpoint"] == 1 and found["encoder"]["activation_checkpoint"] == 0
-    assert found["llm"]["lora"] == {"enabled": False}
+    model = found["model"]
+    assert model["llm"]["activation_checkpoint"] == 1 and model["encoder"]["activation_checkpoint"] == 0
+    assert model["llm"]["lora"] == {"enabled": False}
+    assert found["fun_asr_nano"]["encoder"] == {"output_size": 32}  # the sizes go to the family's own section
 
 
 def test_rng_state_is_kept_only_for_layers_that_draw_random_numbers(tmp_path):
     from brisk.memory.checkpointing import draws_random
 
     cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.llm.lora.enabled": True}))
-    model = build_model(cfg.model)
+    model = build_model(cfg)
     layer, block = model.llm.model.layers[0], model.audio_encoder.encoders[0] if len(model.audio_encoder.encoders) else \
         model.audio_encoder.encoders0[0]
     model.train()
@@ -133,7 +135,7 @@ def test_checkpointed_lora_layer_traces_in_one_graph(tmp_path):
     cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.llm.activation_checkpoint": 1,
                                                                 "model.llm.lora.enabled": True,
                                                                 "model.llm.lora.dropout": 0.0}))
-    model = build_model(cfg.model).train()
+    model = build_model(cfg).train()
     layer = model.llm.model.layers[0]
     assert is_checkpointed(layer)
     x = torch.randn(1, 12, cfg.model.llm.config["hidden_size"], requires_grad=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 import brisk.families.fun_asr_nano.build as build
+from brisk.families import section
 from brisk.models.build import build_model
 
 from .conftest import tiny_config
@@ -32,11 +33,11 @@ def _same(a, b):
 
 def test_meta_build_from_a_full_file_equals_seeded_build_then_load(tmp_path, monkeypatch):
     cfg = tiny_config(tmp_path / "run", **{"model.encoder.freeze": True, "model.llm.dtype": "bf16",
-                                           "model.seed": 7}).model
+                                           "model.seed": 7})
     src = build_model(cfg)
     torch.save({"state_dict": src.state_dict()}, tmp_path / "model.pt")
-    cfg.init, cfg.seed = str(tmp_path / "model.pt"), 0  # different seed: every value must come from the file
-    assert build.build_from_file(cfg, tmp_path / "model.pt") is not None  # the meta path is taken
+    cfg.model.init, cfg.model.seed = str(tmp_path / "model.pt"), 0  # another seed: every value from the file
+    assert build.build_from_file(cfg.model, section(cfg), tmp_path / "model.pt") is not None  # the meta path
     fast, slow = _both(cfg, monkeypatch)
     assert any("inv_freq" in k for k, _ in fast.named_buffers())
     _same(fast, slow)
@@ -47,9 +48,9 @@ def test_meta_build_from_a_full_file_equals_seeded_build_then_load(tmp_path, mon
 
 
 def test_file_missing_a_weight_takes_the_seeded_path(tmp_path, monkeypatch):
-    cfg = tiny_config(tmp_path / "run").model
+    cfg = tiny_config(tmp_path / "run")
     src = build_model(cfg)
     state = src.state_dict()
     state = {k: v for k, v in state.items() if not k.startswith("audio_encoder.")}
     torch.save({"state_dict": state}, tmp_path / "part.pt")
-    assert build.build_from_file(cfg, tmp_path / "part.pt") is None
+    assert build.build_from_file(cfg.model, section(cfg), tmp_path / "part.pt") is None

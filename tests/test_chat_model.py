@@ -48,7 +48,7 @@ def loss_and_grads(model, batch):
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
 def test_packed_equals_padded(arch, samples):
-    model = build_model(chat_cfg(QWEN3 if arch == "qwen3" else QWEN3_5).model)
+    model = build_model(chat_cfg(QWEN3 if arch == "qwen3" else QWEN3_5))
     keys = list(model.state_dict())
     layers = linear_attention_layers(model.llm)
     assert (len(layers) == 2) == (arch == "qwen3_5")
@@ -70,8 +70,8 @@ def test_batched_linear_attention_equals_per_sequence_and_padded(samples):
     padded batch, on a row whose conversations differ in length and end in a bucket's padding tail."""
     from brisk.speed.llm_kernels import PaddedBatch, apply_linear_attention_batched
 
-    ref = build_model(chat_cfg(QWEN3_5).model)
-    fast = build_model(chat_cfg(QWEN3_5).model)
+    ref = build_model(chat_cfg(QWEN3_5))
+    fast = build_model(chat_cfg(QWEN3_5))
     apply_linear_attention_per_sequence(ref)
     assert "2 Gated DeltaNet" in apply_linear_attention_batched(fast)
     assert list(fast.state_dict()) == list(ref.state_dict())
@@ -90,7 +90,7 @@ def test_batched_linear_attention_equals_per_sequence_and_padded(samples):
 
 def test_linear_attention_leaks_across_a_packed_row_without_the_swap(samples):
     """Why the swap exists: transformers' torch path cannot keep packed sequences apart."""
-    model = build_model(chat_cfg(QWEN3_5).model)
+    model = build_model(chat_cfg(QWEN3_5))
     padded, packed = Collator()(samples), Collator(packed=True, token_buckets=(512,))(samples)
     ref = lm_loss(model(padded), padded.labels)[0]
     try:
@@ -103,7 +103,7 @@ def test_linear_attention_leaks_across_a_packed_row_without_the_swap(samples):
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
 def test_hidden_feeds_lm_head(arch, samples):
-    model = build_model(chat_cfg(QWEN3 if arch == "qwen3" else QWEN3_5).model).eval()
+    model = build_model(chat_cfg(QWEN3 if arch == "qwen3" else QWEN3_5)).eval()
     batch = Collator()(samples)
     with torch.no_grad():
         hidden = model(batch, hidden=True)
@@ -123,13 +123,13 @@ def test_lora_and_activation_checkpointing_in_chat_models(arch, samples):
     from brisk.adapters.lora import LoraLinear
 
     base = QWEN3 if arch == "qwen3" else QWEN3_5
-    plain = build_model(chat_cfg(base).model)
-    lora = build_model(chat_cfg(base + LORA).model)
+    plain = build_model(chat_cfg(base))
+    lora = build_model(chat_cfg(base + LORA))
     trainable = [n for n, p in lora.named_parameters() if p.requires_grad]
     assert trainable and all(n.rsplit(".", 1)[1] in ("lora_A", "lora_B") for n in trainable)
     assert any(isinstance(m, LoraLinear) for m in lora.modules())
     assert set(plain.state_dict()) <= set(lora.state_dict())
-    ckpt = build_model(chat_cfg(base + LORA + ["model.llm.activation_checkpoint=1"]).model)
+    ckpt = build_model(chat_cfg(base + LORA + ["model.llm.activation_checkpoint=1"]))
     ckpt.load_state_dict(lora.state_dict())
     with torch.no_grad():  # B starts at zero: give the adapters an update to check
         for m in (lora, ckpt):
@@ -151,7 +151,7 @@ def test_hf_export_round_trip(arch, lora, samples, tmp_path):
     from brisk.models.export import export_folder
 
     cfg = chat_cfg((QWEN3 if arch == "qwen3" else QWEN3_5) + (LORA if lora else []))
-    model = build_model(cfg.model).eval()
+    model = build_model(cfg).eval()
     if lora:  # a trained adapter: the export folds W + (alpha / r) B A into transformers' plain layers
         with torch.no_grad():
             for n, p in model.named_parameters():
@@ -219,8 +219,8 @@ def test_fla_swap_computes_the_layer_on_packed_and_padded_rows(samples, monkeypa
     from brisk.speed.llm_kernels import apply_fla_linear_attention
 
     fake_fla(monkeypatch)
-    ref = build_model(chat_cfg(QWEN3_5).model)
-    fast = build_model(chat_cfg(QWEN3_5).model)
+    ref = build_model(chat_cfg(QWEN3_5))
+    fast = build_model(chat_cfg(QWEN3_5))
     apply_linear_attention_per_sequence(ref)
     assert "2 Gated DeltaNet" in apply_fla_linear_attention(fast)
     assert list(fast.state_dict()) == list(ref.state_dict())
@@ -267,7 +267,7 @@ def test_liger_swaps_find_every_norm_and_mlp_and_keep_the_numbers(arch, samples,
 
     fake_liger(monkeypatch)
     over = QWEN3 if arch == "qwen3" else QWEN3_5
-    ref, fast = build_model(chat_cfg(over).model), build_model(chat_cfg(over).model)
+    ref, fast = build_model(chat_cfg(over)), build_model(chat_cfg(over))
     with torch.no_grad():  # Qwen3.5 norms start at 0 (weight + 1): move them off it, so a wrong offset shows
         for m in (ref, fast):
             for n, p in m.named_parameters():
@@ -290,7 +290,7 @@ def test_fla_gets_one_cu_seqlens_a_step_and_its_host_copy(samples, monkeypatch):
     from brisk.speed.llm_kernels import apply_fla_linear_attention
 
     calls = fake_fla(monkeypatch)
-    fast = build_model(chat_cfg(QWEN3_5).model)
+    fast = build_model(chat_cfg(QWEN3_5))
     apply_fla_linear_attention(fast)
     packed = Collator(packed=True, token_buckets=(512,))(samples)
     loss_and_grads(fast, packed)

@@ -80,11 +80,12 @@ def test_include_and_override_order_and_exponent_floats(tmp_path):
 def test_fun_asr_nano_config_has_the_real_sizes():
     from brisk.models.build import build_llm
     from brisk.models.lm import param_count
+    from brisk.families import section
     from brisk.families.fun_asr_nano.model import SpeechLLM
 
     cfg = load_config(REPO / "configs/fun_asr_nano.yaml")
     with torch.device("meta"):
-        m = SpeechLLM(cfg.model, build_llm(cfg.model))
+        m = SpeechLLM(cfg.model, section(cfg), build_llm(cfg.model))
     assert param_count(m.audio_encoder) == 221_136_992
     assert param_count(m.audio_adaptor) == 12_604_928
     assert param_count(m.llm) == 596_049_920

@@ -10,7 +10,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from brisk.config import FrontendConfig
+from brisk.families.fun_asr_nano.config import FrontendConfig
 from brisk.data.audio import read_audio, resample
 from brisk.data.collate import Collator
 from brisk.data.dataset import SpeechDataset

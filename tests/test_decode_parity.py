@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from brisk.config import AdaptorConfig, EncoderConfig, FrontendConfig, LLMConfig, ModelConfig
+from brisk.families import section
 from brisk.eval.decode import Recognizer, inference_prompt
 from brisk.models.build import build_model
 
-from .conftest import DEMO, TINY_QWEN3
+from .conftest import DEMO, TINY_QWEN3, nano_config
 from .test_funasr_parity import AD, ENC, funasr_nano
 
 MAX_NEW = 12
@@ -41,8 +41,7 @@ def models(llm_folder):
         for p in ref.llm.parameters():
             if p.dim() == 2:
                 p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
-    cfg = ModelConfig(frontend=FrontendConfig(dither=0.0), encoder=EncoderConfig(**ENC, freeze=True),
-                      adaptor=AdaptorConfig(**AD, freeze=True), llm=LLMConfig(path=str(llm_folder), dtype="fp32"))
+    cfg = nano_config(llm_folder, ENC, AD)
     ours = build_model(cfg).eval()
     ours.load_state_dict(ref.state_dict(), strict=True)
     return ref, ours, cfg
@@ -87,7 +86,7 @@ def test_greedy_ids_match_funasr_inference(models, tokenizer, kwargs):
     expected = _funasr_ids(ref, tokenizer, paths, **kwargs)
     stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
     expected = [_strip(e, stop) for e in expected]
-    rec = Recognizer(ours, tokenizer, cfg.frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW)
+    rec = Recognizer(ours, tokenizer, section(cfg).frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW)
     got = [r.ids for r in rec.transcribe(paths, batch_size=1)]
     assert len(got) == len(paths) >= 5
     # Something was generated, and it depends on the audio: the comparison means something.
@@ -97,20 +96,20 @@ def test_greedy_ids_match_funasr_inference(models, tokenizer, kwargs):
     assert [r.ids for r in rec.transcribe(paths, batch_size=len(paths))] == expected
     # The fast decoder (static cache, the same step code that CUDA captures), single and batched: 6 rows pad to
     # a bucket of 8; 4 + 2 take buckets of 4 and 2, their features read on a thread ahead (the default on CUDA).
-    fast = Recognizer(ours, tokenizer, cfg.frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW, fast=True)
+    fast = Recognizer(ours, tokenizer, section(cfg).frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW, fast=True)
     for batch_size in (1, len(paths)):
         assert [r.ids for r in fast.transcribe(paths, batch_size=batch_size)] == expected, batch_size
     fast.prefetch = True
     assert [r.ids for r in fast.transcribe(paths, batch_size=4)] == expected
-    buckets = Recognizer(ours, tokenizer, cfg.frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW,
+    buckets = Recognizer(ours, tokenizer, section(cfg).frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW,
                          fast_buckets=True)
     assert [r.ids for r in buckets.transcribe(paths, batch_size=4)] == expected
     # Features one utterance at a time on the CPU (the training loader's path) instead of Frontend.batch.
-    per_utt = Recognizer(ours, tokenizer, cfg.frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW,
+    per_utt = Recognizer(ours, tokenizer, section(cfg).frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW,
                          device_features=False)
     assert [r.ids for r in per_utt.transcribe(paths, batch_size=len(paths))] == expected
     # Several decode steps a replay (eager on the CPU: the same steps, grouped as the graphs group them).
-    multi = Recognizer(ours, tokenizer, cfg.frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW,
+    multi = Recognizer(ours, tokenizer, section(cfg).frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW,
                        fast_buckets=True, fast_multi_step=True)
     assert [r.ids for r in multi.transcribe(paths, batch_size=4)] == expected
     assert multi._fast.multi_step and multi._fast.replays < buckets._fast.replays
@@ -121,7 +120,7 @@ def test_decoding_a_training_model_switches_it_to_eval_and_back(models, tokenize
     in train mode after; a model in eval mode (brisk eval) is decoded as it is and stays so."""
     _, ours, cfg = models
     paths = _paths()[:2]
-    rec = Recognizer(ours, tokenizer, cfg.frontend, max_new_tokens=4)
+    rec = Recognizer(ours, tokenizer, section(cfg).frontend, max_new_tokens=4)
     expected = [r.ids for r in rec.transcribe(paths, batch_size=2)]
     assert not any(m.training for m in ours.modules())
     seen = []
@@ -141,7 +140,7 @@ def test_decoding_keeps_a_frozen_module_of_a_training_model_in_eval_mode(models,
     (brisk.speed.frozen.training_mode); validation's decode gives every module back the mode it had, so the
     next training steps do not run the frozen encoder with dropout."""
     _, ours, cfg = models
-    rec = Recognizer(ours, tokenizer, cfg.frontend, max_new_tokens=4)
+    rec = Recognizer(ours, tokenizer, section(cfg).frontend, max_new_tokens=4)
     try:
         ours.train()
         ours.audio_encoder.eval()
@@ -168,7 +167,7 @@ def test_encoder_bf16_copies_and_threaded_reading(models, tokenizer, monkeypatch
 
     _, ours, cfg = models
     paths = _paths()
-    rec = Recognizer(ours, tokenizer, cfg.frontend, max_new_tokens=4, encoder_dtype=torch.bfloat16)
+    rec = Recognizer(ours, tokenizer, section(cfg).frontend, max_new_tokens=4, encoder_dtype=torch.bfloat16)
     monkeypatch.setattr(decode, "READERS", 3)
     waves = rec.read(paths)
     assert all(torch.equal(w, read_audio(p, rec.fs)) for w, p in zip(waves, paths))
@@ -187,4 +186,4 @@ def test_encoder_bf16_copies_and_threaded_reading(models, tokenizer, monkeypatch
     assert len(rec.transcribe(paths[:2], batch_size=2)) == 2
     rec.release()
     assert rec._readers is None and pool._shutdown
-    assert Recognizer(ours, tokenizer, cfg.frontend).audio_path() is ours  # the default: the model's own modules
+    assert Recognizer(ours, tokenizer, section(cfg).frontend).audio_path() is ours  # the default: the model's own modules

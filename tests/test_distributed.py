@@ -11,6 +11,7 @@ from brisk.models.build import read_checkpoint
 
 from brisk.config import ConfigError
 from brisk.distributed.ranks import pick_device
+from brisk.families import section
 
 
 @pytest.fixture
@@ -92,14 +93,14 @@ def _static_setup(run_dir):
     from .conftest import tiny_config
 
     cfg = tiny_config(run_dir, **{"speed.packing": True, "speed.cuda_graph": True, "speed.frozen_eval": True,
-                                  "model.encoder.dropout_rate": 0.0, "model.encoder.freeze": True,
+                                  "fun_asr_nano.encoder.dropout_rate": 0.0, "model.encoder.freeze": True,
                                   "model.adaptor.freeze": True})
-    fe = cfg.model.frontend
+    fe = section(cfg).frontend
     vocab = int(cfg.model.llm.config["vocab_size"])
     # Rank 0 gets one short utterance, rank 1 two long ones: different token and speech buckets.
     rows = {0: [(500, 20)], 1: [(2500, 150), (1800, 120)]}
     data = {r: SyntheticDataset(rows[r], fe.n_mels * fe.lfr_m, vocab, fe.lfr_n, seed=r) for r in rows}
-    model = build_model(cfg.model).eval()
+    model = build_model(cfg).eval()
     return cfg, collator_for(cfg), data, model
 
 
@@ -224,7 +225,7 @@ def test_grad_sync_averages_like_ddp(tmp_path):
 # (rank r gets batches r, r + 2, ...), so with one sort chunk for the whole set (sort_size >= the data) the
 # accumulating process sees exactly the pairs the two ranks see. Its loss is the mean of the two ranks' losses;
 # the union of the halves as one batch would weight the halves by their label tokens instead.
-EQUAL = {"model.encoder.dropout_rate": 0.0, "data.sort_size": 1000, "data.shuffle": False, "probe.enabled": True,
+EQUAL = {"fun_asr_nano.encoder.dropout_rate": 0.0, "data.sort_size": 1000, "data.shuffle": False, "probe.enabled": True,
          "train.max_steps": 3, "optim.warmup_steps": 1, "data.valid": "", "train.val_every": 0}
 
 
@@ -344,7 +345,7 @@ def test_fsdp_equals_ddp_and_saves_the_full_state_dict(tmp_path):
                 assert abs(a[("grad_norm", s)] - b[("grad_norm", s)]) <= 1e-5 * a[("grad_norm", s)], (other.name, r, s)
     pa = read_checkpoint(ddp / "checkpoints" / "ckpt-00000003.pt")
     pb = read_checkpoint(fsdp / "checkpoints" / "ckpt-00000003.pt")
-    single = build_model(tiny_config(tmp_path / "x", **common).model).state_dict()
+    single = build_model(tiny_config(tmp_path / "x", **common)).state_dict()
     assert list(pb["state_dict"]) == list(single) == list(pa["state_dict"])  # same keys, same order
     for k, v in pb["state_dict"].items():
         assert type(v) is torch.Tensor and v.shape == single[k].shape and v.dtype == single[k].dtype, k

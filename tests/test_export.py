@@ -18,6 +18,7 @@ from brisk.models.build import build_model, read_state_dict
 from brisk.eval.load import load_for_inference
 from brisk.models.export import export_folder
 from brisk.models.lm import lm_loss
+from brisk.families import section
 
 from .conftest import REPO
 from .test_prompt_parity import DATASET_CONF, funasr_dataset, write_folder, write_jsonl
@@ -32,7 +33,7 @@ def source(tmp_path_factory, qwen3_folder, tokenizer):
     jsonl = tmp / "data.jsonl"
     write_jsonl(jsonl, "Speech transcription:", n=3)
     cfg = load_config(None, [f"model.path={tmp / 'src'}", f"data.train={jsonl}", "data.num_workers=0"])
-    model = build_model(cfg.model).eval()
+    model = build_model(cfg).eval()
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
@@ -64,7 +65,7 @@ def test_funasr_folder_loads_in_funasr_automodel_and_matches_brisk(source, token
 
     raw = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8"))
     assert raw["dataset_conf"]["prompt_classes"] == "MultiContextPrompt"
-    assert raw["audio_encoder_conf"]["num_blocks"] == cfg.model.encoder.num_blocks
+    assert raw["audio_encoder_conf"]["num_blocks"] == section(cfg).encoder.num_blocks
     raw["frontend_conf"]["dither"] = 0.0
     ds = funasr_dataset(raw, jsonl, tokenizer)
     ref_samples = [ds[i] for i in range(len(ds))]
@@ -124,7 +125,7 @@ def test_native_transformers_model_gives_brisk_logits(source, tokenizer):
     # Left unset, the adaptor does not mask padded frames (see the export's README).
     hf.model.multi_modal_projector.config._attn_implementation = hf.config._attn_implementation
     cfg0 = load_config(None, [f"model.path={tmp / 'src'}", f"data.train={jsonl}", "data.num_workers=0",
-                              "model.frontend.dither=0.0"])
+                              "fun_asr_nano.frontend.dither=0.0"])
     samples, batch = brisk_batch(cfg0, tokenizer)
     assert len(set(batch.speech_lengths.tolist())) > 1  # padded audio: the masks matter
     with torch.no_grad():
@@ -144,19 +145,19 @@ def test_model_path_accepts_a_native_folder(source, tokenizer):
     export_folder(model, cfg, out, "hf", "fp32", tokenizer)
     cfg2 = load_config(None, [f"model.path={out}"])
     assert cfg2.data.tokenizer == str(out) and cfg2.model.llm.path is None
-    assert cfg2.model.encoder.num_blocks == cfg.model.encoder.num_blocks
-    back = build_model(cfg2.model).state_dict()
+    assert section(cfg2).encoder.num_blocks == section(cfg).encoder.num_blocks
+    back = build_model(cfg2).state_dict()
     assert set(back) == set(model.state_dict())
     assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
     loaded, tok, _ = load_for_inference(out)
     assert not loaded.training and tok.encode("<|im_start|>") == tokenizer.encode("<|im_start|>")
-    assert cfg2.model.adaptor.use_low_frame_rate is True
+    assert section(cfg2).adaptor.use_low_frame_rate is True
     # How many adaptor outputs are spliced is not in the native config: brisk keeps its own key there.
-    every = dataclasses.replace(cfg, model=dataclasses.replace(
-        cfg.model, adaptor=dataclasses.replace(cfg.model.adaptor, use_low_frame_rate=False)))
+    every = dataclasses.replace(cfg)
+    every.sections = {"fun_asr_nano": dataclasses.replace(section(cfg), adaptor=dataclasses.replace(
+        section(cfg).adaptor, use_low_frame_rate=False))}
     export_folder(model, every, tmp / "hf-every", "hf", "fp32", tokenizer)
-    assert load_config(None, [f"model.path={tmp / 'hf-every'}"]).model.adaptor.use_low_frame_rate is False
-
+    assert section(load_config(None, [f"model.path={tmp / 'hf-every'}"])).adaptor.use_low_frame_rate is False
 
 def test_training_ends_with_one_export_and_cli_converts(tmp_path, capsys):
     from brisk.cli import main
@@ -184,10 +185,10 @@ def test_what_the_native_class_cannot_hold_is_refused_at_load_and_by_the_exporte
     from brisk.config import ConfigError, load_config
     from brisk.families import get
 
-    base = [f"train.output_dir={tmp_path}", "model.encoder.sanm_shift=1"]
-    with pytest.raises(ConfigError, match=r"train.export=hf: model.encoder.sanm_shift: the native FSMN is centred "
+    base = [f"train.output_dir={tmp_path}", "fun_asr_nano.encoder.sanm_shift=1"]
+    with pytest.raises(ConfigError, match=r"train.export=hf: fun_asr_nano.encoder.sanm_shift: the native FSMN is centred "
                                           r"\(needs 0\); or export funasr"):
         load_config(REPO / "configs" / "demo.yaml", base + ["train.export=hf"])
     cfg = load_config(REPO / "configs" / "demo.yaml", base + ["train.export=funasr"])
-    with pytest.raises(ConfigError, match=r"^model.encoder.sanm_shift=1: the native FSMN is centred \(needs 0\)$"):
+    with pytest.raises(ConfigError, match=r"^fun_asr_nano.encoder.sanm_shift=1: the native FSMN is centred \(needs 0\)$"):
         get("fun_asr_nano").exporters["hf"](None, cfg, {}, tmp_path, "bf16", None)

@@ -102,7 +102,7 @@ def test_every_family_builds_a_model_of_the_written_contract(config, speech):
     from brisk.families import FamilyModel, SpeechModel, family_of
 
     cfg = load_config(REPO / "configs" / config)
-    model = family_of(cfg).build(cfg.model, None)
+    model = family_of(cfg).build(cfg, None)
     assert isinstance(model, FamilyModel) and isinstance(model, SpeechModel) == speech
 
 
@@ -185,7 +185,7 @@ def test_key_roles_are_read_from_the_declarations_the_families_sections_included
     assert {"train.output_dir", "speed.inductor_cache_dir"} <= path_keys("out") and not path_keys("out") & path_keys("in")
     exported = exported_keys()
     assert exported["causal_lm.chat_template"] == "chat_template_training.jinja"
-    assert exported["model.frontend.cmvn_file"] == "am.mvn" and exported["causal_lm.max_len"] is None
+    assert exported["fun_asr_nano.frontend.cmvn_file"] == "am.mvn" and exported["causal_lm.max_len"] is None
     assert "data.batch_tokens" not in exported and "qwen3_asr.language" not in exported
     shared = {f.name for f in dataclasses.fields(Config)} - {"sections"}
     assert set(RUN_SECTIONS) | {"model", "data"} == shared

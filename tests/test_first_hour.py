@@ -33,7 +33,7 @@ def _error_line(capsys, argv) -> str:
     ("train.max_epochs=-1", "train.max_epochs=-1: must be at least 1"),
     ("train.max_stepz=3", "unknown config key train.max_stepz (from override 'train.max_stepz=3') (did you mean train.max_steps?)"),
     # the demo runs without the low frame rate: an IndexError in the adaptor gather before this check
-    ("model.adaptor.downsample_rate=2", "model.adaptor.downsample_rate=2 needs model.adaptor.use_low_frame_rate=true"),
+    ("fun_asr_nano.adaptor.downsample_rate=2", "fun_asr_nano.adaptor.downsample_rate=2 needs fun_asr_nano.adaptor.use_low_frame_rate=true"),
 ])
 def test_config_mistakes_are_one_line_exit_2(capsys, override, expected):
     assert expected in _error_line(capsys, ["train", str(DEMO_CONFIG), override])

@@ -105,9 +105,9 @@ def _three_rows_compiled(tmp_path, inline: bool):
     graph. Returns apply_flex_attention's note and the layers; Dynamo is reset by the caller."""
     from brisk.speed.compile import compile_counters, decoder_stack
 
-    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.frontend.dither": 0.0,
+    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"fun_asr_nano.frontend.dither": 0.0,
                                                                "model.llm.config.num_hidden_layers": 3}))
-    model = build_model(cfg.model).eval().requires_grad_(False)  # autograd on, nothing to differentiate (CPU)
+    model = build_model(cfg).eval().requires_grad_(False)  # autograd on, nothing to differentiate (CPU)
     note = apply_flex_attention(model.llm, inline=inline)
     collate = Collator(packed=True, token_buckets=(256, 512), speech_buckets=(32, 64), pad_utts=8, static=True)
     batches = [collate(_samples(cfg, n)) for n in (2, 3, 8)]
@@ -162,8 +162,8 @@ def test_flops_are_counted_through_varlen(tmp_path):
     from brisk.speed.flex import varlen_for_counting
     from brisk.speed.varlen import apply_varlen_attention
 
-    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.frontend.dither": 0.0}))
-    model = build_model(cfg.model).eval().requires_grad_(False)  # autograd on, so brisk_flex runs FlexAttention
+    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"fun_asr_nano.frontend.dither": 0.0}))
+    model = build_model(cfg).eval().requires_grad_(False)  # autograd on, so brisk_flex runs FlexAttention
     batch = Collator(packed=True, token_buckets=(256,), speech_buckets=(32, 64), pad_utts=8, static=True)(
         _samples(cfg, 3))
     apply_varlen_attention(model.llm)
@@ -204,8 +204,8 @@ def test_padded_batch_is_refused_by_name():
 
 
 def test_model_logits_unchanged_and_decoding_goes_back_to_sdpa(tmp_path):
-    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.frontend.dither": 0.0}))
-    model = build_model(cfg.model).eval().requires_grad_(False)  # autograd on, nothing to differentiate (CPU)
+    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"fun_asr_nano.frontend.dither": 0.0}))
+    model = build_model(cfg).eval().requires_grad_(False)  # autograd on, nothing to differentiate (CPU)
     batch = Collator(packed=True, token_buckets=(256, 512), speech_buckets=(32, 64), pad_utts=8, static=True)(
         _samples(cfg, 5))
     plain = model(batch)
@@ -240,5 +240,5 @@ def test_plan_asks_for_packing_compile_and_cuda(tmp_path):
         load_config(DEMO_CONFIG, base + ["speed.flex_attention=true", "speed.packing=true", "speed.compile=true",
                                          "model.llm.activation_checkpoint=1"])
     with pytest.raises(ConfigError, match="does not take speed.flex_attention"):
-        load_config(DEMO_CONFIG, base + ["model.family=qwen3_asr", "speed.flex_attention=true",
-                                         "speed.packing=true", "speed.compile=true"])
+        load_config("qwen3_asr_demo", [f"train.output_dir={tmp_path}", "speed.flex_attention=true",
+                                        "speed.packing=true", "speed.compile=true"])

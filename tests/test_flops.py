@@ -21,7 +21,7 @@ QWEN3_5 = ("model.llm.config={model_type: qwen3_5_text, vocab_size: 392, hidden_
 
 def llm(tmp_path, *over):
     cfg = load_config(REPO / "configs" / "sft_demo.yaml", [f"train.output_dir={tmp_path}", *over])
-    return family_of(cfg).build(cfg.model, "meta").llm
+    return family_of(cfg).build(cfg, "meta").llm
 
 
 def by_hand(model, seq_lens, layers, width):

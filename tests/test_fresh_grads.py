@@ -38,11 +38,11 @@ def test_body_with_persistent_or_fresh_gradients_computes_the_same_numbers(tmp_p
     from brisk.train.optim import WarmupLR, build_optimizer
     from brisk.train.step import StepHooks, TrainStep
 
-    cfg = tiny_config(tmp_path, **{"model.frontend.dither": 0.0, "model.encoder.dropout_rate": 0.0})
+    cfg = tiny_config(tmp_path, **{"fun_asr_nano.frontend.dither": 0.0, "fun_asr_nano.encoder.dropout_rate": 0.0})
     out = {}
     for persistent in (True, False):
         torch.manual_seed(0)
-        model = build_model(cfg.model).train()
+        model = build_model(cfg).train()
         plan = speed_parts(model, cfg)[2]
         opt = build_optimizer(model, cfg.optim)
         step = TrainStep(model, opt, WarmupLR(opt, cfg.optim.lr, 2), grad_clip=1.0, persistent_grads=persistent,

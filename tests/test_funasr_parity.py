@@ -13,7 +13,8 @@ import json
 import pytest
 import torch
 
-from brisk.config import AdaptorConfig, EncoderConfig, FrontendConfig, LLMConfig, ModelConfig
+from brisk.families import section
+from brisk.families.fun_asr_nano.config import FrontendConfig
 from brisk.data.collate import Collator
 from brisk.data.dataset import SpeechDataset
 from brisk.data.jsonl import read_jsonl
@@ -21,7 +22,7 @@ from brisk.data.prompt import PromptBuilder
 from brisk.models.build import build_model
 from brisk.models.lm import lm_loss
 
-from .conftest import DEMO
+from .conftest import DEMO, nano_config
 
 ENC = dict(output_size=32, attention_heads=4, linear_units=64, num_blocks=2, tp_blocks=1, kernel_size=11)
 AD = dict(ffn_dim=64, n_layer=1)
@@ -74,14 +75,13 @@ def funasr_side(jsonl, qwen3_folder, tokenizer):
 
 @pytest.fixture(scope="module")
 def brisk_side(jsonl, qwen3_folder, tokenizer, funasr_side):
-    cfg = ModelConfig(frontend=FrontendConfig(dither=0.0), encoder=EncoderConfig(**ENC, freeze=True),
-                      adaptor=AdaptorConfig(**AD, freeze=True), llm=LLMConfig(path=str(qwen3_folder), dtype="fp32"))
+    cfg = nano_config(qwen3_folder, ENC, AD)
     model = build_model(cfg).eval()
     ref_state = funasr_side[0].state_dict()
     assert set(model.state_dict()) == set(ref_state)
     model.load_state_dict(ref_state, strict=True)
     index = read_jsonl(jsonl, max_speech_length=8000, max_text_length=2048, skip_bad=False)
-    ds = SpeechDataset(index.utterances, cfg.frontend, PromptBuilder(tokenizer), seed=0, skip_bad=False, max_speech_length=8000)
+    ds = SpeechDataset(index.utterances, section(cfg).frontend, PromptBuilder(tokenizer), seed=0, skip_bad=False, max_speech_length=8000)
     batch = Collator()([ds[i] for i in range(len(ds))])
     return model, batch
 
@@ -199,7 +199,7 @@ def test_funasr_model_folder_loads_and_checkpoints_go_back_to_funasr(tmp_path, f
     }), encoding="utf-8")
     # The demo YAML sets other sizes and an inline LLM config: the folder's architecture replaces them.
     cfg = load_config(DEMO_CONFIG, [f"model.path={folder}", "data.tokenizer=null", "model.llm.freeze=false"])
-    assert cfg.model.encoder.output_size == 32 and cfg.model.llm.path == str(folder / "Qwen3-0.6B")
+    assert section(cfg).encoder.output_size == 32 and cfg.model.llm.path == str(folder / "Qwen3-0.6B")
     assert cfg.model.llm.config == {}
     # Training policy: the command line wins, then the YAML (demo: encoder trained), then the folder.
     assert cfg.model.llm.freeze is False and cfg.model.encoder.freeze is False and cfg.model.adaptor.freeze is False
@@ -207,7 +207,7 @@ def test_funasr_model_folder_loads_and_checkpoints_go_back_to_funasr(tmp_path, f
     bare.write_text("train: {max_steps: 1}\n")
     plain = load_config(bare, [f"model.path={folder}"])
     assert plain.model.encoder.freeze and plain.model.adaptor.freeze and plain.model.llm.freeze  # the folder's policy
-    model = build_model(cfg.model)
+    model = build_model(cfg)
     for k, v in ref.state_dict().items():
         assert torch.equal(model.state_dict()[k], v), k
     from brisk.data.loader import load_tokenizer

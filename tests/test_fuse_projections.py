@@ -20,7 +20,7 @@ CPU = torch.device("cpu")
 def _model_and_batch(tmp_path, **extra):
     cfg = tiny_config(tmp_path, **extra)
     torch.manual_seed(0)
-    model = build_model(cfg.model).eval()  # eval: no dropout, so two forwards are comparable
+    model = build_model(cfg).eval()  # eval: no dropout, so two forwards are comparable
     split = build_split(cfg, "train", collator_for(cfg), model.llm.get_input_embeddings().weight.shape[0])
     batch = collator_for(cfg)([split.dataset[(i, 0)] for i in split.sampler.batches(0)[0]])
     return cfg, model, batch
@@ -95,7 +95,7 @@ def test_fused_modules_are_swapped_in_and_hold_the_same_children(tmp_path):
 
 def test_fuse_projections_is_a_config_switch_and_refuses_fsdp(tmp_path):
     cfg = tiny_config(tmp_path, **{"speed.fuse_projections": True})
-    model = build_model(cfg.model)
+    model = build_model(cfg)
     _, plan, parts = speed_parts(model, cfg)
     assert any(n.startswith("fuse_projections:") for n in parts.notes)
     assert type(model.llm.model.layers[0].mlp).__name__.startswith("Fused")

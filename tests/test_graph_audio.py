@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from brisk.data.collate import Collator, collator_for
-from brisk.families import family_of
+from brisk.families import family_of, section
 from brisk.models.build import build_model
 from brisk.plan import make_plan
 from brisk.speed.frozen import FrozenAudio
@@ -24,7 +24,7 @@ from brisk.train.step import StepHooks, TrainStep
 from .conftest import tiny_config
 
 GRAPH = {"speed.packing": True, "speed.cuda_graph": True, "speed.frozen_eval": True, "model.encoder.freeze": True,
-         "model.adaptor.freeze": True, "model.frontend.dither": 0.0, "model.encoder.dropout_rate": 0.0}
+         "model.adaptor.freeze": True, "fun_asr_nano.frontend.dither": 0.0, "fun_asr_nano.encoder.dropout_rate": 0.0}
 
 
 def _cfg(tmp_path, **extra):
@@ -46,7 +46,7 @@ def test_the_examples_captured_up_front_cover_every_bucket_in_static_shapes(tmp_
     batches = family_of(cfg).graph_examples(cfg, collator_for(cfg), 483, MAX_GRAPH_TOKENS)
     assert [b.input_ids.shape[1] for b in batches[:2]] == [256, 512]
     assert sorted({b.speech.shape[1] for b in batches}) == [64, 128, 256]
-    dim = cfg.model.frontend.n_mels * cfg.model.frontend.lfr_m
+    dim = section(cfg).frontend.n_mels * section(cfg).frontend.lfr_m
     for b in batches:  # every example padded as training's batches are: the encoder graphs see their shapes
         assert b.layout == "packed" and b.speech.shape[0] == cfg.data.max_utts and b.speech.shape[2] == dim
         assert b.cu_seqlens.numel() == cfg.data.max_utts + 2 and b.audio_pos.numel() == b.input_ids.shape[1]
@@ -72,7 +72,7 @@ def _graphed(cfg, model, monkeypatch, **kw):
 def test_the_graphed_step_takes_the_audio_provider_its_family_asks_for(tmp_path, monkeypatch, audio_graphs,
                                                                         static_audio, kind):
     cfg = _cfg(tmp_path)
-    graphed, audio = _graphed(cfg, build_model(cfg.model), monkeypatch, audio_graphs=audio_graphs,
+    graphed, audio = _graphed(cfg, build_model(cfg), monkeypatch, audio_graphs=audio_graphs,
                               static_audio=static_audio)
     assert graphed.plain_audio is audio
     if kind is None:  # the provider itself, eagerly before each replay
@@ -93,7 +93,7 @@ def test_an_eager_fallback_step_computes_its_audio_rows_eagerly(tmp_path, monkey
     cfg = _cfg(tmp_path)
     collate = Collator() if layout == "padded" else collator_for(cfg)
     torch.manual_seed(0)
-    model = build_model(cfg.model).train()
+    model = build_model(cfg).train()
     for m in (model.audio_encoder, model.audio_adaptor):
         m.eval()
     ref_model = copy.deepcopy(model)

@@ -55,8 +55,8 @@ def test_gather_takes_exactly_the_labelled_positions():
 
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 def test_same_loss_counts_stats_and_gradients_fp32(tmp_path, layout):
-    cfg = tiny_config(tmp_path, **{"model.frontend.dither": 0.0})
-    model = build_model(cfg.model).eval()  # eval: no dropout, so two forwards compute the same thing
+    cfg = tiny_config(tmp_path, **{"fun_asr_nano.frontend.dither": 0.0})
+    model = build_model(cfg).eval()  # eval: no dropout, so two forwards compute the same thing
     col = Collator() if layout == "padded" else Collator(packed=True, token_buckets=(256, 512, 1024))
     batch = _batch(cfg, col)
     assert batch.n_label_tokens > 0
@@ -76,8 +76,8 @@ def test_same_loss_counts_stats_and_gradients_fp32(tmp_path, layout):
 
 
 def test_bf16_llm_under_autocast_within_bf16_tolerance(tmp_path):
-    cfg = tiny_config(tmp_path, **{"model.frontend.dither": 0.0, "model.llm.dtype": "bf16"})
-    model = build_model(cfg.model).eval()
+    cfg = tiny_config(tmp_path, **{"fun_asr_nano.frontend.dither": 0.0, "model.llm.dtype": "bf16"})
+    model = build_model(cfg).eval()
     batch = _batch(cfg, Collator(packed=True, token_buckets=(256, 512, 1024)))
     ref = _run(model, batch, None)
     loss, correct, count, stats, grads = _run(model, batch, LabelHead())
@@ -151,18 +151,18 @@ def test_recompute_gives_the_same_bits_and_keeps_one_chunk(monkeypatch, dtype):
 
 def test_recompute_needs_the_label_head(tmp_path):
     cfg = tiny_config(tmp_path, **{"speed.label_head": True, "speed.label_head_recompute": True})
-    plan = speed_parts(build_model(cfg.model), cfg)[2]
+    plan = speed_parts(build_model(cfg), cfg)[2]
     assert plan.loss.recompute and any("recomputed in the backward" in n for n in plan.notes)
     with pytest.raises(ConfigError, match="label_head_recompute"):
-        speed_parts(build_model(cfg.model), tiny_config(tmp_path, **{"speed.label_head_recompute": True}))
+        speed_parts(build_model(cfg), tiny_config(tmp_path, **{"speed.label_head_recompute": True}))
 
 
 def test_switch_on_and_off(tmp_path):
     cfg = tiny_config(tmp_path)
-    model = build_model(cfg.model)
+    model = build_model(cfg)
     assert speed_parts(model, cfg)[2].loss is None
     cfg = tiny_config(tmp_path, **{"speed.label_head": True})
-    plan = speed_parts(build_model(cfg.model), cfg)[2]
+    plan = speed_parts(build_model(cfg), cfg)[2]
     assert isinstance(plan.loss, LabelHead) and not plan.loss.static
     assert any(n.startswith("label_head:") for n in plan.notes)
     with pytest.raises(ConfigError, match="label_rows_frac"):
@@ -184,7 +184,7 @@ def test_example_batches_fit_the_static_rows(tmp_path):
     when an example carries more labelled positions than those rows; such a batch in training gathers all rows."""
     import dataclasses
 
-    cfg = tiny_config(tmp_path, **{"model.frontend.dither": 0.0})
+    cfg = tiny_config(tmp_path, **{"fun_asr_nano.frontend.dither": 0.0})
     batch = _batch(cfg, Collator(packed=True, token_buckets=(256, 512, 1024)))
     t = batch.labels.numel()
     # every position labelled (the next token as target): more than the 64 static rows of frac=0.01
@@ -192,7 +192,7 @@ def test_example_batches_fit_the_static_rows(tmp_path):
     hook = LabelHead(static=True, frac=0.01)
     k = static_rows(t, 0.01)
     assert over.n_label_tokens > k and hook.rows(over) == t  # as collated: the all-rows graph's key
-    model = build_model(cfg.model).eval()
+    model = build_model(cfg).eval()
     ref, got = _run(model, over, None), _run(model, over, hook)  # the all-rows gather computes the default's loss
     assert abs(got[0].item() - ref[0].item()) <= 1e-6 * abs(ref[0].item()) and got[1:3] == ref[1:3] == (got[1], t - 1)
     fitted = hook.fit(over)

@@ -73,7 +73,7 @@ def test_norm_swaps_cover_every_norm_of_qwen3_5_and_keep_the_numbers(samples, mo
     fake_liger(monkeypatch)
     fake_fla_norm(monkeypatch)
     cfg = chat_cfg(QWEN3_5)
-    ref, fast = build_model(cfg.model), build_model(cfg.model)
+    ref, fast = build_model(cfg), build_model(cfg)
     _spread_norm_weights(ref, fast)
     keys = list(fast.state_dict())
     assert K.apply_fla_gated_norm(fast).startswith("fla_gated_norm: 2 gated RMSNorms")  # one a Gated DeltaNet layer
@@ -103,13 +103,13 @@ def test_gated_norm_switch_on_and_off(tmp_path, monkeypatch):
     fake_fla_norm(monkeypatch)
     for on in (False, True):
         over = QWEN3_5 + [f"speed.fla_gated_norm={str(on).lower()}"]
-        model = build_model(chat_cfg(over).model)
+        model = build_model(chat_cfg(over))
         out = accelerate(model, make_plan(chat_cfg([*over, PLAN_BF16]), "cuda")[1])
         swapped = [m for m in model.modules() if isinstance(m, K.FlaGatedNorm)]
         assert len(swapped) == (2 if on else 0)
         assert any(n.startswith("fla_gated_norm: 2") for n in out.notes) == on
     cfg = chat_cfg(QWEN3 + ["speed.fla_gated_norm=true"])  # a dense model has none: said, nothing swapped
-    assert "no gated RMSNorm" in K.apply_fla_gated_norm(build_model(cfg.model))
+    assert "no gated RMSNorm" in K.apply_fla_gated_norm(build_model(cfg))
 
 
 def test_gated_norm_needs_cuda_and_fla(monkeypatch):
@@ -121,7 +121,7 @@ def test_gated_norm_needs_cuda_and_fla(monkeypatch):
     monkeypatch.setitem(sys.modules, "fla", None)  # not importable
     monkeypatch.setattr(K, "available", lambda package: False)
     with pytest.raises(ConfigError, match="fla-core"):
-        K.apply_fla_gated_norm(build_model(cfg.model))
+        K.apply_fla_gated_norm(build_model(cfg))
 
 
 # ------------------------------------------------------------------------------------------ compile
@@ -142,7 +142,7 @@ def test_fla_layer_breaks_its_graph_only_at_the_fla_call(samples, monkeypatch): 
     graph breaks: the break inside the mixer's forward splits the layer's frame at the mixer call too, so the
     layer is 4 graphs at most (before / after the mixer, the mixer before / after fla), 3 breaks, one reason."""
     fake_fla(monkeypatch)
-    model = build_model(chat_cfg(QWEN3_5).model)
+    model = build_model(chat_cfg(QWEN3_5))
     K.apply_fla_linear_attention(model)
     packed = Collator(packed=True, token_buckets=(512,))(samples)
     layer, args, kwargs = _layer_call(model, packed, 0)  # layer 0 is a linear-attention layer
@@ -167,7 +167,7 @@ def test_compiled_packed_step_equals_eager(arch, samples, tmp_path, monkeypatch)
 
     over = (QWEN3 if arch == "qwen3" else QWEN3_5) + ["speed.compile=true", f"speed.inductor_cache_dir={tmp_path}"]
     cfg = chat_cfg(over)
-    ref, fast = build_model(cfg.model), build_model(cfg.model)
+    ref, fast = build_model(cfg), build_model(cfg)
     if arch == "qwen3_5":
         fake_fla(monkeypatch)
         K.apply_fla_linear_attention(ref)

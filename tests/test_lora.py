@@ -25,6 +25,7 @@ from brisk.data.jsonl import read_jsonl
 from brisk.data.prompt import PromptBuilder
 from brisk.models.build import build_model, read_checkpoint
 from brisk.models.lm import lm_loss
+from brisk.families import section
 
 from .conftest import DEMO_CONFIG, run_train, tiny_overrides
 from .test_funasr_parity import AD, ENC, jsonl  # noqa: F401  (jsonl: the demo utterances fixture)
@@ -108,13 +109,13 @@ def both(tmp_path_factory, qwen3_folder, tokenizer, jsonl):  # noqa: F811
     bare = root / "bare.yaml"
     bare.write_text("data: {num_workers: 0}\n")
     cfg = load_config(bare, [f"model.path={folder}"])
-    ours = build_model(cfg.model)
+    ours = build_model(cfg)
 
     fe = WavFrontend(fs=16000, window="hamming", n_mels=80, frame_length=25, frame_shift=10, lfr_m=7, lfr_n=6, dither=0.0)
     ds = tables.dataset_classes["FunASR"](str(jsonl), index_ds="FunASR", frontend=fe, tokenizer=tokenizer)
     ref_batch = ds.collator([ds[i] for i in range(len(ds))])
     index = read_jsonl(jsonl, max_speech_length=8000, max_text_length=2048, skip_bad=False)
-    ours_ds = SpeechDataset(index.utterances, cfg.model.frontend, PromptBuilder(tokenizer), seed=0, skip_bad=False,
+    ours_ds = SpeechDataset(index.utterances, section(cfg).frontend, PromptBuilder(tokenizer), seed=0, skip_bad=False,
                             max_speech_length=8000)
     ours_batch = Collator()([ours_ds[i] for i in range(len(ours_ds))])
     ours_batch.speech = ref_batch["speech"].clone()  # the same features: the comparison is of the models
@@ -171,7 +172,7 @@ def test_lora_only_freezes_what_funasr_freezes(tmp_path, qwen3_folder, tokenizer
     bare.write_text("data: {num_workers: 0}\n")
     cfg = load_config(bare, [f"model.path={folder}"])
     assert cfg.model.llm.lora.only
-    ours = build_model(cfg.model)
+    ours = build_model(cfg)
     trains = {n for n, p in ours.named_parameters() if p.requires_grad}
     assert trains == {n for n, p in ref.named_parameters() if p.requires_grad} and trains and all(map(is_lora_key, trains))
 
@@ -188,7 +189,7 @@ def test_brisk_checkpoint_holds_only_adapters_and_loads_into_funasr(tmp_path, qw
     assert raw["state_dict"] and all(is_lora_key(k) for k in raw["state_dict"])
     state = read_checkpoint(path)["state_dict"]
     cfg = load_config(DEMO_CONFIG, tiny_overrides(run, **{"model.llm.lora.enabled": True}))
-    fresh = build_model(cfg.model)
+    fresh = build_model(cfg)
     assert not all(torch.equal(state[k], v) for k, v in fresh.state_dict().items() if k.endswith("lora_B"))  # trained
 
     from funasr.models.fun_asr_nano.model import FunASRNano
@@ -196,7 +197,7 @@ def test_brisk_checkpoint_holds_only_adapters_and_loads_into_funasr(tmp_path, qw
     import funasr.models.llm_asr.adaptor  # noqa: F401
     import funasr.models.sense_voice.model  # noqa: F401
 
-    m, e, a = cfg.model, cfg.model.encoder, cfg.model.adaptor
+    m, e, a = cfg.model, section(cfg).encoder, section(cfg).adaptor
     llm_dir = tmp_path / "llm"
     fresh.llm.config.save_pretrained(llm_dir)
     ref = FunASRNano(
@@ -250,9 +251,9 @@ def test_fold_matches_the_adapted_layer():
 def test_packed_loss_equals_padded_loss_with_adapters(tmp_path):
     from .test_packing import _samples
 
-    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.frontend.dither": 0.0,
+    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"fun_asr_nano.frontend.dither": 0.0,
                                                                  "model.llm.lora.enabled": True}))
-    model = build_model(cfg.model).eval()
+    model = build_model(cfg).eval()
     with torch.no_grad():
         for n, p in model.named_parameters():
             if n.endswith("lora_B"):
@@ -277,7 +278,7 @@ def test_bad_lora_config_is_one_error_line(tmp_path):
     cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.llm.lora.enabled": True,
                                                                 "model.llm.lora.target_modules": ["qkv"]}))
     with pytest.raises(ConfigError, match="no linear layer"):
-        build_model(cfg.model)
+        build_model(cfg)
 
 
 def test_transformers_export_folds_the_adapters(both, tmp_path, tokenizer):
@@ -310,7 +311,7 @@ def test_adapters_are_peft_adapters(tmp_path):
 
     cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.llm.lora.enabled": True,
                                                                 "model.llm.lora.dropout": 0.0, "model.llm.freeze": True}))
-    ours = build_model(cfg.model)
+    ours = build_model(cfg)
     with torch.no_grad():
         for n, p in ours.named_parameters():
             if n.endswith("lora_B"):
@@ -341,7 +342,7 @@ def test_init_path_starts_the_adapters(tmp_path):
     """model.llm.lora.init_path (FunASR lora_conf.init_param_path): the adapters come from that file, after (and
     over) any other weights; a file without them is one error line."""
     cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.llm.lora.enabled": True}))
-    src = build_model(cfg.model)
+    src = build_model(cfg)
     with torch.no_grad():
         for n, p in src.named_parameters():
             if n.endswith("lora_B"):
@@ -349,7 +350,7 @@ def test_init_path_starts_the_adapters(tmp_path):
     torch.save({"state_dict": src.state_dict()}, tmp_path / "lora.pt")
     started = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.llm.lora.enabled": True, "model.seed": 5,
                                                                     "model.llm.lora.init_path": str(tmp_path / "lora.pt")}))
-    model = build_model(started.model)
+    model = build_model(started)
     for k, v in src.state_dict().items():
         if is_lora_key(k):
             assert torch.equal(model.state_dict()[k], v), k
@@ -358,4 +359,4 @@ def test_init_path_starts_the_adapters(tmp_path):
     torch.save({"state_dict": {k: v for k, v in src.state_dict().items() if not is_lora_key(k)}}, tmp_path / "base.pt")
     started.model.llm.lora.init_path = str(tmp_path / "base.pt")
     with pytest.raises(ConfigError, match="model.llm.lora.init_path=.*lora_A"):
-        build_model(started.model)
+        build_model(started)

@@ -76,12 +76,12 @@ def test_default_keeps_loralib_arithmetic_bit_for_bit(base_dtype):
 
 
 def test_default_on_the_chat_model_is_bf16_adapters():
-    model = build_model(chat_cfg("").model)
+    model = build_model(chat_cfg(""))
     assert {p.dtype for p in adapters(model).values()} == {torch.bfloat16}
 
 
 def test_fp32_adapters_over_a_bf16_base(batch):
-    model = build_model(chat_cfg("fp32").model)
+    model = build_model(chat_cfg("fp32"))
     ad = adapters(model)
     assert len(ad) == 2 * len(TARGETS) * 2 and {p.dtype for p in ad.values()} == {torch.float32}
     assert {p.dtype for n, p in model.named_parameters() if not is_lora_key(n)} == {torch.bfloat16}
@@ -99,7 +99,7 @@ def test_fp32_adapters_compute_what_peft_computes(autocast):
     autocast (brisk's bf16 LLM runs under it; TRL's bf16=True runs PEFT under accelerate's)."""
     peft = pytest.importorskip("peft")
     cfg = chat_cfg("fp32")
-    ours = trained_b(build_model(cfg.model))
+    ours = trained_b(build_model(cfg))
     base = build_llm(cfg.model).to(torch.bfloat16)
     base.load_state_dict({k.removeprefix("llm."): v for k, v in ours.state_dict().items()
                           if k.startswith("llm.") and not is_lora_key(k)}, strict=False)
@@ -122,7 +122,7 @@ def test_fp32_adapters_compute_what_peft_computes(autocast):
         b = theirs(inputs_embeds=x).logits
     assert a.dtype == b.dtype == torch.bfloat16
     assert torch.equal(a, b)  # the same operations in the same order
-    plain = build_model(chat_cfg("").model)
+    plain = build_model(chat_cfg(""))
     plain.load_state_dict(ours.state_dict())  # the same adapters rounded to bf16, loralib's arithmetic
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         rounded = plain.llm(inputs_embeds=x).logits
@@ -142,7 +142,7 @@ def test_an_update_below_bf16_resolution_survives_only_in_fp32(batch, fused):
     fused AdamW takes the same mixed-dtype parameters (a bf16 base that trains too, fp32 adapters)."""
     changed = {}
     for dtype in ("", "fp32"):
-        model = trained_b(build_model(chat_cfg(dtype, "model.llm.lora.only=false").model))
+        model = trained_b(build_model(chat_cfg(dtype, "model.llm.lora.only=false")))
         opt = build_optimizer(model, OptimConfig(lr=1e-4, weight_decay=0.0), fused=fused)
         assert {p.dtype for g in opt.param_groups for p in g["params"]} == \
             ({torch.bfloat16} if dtype == "" else {torch.bfloat16, torch.float32})
@@ -169,7 +169,7 @@ def test_fold_is_in_fp32_and_the_bf16_export_rounds_once(tmp_path):
     from brisk.models.export import export_folder
 
     cfg = chat_cfg("fp32")
-    model = trained_b(build_model(cfg.model)).eval()
+    model = trained_b(build_model(cfg)).eval()
     with torch.no_grad():  # adapters that bf16 cannot hold exactly
         for p in adapters(model).values():
             p.add_(torch.randn_like(p) * 1e-3)
@@ -193,7 +193,7 @@ def test_peft_adapter_folder_holds_fp32_adapters(tmp_path):
     from brisk.adapters.lora import write_peft_adapter
 
     cfg = chat_cfg("fp32")
-    model = trained_b(build_model(cfg.model))
+    model = trained_b(build_model(cfg))
     folder = write_peft_adapter(model, cfg.model.llm.lora, tmp_path / "adapter")
     tensors = load_file(str(folder / "adapter_model.safetensors"))
     assert len(tensors) == len(adapters(model)) and {t.dtype for t in tensors.values()} == {torch.float32}

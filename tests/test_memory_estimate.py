@@ -25,7 +25,7 @@ def tiny(*extra: str):
 def test_meta_count_equals_a_real_build(extra):
     cfg = tiny(*extra)
     est = estimate(cfg, 1024)
-    model = family_of(cfg).build(cfg.model, "cpu")  # real tensors, as `brisk train` makes them on the CPU
+    model = family_of(cfg).build(cfg, "cpu")  # real tensors, as `brisk train` makes them on the CPU
     params = list({id(p): p for p in model.parameters()}.values())
     assert all(p.device.type == "cpu" for p in params)
     frozen = sum(p.numel() * p.element_size() for p in params if not p.requires_grad)
@@ -87,7 +87,7 @@ def test_big_lora_configs_count_on_meta(name, layers, billions):
 
 def test_meta_build_allocates_nothing():
     cfg = load_config(ROOT / "configs/sft_qwen3_5_27b_lora.yaml", [])
-    model = family_of(cfg).build(cfg.model, "meta")
+    model = family_of(cfg).build(cfg, "meta")
     assert {p.device.type for p in model.parameters()} == {"meta"}
     assert {p.dtype for p in model.parameters() if not p.requires_grad} == {torch.bfloat16}
     assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.float32}  # the adapters

@@ -31,7 +31,7 @@ def _step(cfg, *, in_backward: bool, clip: float = 0.0, state: tuple | None = No
     """A fused-AdamW TrainStep on a fresh tiny model (the same init each time), with or without the updater;
     ``state``: (model state, optimizer state) to start from."""
     torch.manual_seed(0)
-    model = build_model(cfg.model).train()
+    model = build_model(cfg).train()
     speed_parts(model, cfg)
     opt = build_optimizer(model, cfg.optim, fused=True)
     schedule = WarmupLR(opt, 1e-2, 2)
@@ -177,7 +177,7 @@ def test_hooks_only_act_when_armed(tmp_path):
 
 def test_buckets_are_the_decoder_layers_last_first(tmp_path):
     cfg = tiny_config(tmp_path)
-    model = build_model(cfg.model)
+    model = build_model(cfg)
     params = trainable_params(model)
     buckets = layer_buckets(family_of(cfg).decoder_layers(model), params)
     layers = list(model.llm.model.layers)
@@ -188,7 +188,7 @@ def test_buckets_are_the_decoder_layers_last_first(tmp_path):
 def test_off_by_default_registers_nothing(tmp_path):
     cfg = tiny_config(tmp_path)
     assert not cfg.speed.optimizer_in_backward and not cfg.speed.clip_by_previous_norm
-    model = build_model(cfg.model)
+    model = build_model(cfg)
     speed_parts(model, cfg)
     assert all(p._post_accumulate_grad_hooks is None for p in model.parameters())
 
@@ -245,7 +245,7 @@ def test_on_it_adds_hooks_only(tmp_path):
     from .test_speed import _replaced_forwards
 
     cfg = tiny_config(tmp_path)
-    plain_keys = list(build_model(cfg.model).state_dict())
+    plain_keys = list(build_model(cfg).state_dict())
     model, opt, step = _step(cfg, in_backward=True)
     ib = step.hooks.in_backward
     assert _replaced_forwards(model) == [] and list(model.state_dict()) == plain_keys

@@ -22,8 +22,8 @@ def _samples(cfg, n=6):
 
 
 def test_packed_loss_equals_padded_loss_fp32(tmp_path):
-    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.frontend.dither": 0.0}))
-    model = build_model(cfg.model).eval()
+    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"fun_asr_nano.frontend.dither": 0.0}))
+    model = build_model(cfg).eval()
     samples = _samples(cfg)
     padded = Collator()(samples)
     packed = Collator(packed=True, token_buckets=(64, 128, 256, 512))(samples)
@@ -49,8 +49,8 @@ def test_packed_static_layout_is_fixed_size(tmp_path):
 def test_no_token_attends_across_utterances(tmp_path):
     """Changing one utterance must leave every other utterance's logits untouched (the test fails if
     attention crosses utterance boundaries), and the CPU varlen path equals the dense block mask."""
-    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"model.frontend.dither": 0.0}))
-    model = build_model(cfg.model).eval()
+    cfg = load_config(DEMO_CONFIG, tiny_overrides(tmp_path, **{"fun_asr_nano.frontend.dither": 0.0}))
+    model = build_model(cfg).eval()
     samples = _samples(cfg, 4)
     col = Collator(packed=True, token_buckets=(512,))
     a = col(samples)

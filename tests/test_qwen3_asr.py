@@ -220,7 +220,7 @@ def test_samples_count_audio_tokens_with_the_towers_own_window(tmp_path):
     from brisk.models.build import build_model
 
     cfg = config(tmp_path, "model.llm.config.audio_config.n_window=52")
-    model = build_model(cfg.model).eval()
+    model = build_model(cfg).eval()
     ds, _ = samples_of(cfg, str(DEMO / "valid.jsonl"), 1)
     for frames in (101, 103, 230):
         feats = torch.randn(frames, 128)
@@ -264,7 +264,7 @@ def hf_inputs(batch, n_window: int = 50) -> dict:
 def test_loss_and_gradients_equal_transformers_qwen3asr_in_fp32(tmp_path):
     path, _ = recipe_jsonl(tmp_path, 4)
     cfg = config(tmp_path, data=path)
-    model = family_of(cfg).build(cfg.model, "cpu")
+    model = family_of(cfg).build(cfg, "cpu")
     _, samples = samples_of(cfg, path, 4)
     batch = Collator()(samples)
     hf = hf_twin(model)
@@ -319,7 +319,7 @@ def _loss_with(tmp_path, samples, *over):
     from brisk.train.step import StepHooks, model_loss
 
     cfg, plan = make_plan(config(tmp_path, *over), "cpu", 1)
-    model = family_of(cfg).build(cfg.model, "cpu")
+    model = family_of(cfg).build(cfg, "cpu")
     accel = accelerate(model, plan)
     accel.train_mode()
     s = cfg.speed
@@ -357,7 +357,7 @@ def test_frozen_bf16_audio_copies_compute_the_rows(tmp_path):
 
     path, _ = recipe_jsonl(tmp_path, 2)
     cfg = config(tmp_path, data=path)
-    model = family_of(cfg).build(cfg.model, "cpu")
+    model = family_of(cfg).build(cfg, "cpu")
     _, samples = samples_of(cfg, path, 2)
     batch = Collator()(samples)
     audio = FrozenAudio(model, torch.bfloat16, names=family_of(cfg).audio_path)
@@ -375,7 +375,7 @@ def test_compile_marks_the_decoder_layers_and_the_frozen_audio_tower_layers(tmp_
 
     cfg = config(tmp_path, "speed.compile=true", "speed.frozen_eval=true", "model.encoder.freeze=true",
                  "model.adaptor.freeze=true", f"speed.inductor_cache_dir={tmp_path / 'ind'}")
-    model = family_of(cfg).build(cfg.model, "cpu")
+    model = family_of(cfg).build(cfg, "cpu")
     apply_compile(model, make_plan(cfg, "cuda")[1].speed, "cuda")
     compiled = {n for n, m in model.named_modules() if getattr(m, "_compiled_call_impl", None) is not None}
     assert {"llm.model.layers.0", "llm.model.layers.1", "audio_tower.layers.0", "audio_tower.layers.1"} <= compiled
@@ -390,7 +390,7 @@ def test_export_loads_in_transformers_with_equal_logits_and_decodes_the_same_ids
 
     path, lines = recipe_jsonl(tmp_path, 2)
     cfg = config(tmp_path, data=path)
-    model = family_of(cfg).build(cfg.model, "cpu").eval()
+    model = family_of(cfg).build(cfg, "cpu").eval()
     _, samples = samples_of(cfg, path, 2)
     batch = Collator()(samples)
     out = export_folder(model, cfg, tmp_path / "hf", fmt="hf", dtype="fp32")

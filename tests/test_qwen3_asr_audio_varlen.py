@@ -21,7 +21,7 @@ LENGTHS = [345, 120, 77, 250, 99, 200, 3]  # mel frames: several windows, partia
 def tiny(tmp_path, *over):
     cfg = config(tmp_path, *over)
     cfg.model.llm.config["audio_config"]["n_window_infer"] = 200  # a window: 2 chunks of 100 frames
-    return cfg, family_of(cfg).build(cfg.model, "cpu")
+    return cfg, family_of(cfg).build(cfg, "cpu")
 
 
 def features(lengths, seed: int = 0):

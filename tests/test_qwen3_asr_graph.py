@@ -68,7 +68,7 @@ def test_the_static_layout_fixes_the_token_row_and_leaves_the_features_unpadded(
 
 def test_the_audio_rows_of_a_static_batch_are_the_packed_rows_then_zeros(tmp_path):
     cfg, samples, static, packed = _static_and_packed(tmp_path)
-    model = family_of(cfg).build(cfg.model, "cpu").eval()
+    model = family_of(cfg).build(cfg, "cpu").eval()
     with torch.no_grad():
         ref = model.audio_rows(packed)
         # the lengths are not read (the host counts say it all): wrong ones change nothing
@@ -97,7 +97,7 @@ def test_graph_examples_fill_each_bucket_up_to_the_limit(tmp_path):
         assert b.n_tokens == t and b.audio_pos.numel() == t and b.cu_seqlens.numel() == cfg.data.max_utts + 2
         assert b.slot_counts == [2]  # more than one audio row: compiled tower layers stay general
         assert head.rows(head.fit(b)) < t  # the bucket's common graph, not an all-rows one
-    model = family_of(cfg).build(cfg.model, "cpu")
+    model = family_of(cfg).build(cfg, "cpu")
     _, loss, _, count = model_loss(model, head.fit(batches[0]), StepHooks(audio=FrozenAudio(model), loss=head))
     assert torch.isfinite(loss) and int(count) > 0
 
@@ -109,7 +109,7 @@ def test_the_step_body_on_static_inputs_equals_the_eager_step(tmp_path, persiste
     static label head; against the eager step on the plain packed batch. Three steps: losses, counts and the
     trained parameters."""
     cfg, samples, static, packed = _static_and_packed(tmp_path)
-    model = family_of(cfg).build(cfg.model, "cpu")
+    model = family_of(cfg).build(cfg, "cpu")
     frac = cfg.speed.label_rows_frac
 
     def make(static_layout: bool):
@@ -150,7 +150,7 @@ def test_optimizer_in_backward_updates_the_decoder_layers_like_the_plain_fused_s
     from brisk.train.optim import build_optimizer, trainable_params
 
     cfg, _, _, packed = _static_and_packed(tmp_path)
-    model = family_of(cfg).build(cfg.model, "cpu")
+    model = family_of(cfg).build(cfg, "cpu")
 
     def run(in_backward: bool):
         m = copy.deepcopy(model).train()

@@ -59,7 +59,7 @@ def test_static_rows_equal_the_eager_rows_on_the_real_slots(tmp_path, copy):
     path, _ = recipe_jsonl(tmp_path, n)
     cfg = config(tmp_path, *GRAPH, f"data.train={path}", "speed.pack_buckets=[4096]")
     _, samples = samples_of(cfg, path, n)
-    model = family_of(cfg).build(cfg.model, "cpu").eval()
+    model = family_of(cfg).build(cfg, "cpu").eval()
     apply_audio_varlen([model.audio_tower.layers])
     # copy: float64 copies of the swapped modules (the provider's path, AudioPath), compared at fp32's precision
     audio_path = FrozenAudio(model, torch.float64 if copy else torch.float32,

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from brisk.cli import main
+from brisk.families import section
 
 from .conftest import DEMO, run_train
 
@@ -35,7 +36,7 @@ def _eval(capsys, model: Path, data: Path, out: Path, *extra: str) -> list[dict]
 def speech_run(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("ship") / "run"
     run_train(run, **{"train.max_steps": 6, "train.export": "funasr", "train.export_dtype": "fp32",
-                      "model.frontend.dither": 1.0})  # trained with dither: inference must still not dither
+                      "fun_asr_nano.frontend.dither": 1.0})  # trained with dither: inference must still not dither
     return run
 
 
@@ -59,11 +60,11 @@ def test_speech_exports_evaluate_as_their_run(speech_run, tmp_path, capsys):
         # and the features the two models see are the same numbers
         _, _, cfg_run = load_for_inference(run)
         _, _, cfg_exp = load_for_inference(folder)
-        assert dataclasses.replace(cfg_exp.model.frontend, cmvn_file=None) == \
-            dataclasses.replace(cfg_run.model.frontend, cmvn_file=None), fmt
-        audio = read_audio(str(DEMO / "audio" / "valid" / "utt0001.flac"), cfg_run.model.frontend.fs)
-        a = Frontend(dataclasses.replace(cfg_run.model.frontend, dither=0.0))(audio)
-        b = Frontend(dataclasses.replace(cfg_exp.model.frontend, dither=0.0))(audio)
+        assert dataclasses.replace(section(cfg_exp).frontend, cmvn_file=None) == \
+            dataclasses.replace(section(cfg_run).frontend, cmvn_file=None), fmt
+        audio = read_audio(str(DEMO / "audio" / "valid" / "utt0001.flac"), section(cfg_run).frontend.fs)
+        a = Frontend(dataclasses.replace(section(cfg_run).frontend, dither=0.0))(audio)
+        b = Frontend(dataclasses.replace(section(cfg_exp).frontend, dither=0.0))(audio)
         assert torch.equal(a, b), fmt
     raw = (run / "model-funasr" / "config.yaml").read_text(encoding="utf-8")
     assert "cmvn_file: am.mvn" in raw and "dither: 0.0" in raw  # FunASR's runtime: its CMVN, no dither
@@ -273,7 +274,7 @@ def test_funasr_runtime_takes_the_exported_cmvn_and_computes_brisks_features(spe
     ref, _ = fe(wave[None], torch.tensor([wave.numel()]))
     import dataclasses
 
-    ours = Frontend(dataclasses.replace(cfg.model.frontend, dither=0.0))(wave)
+    ours = Frontend(dataclasses.replace(section(cfg).frontend, dither=0.0))(wave)
     assert ref.shape[1:] == ours.shape and torch.allclose(ref[0], ours, atol=1e-3, rtol=1e-4)
 
 

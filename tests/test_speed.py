@@ -23,7 +23,7 @@ CPU = torch.device("cpu")
 
 def _setup(tmp_path, **extra):
     cfg = tiny_config(tmp_path, **extra)
-    model = build_model(cfg.model).train()
+    model = build_model(cfg).train()
     cfg, plan, parts = speed_parts(model, cfg)
     parts.train_mode()
     opt = build_optimizer(model, cfg.optim, fused=plan.fused_adamw)
@@ -138,7 +138,7 @@ def test_compile_on_cuda_compiles_modules_in_place(tmp_path):
 
     cfg = tiny_config(tmp_path, **{"speed.compile": True, "speed.frozen_eval": True, "model.encoder.freeze": True,
                                    "model.adaptor.freeze": True, "speed.inductor_cache_dir": str(tmp_path / "ind")})
-    model = build_model(cfg.model)
+    model = build_model(cfg)
     keys = set(model.state_dict())
     apply_compile(model, make_plan(cfg, "cuda")[1].speed, "cuda")
     compiled = {n for n, m in model.named_modules() if getattr(m, "_compiled_call_impl", None) is not None}
@@ -176,7 +176,7 @@ def test_frozen_eval_keeps_eval_and_drops_autograd(tmp_path):
     assert not model.audio_encoder.training and not model.audio_adaptor.training and model.llm.training
     rows = plan.audio(batches[0])
     assert not rows.requires_grad
-    ref = build_model(cfg.model)
+    ref = build_model(cfg)
     ref.load_state_dict(model.state_dict())
     ref.audio_encoder.eval()
     ref.audio_adaptor.eval()
@@ -186,7 +186,7 @@ def test_frozen_eval_keeps_eval_and_drops_autograd(tmp_path):
 
 def test_encoder_cache_reuses_rows(tmp_path):
     extra = {"speed.frozen_eval": True, "speed.encoder_cache": True, "model.encoder.freeze": True,
-             "model.adaptor.freeze": True, "model.frontend.dither": 0.0}
+             "model.adaptor.freeze": True, "fun_asr_nano.frontend.dither": 0.0}
     cfg, model, plan, opt, step, batches = _setup(tmp_path, **extra)
     first = plan.audio(batches[0])
     assert plan.audio.misses == len(batches[0].keys) and plan.audio.hits == 0

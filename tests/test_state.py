@@ -47,7 +47,7 @@ def _batches(cfg, plan, n=3):
 
 # ------------------------------------------------------------------------------- 5 and 4: the step body
 def _step(cfg, *, fused: bool, clip: float, groups: bool = False):
-    model = build_model(cfg.model).train()
+    model = build_model(cfg).train()
     plan = speed_parts(model, cfg)[2]
     opt = build_optimizer(model, cfg.optim, fused=fused)
     hooks = StepHooks()
@@ -135,13 +135,13 @@ def test_bf16_encoder_saves_the_fp32_originals(tmp_path):
     frozen = {"model.encoder.freeze": True, "model.adaptor.freeze": True, "speed.frozen_eval": True,
               "train.max_steps": 2, "train.export": "funasr", "train.export_dtype": "fp32"}
     cfg = tiny_config(tmp_path, **frozen, **{"speed.encoder_dtype": "bf16"})
-    original = build_model(cfg.model).state_dict()
+    original = build_model(cfg).state_dict()
     run_train(tmp_path, **frozen, **{"speed.encoder_dtype": "bf16"})
     ckpt = read_checkpoint(tmp_path / "checkpoints" / "ckpt-00000002.pt")  # frozen weights by reference, merged
     keys = [k for k in original if k.startswith(("audio_encoder.", "audio_adaptor."))]
     for saved in (ckpt["state_dict"], read_state_dict(tmp_path / "model-funasr" / "model.pt")):
         assert keys and all(saved[k].dtype == torch.float32 and torch.equal(saved[k], original[k]) for k in keys)
-    model = build_model(cfg.model)
+    model = build_model(cfg)
     plan = speed_parts(model, cfg)[2]
     assert all(v.dtype == original[k].dtype for k, v in model.state_dict().items())
     assert next(plan.audio.path.audio_encoder.parameters()).dtype == torch.bfloat16  # while compute runs in bf16
@@ -207,7 +207,7 @@ def test_a_write_that_cannot_fit_is_refused_and_leaves_nothing(tmp_path, monkeyp
         atomic_save({"w": torch.zeros(1000)}, tmp_path / "x.pt")
     cfg = tiny_config(tmp_path / "run")
     with pytest.raises(DiskSpaceError, match="export"):
-        export_folder(build_model(cfg.model), cfg, tmp_path / "model-funasr")
+        export_folder(build_model(cfg), cfg, tmp_path / "model-funasr")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -238,7 +238,7 @@ def test_renames_are_fsynced_and_stale_temps_removed(tmp_path, monkeypatch):
     assert any(s.startswith(str(ck_dir / ".ckpt-00000002.pt.")) for s in synced)
     synced.clear()
     cfg = tiny_config(tmp_path)
-    export_folder(build_model(cfg.model), cfg, tmp_path / "model-funasr")
+    export_folder(build_model(cfg), cfg, tmp_path / "model-funasr")
     assert any(s.startswith(str(tmp_path / ".model-funasr.")) and s.endswith("model.pt") for s in synced)
     assert str(tmp_path) in synced
 

@@ -66,7 +66,7 @@ def test_checkpoints_are_atomic_and_keep_n_best(tmp_path, monkeypatch):
 @pytest.mark.parametrize("fused", [False, True])
 def test_non_finite_step_is_skipped(tmp_path, fused):
     cfg = tiny_config(tmp_path)
-    model = build_model(cfg.model).train()
+    model = build_model(cfg).train()
     opt = build_optimizer(model, cfg.optim, fused=fused)
     sched = WarmupLR(opt, cfg.optim.lr, cfg.optim.warmup_steps)
     step = TrainStep(model, opt, sched, grad_clip=5.0, on_device_skip=fused)
@@ -87,7 +87,7 @@ def test_a_dry_step_runs_the_update_kernel_and_changes_nothing(tmp_path):
     """TrainStep.dry (a graph's extra warm-up): the fused update is skipped as for a non-finite norm, so parameters,
     moments and step counts stay as they were; the next real step updates them."""
     cfg = tiny_config(tmp_path)
-    model = build_model(cfg.model).train()
+    model = build_model(cfg).train()
     opt = build_optimizer(model, cfg.optim, fused=True)
     step = TrainStep(model, opt, WarmupLR(opt, cfg.optim.lr, cfg.optim.warmup_steps), grad_clip=5.0,
                      on_device_skip=True)

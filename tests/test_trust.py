@@ -584,11 +584,11 @@ def test_the_hf_readme_is_written_from_the_config(tiny_run, capsys):
     run, _ = tiny_run
     assert main(["export", str(run), "--format", "hf", "--out", str(run.parent / "hf_export")]) == 0
     text = (run.parent / "hf_export" / "README.md").read_text()
-    assert "~L/8" not in text and "every adaptor output, one per LFR frame (model.adaptor.use_low_frame_rate false)" in text
+    assert "~L/8" not in text and "every adaptor output, one per LFR frame (fun_asr_nano.adaptor.use_low_frame_rate false)" in text
     from brisk.config import load_config
     from brisk.families.fun_asr_nano.export import spliced
 
-    cfg = load_config(DEMO_CONFIG, ["model.adaptor.use_low_frame_rate=true"])
+    cfg = load_config(DEMO_CONFIG, ["fun_asr_nano.adaptor.use_low_frame_rate=true"])
     assert "the first ~L/8 adaptor outputs" in spliced(cfg)
 
 

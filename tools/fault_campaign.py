@@ -34,8 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 TINY = {  # tests/conftest.py's tiny demo model, on the 240 base utterances
-    "model.encoder.output_size": 32, "model.encoder.linear_units": 64, "model.encoder.num_blocks": 2,
-    "model.encoder.tp_blocks": 1, "model.adaptor.ffn_dim": 64, "model.adaptor.n_layer": 1,
+    "fun_asr_nano.encoder.output_size": 32, "fun_asr_nano.encoder.linear_units": 64, "fun_asr_nano.encoder.num_blocks": 2,
+    "fun_asr_nano.encoder.tp_blocks": 1, "fun_asr_nano.adaptor.ffn_dim": 64, "fun_asr_nano.adaptor.n_layer": 1,
     "model.llm.config.hidden_size": 32, "model.llm.config.intermediate_size": 64,
     "model.llm.config.num_attention_heads": 2, "model.llm.config.num_key_value_heads": 1,
     "model.llm.config.head_dim": 16, "data.train": "data/demo/train.jsonl", "data.num_workers": 0,

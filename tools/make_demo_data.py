@@ -425,7 +425,7 @@ def write_cmvn(wav_paths: list[Path], out: Path) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import torch
 
-    from brisk.config import FrontendConfig
+    from brisk.families.fun_asr_nano.config import FrontendConfig
     from brisk.data.audio import read_audio
     from brisk.data.features import Frontend
 
@@ -534,7 +534,7 @@ accents (never a validation voice's variant) at a pitch of {MORE_PITCH_RANGE[0]}
   paths are relative to this folder.
 * `am.mvn`: feature normalisation (Kaldi nnet format, as in FunASR model folders): minus the mean and
   one over the standard deviation of the training set's 560-dim LFR features (brisk's front end, no
-  dither); the demo config sets `model.frontend.cmvn_file` to it.
+  dither); the demo config sets `fun_asr_nano.frontend.cmvn_file` to it.
 * `tokenizer/`: Qwen-style byte-level BPE tokenizer, {vocab_size} tokens, trained on
   the training transcripts and prompts.  Load it with
   `transformers.AutoTokenizer.from_pretrained("data/demo/tokenizer")`.

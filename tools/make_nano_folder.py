@@ -27,8 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-TINY = {"model.encoder.output_size": 32, "model.encoder.linear_units": 64, "model.encoder.num_blocks": 2,
-        "model.encoder.tp_blocks": 1, "model.adaptor.ffn_dim": 64, "model.adaptor.n_layer": 1,
+TINY = {"fun_asr_nano.encoder.output_size": 32, "fun_asr_nano.encoder.linear_units": 64, "fun_asr_nano.encoder.num_blocks": 2,
+        "fun_asr_nano.encoder.tp_blocks": 1, "fun_asr_nano.adaptor.ffn_dim": 64, "fun_asr_nano.adaptor.n_layer": 1,
         "model.llm.config.vocab_size": 512, "model.llm.config.hidden_size": 32,
         "model.llm.config.intermediate_size": 64, "model.llm.config.num_hidden_layers": 2,
         "model.llm.config.num_attention_heads": 2, "model.llm.config.num_key_value_heads": 1,
@@ -51,9 +51,10 @@ PUBLISHED_DATASET_CONF = {
 }
 
 
-def funasr_config(cfg, llm_dir: str) -> dict:
-    """config.yaml with FunASR 1.4's names (sanm_shfit is FunASR's spelling)."""
-    e, a, fe = cfg.encoder, cfg.adaptor, cfg.frontend
+def funasr_config(cfg, own, llm_dir: str) -> dict:
+    """config.yaml with FunASR 1.4's names (sanm_shfit is FunASR's spelling), from the model section and the
+    family's own (sizes, front end)."""
+    e, a, fe = own.encoder, own.adaptor, own.frontend
     return {
         "model": "FunASRNano",
         "model_conf": {"lsm_weight": 0.0, "length_normalized_loss": True},
@@ -64,11 +65,11 @@ def funasr_config(cfg, llm_dir: str) -> dict:
         "audio_encoder_conf": {"output_size": e.output_size, "attention_heads": e.attention_heads,
                                "linear_units": e.linear_units, "num_blocks": e.num_blocks, "tp_blocks": e.tp_blocks,
                                "dropout_rate": e.dropout_rate, "attention_dropout_rate": e.attention_dropout_rate,
-                               "kernel_size": e.kernel_size, "sanm_shfit": e.sanm_shift, "freeze": e.freeze},
+                               "kernel_size": e.kernel_size, "sanm_shfit": e.sanm_shift, "freeze": cfg.encoder.freeze},
         "audio_adaptor": "Transformer",
         "audio_adaptor_conf": {"downsample_rate": a.downsample_rate, "ffn_dim": a.ffn_dim,
                                "llm_dim": cfg.llm.config["hidden_size"], "encoder_dim": e.output_size,
-                               "n_layer": a.n_layer, "attention_heads": a.attention_heads, "freeze": a.freeze},
+                               "n_layer": a.n_layer, "attention_heads": a.attention_heads, "freeze": cfg.adaptor.freeze},
         "llm": "Qwen3-0.6b",
         "llm_conf": {"hub": "hf", "freeze": cfg.llm.freeze, "llm_dtype": "bf16", "init_param_path": llm_dir,
                      "use_lora": False},
@@ -93,11 +94,13 @@ def main() -> None:
     from transformers import AutoConfig
 
     from brisk.config import load_config
+    from brisk.families import section
     from brisk.models.build import build_model
 
     t0 = time.perf_counter()
     overrides = [f"{k}={json.dumps(v)}" for k, v in (TINY if a.tiny else {}).items()]
-    cfg = load_config(REPO / "configs" / "fun_asr_nano.yaml", overrides).model
+    full = load_config(REPO / "configs" / "fun_asr_nano.yaml", overrides)
+    cfg, own = full.model, section(full)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
     out = Path(a.out)
     if out.exists():
@@ -108,10 +111,10 @@ def main() -> None:
     AutoConfig.for_model(extra.pop("model_type"), **extra).save_pretrained(llm_dir)
     for f in (REPO / "data" / "demo" / "tokenizer").iterdir():
         shutil.copy(f, llm_dir / f.name)
-    model = build_model(cfg, device)
+    model = build_model(full, device)
     state = {k: v.detach().to("cpu", torch.bfloat16) for k, v in model.state_dict().items()}
     torch.save({"state_dict": state}, out / "model.pt")
-    (out / "config.yaml").write_text(yaml.safe_dump(funasr_config(cfg, "Qwen3-0.6B"), sort_keys=False))
+    (out / "config.yaml").write_text(yaml.safe_dump(funasr_config(cfg, own, "Qwen3-0.6B"), sort_keys=False))
     n = sum(v.numel() for k, v in state.items() if not k.endswith("lm_head.weight"))
     print(json.dumps({"folder": str(out), "parameters": n, "model_pt_bytes": (out / "model.pt").stat().st_size,
                       "device": device, "seconds": round(time.perf_counter() - t0, 1)}))

@@ -25,8 +25,8 @@ from brisk.cli import main  # noqa: E402
 
 DEMO = REPO / "configs" / "demo.yaml"
 DATA = REPO / "data" / "demo"
-TINY = ["model.encoder.output_size=32", "model.encoder.linear_units=64", "model.encoder.num_blocks=2",
-        "model.encoder.tp_blocks=1", "model.adaptor.ffn_dim=64", "model.adaptor.n_layer=1",
+TINY = ["fun_asr_nano.encoder.output_size=32", "fun_asr_nano.encoder.linear_units=64", "fun_asr_nano.encoder.num_blocks=2",
+        "fun_asr_nano.encoder.tp_blocks=1", "fun_asr_nano.adaptor.ffn_dim=64", "fun_asr_nano.adaptor.n_layer=1",
         "model.llm.config.hidden_size=32", "model.llm.config.intermediate_size=64",
         "model.llm.config.num_attention_heads=2", "model.llm.config.num_key_value_heads=1",
         "model.llm.config.head_dim=16", "train.progress=false", "train.tensorboard=false", "diagnose.report=false",
@@ -79,7 +79,7 @@ def main_table() -> None:
     case("a key without a value", ["train", "train.max_epochs"])
     case("a misspelt key", ["train", c, "train.max_stepz=3"])
     case("a word where a number goes", ["train", c, "train.max_steps=lots"])
-    case("adaptor downsampling without the low frame rate", ["train", c, "model.adaptor.downsample_rate=2"])
+    case("adaptor downsampling without the low frame rate", ["train", c, "fun_asr_nano.adaptor.downsample_rate=2"])
     case("a word where true/false goes", ["train", c, "speed.compile=maybe"])
     case("a switch that needs another", ["train", c, "speed.cuda_graph=true"])
     case("the optimizer in the backward with clipping", ["train", c, "speed.fused_adamw=true",

@@ -80,7 +80,7 @@ def estimate(cfg: Config, tokens: int | None = None) -> MemoryEstimate:
 
     tokens = tokens or cfg.data.batch_tokens
     fam = family_of(cfg)
-    model = fam.build(cfg.model, "meta")
+    model = fam.build(cfg, "meta")
     seen, params = set(), []
     for p in model.parameters():
         if id(p) not in seen:

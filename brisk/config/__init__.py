@@ -8,7 +8,7 @@ every checkpoint.
 
     roles.py     what each key is (path, exported), read from its declaration (brisk.keys.key) over every
                  section, the families' own included
-    model.py     model.*: the family, the audio frontend, encoder and adaptor, the LLM and its LoRA
+    model.py     model.*: the family, the LLM and its LoRA, whether a speech family's encoder and adaptor train
     data.py      data.*: files, batching, checks, the batch sized to the GPU
     training.py  optim.* and train.*
     speed.py     speed.*, diagnose.*, probe.*, bench.*
@@ -27,13 +27,13 @@ from .build import _known_path, _set_dotted, build_config, did_you_mean, leaf_ke
 from .data import AutoBatchConfig, DataConfig
 from .load import (BUNDLED, SHIPPED, _merge, check_files, config_changes, data_path, get_dotted, load_config,
                    read_yaml, save_config, shipped_config, shipped_data, shipped_names, yaml_error)
-from .model import AdaptorConfig, CTCConfig, EncoderConfig, FrontendConfig, LLMConfig, LoraConfig, ModelConfig
+from .model import AudioAdaptorConfig, AudioEncoderConfig, LLMConfig, LoraConfig, ModelConfig
 from .speed import BenchArm, BenchConfig, DiagnoseConfig, ProbeConfig, SpeedConfig
 from .training import OptimConfig, TrainConfig
 from .tree import Config
 
 __all__ = [
-    "ConfigError", "Config", "ModelConfig", "FrontendConfig", "EncoderConfig", "AdaptorConfig", "CTCConfig",
+    "ConfigError", "Config", "ModelConfig", "AudioEncoderConfig", "AudioAdaptorConfig",
     "LLMConfig", "LoraConfig", "DataConfig", "AutoBatchConfig", "OptimConfig", "TrainConfig", "SpeedConfig",
     "DiagnoseConfig", "ProbeConfig", "BenchArm", "BenchConfig", "build_config", "did_you_mean", "leaf_keys",
     "optional_keys", "parse_override", "load_config", "save_config", "config_changes", "check_files", "data_path",

@@ -13,7 +13,8 @@ import yaml
 
 from .. import families
 from ..errors import ConfigError
-from .migrate import MOVED_KEYS, without_task
+from ..formats.brisk_keys import moved
+from .migrate import without_task
 from .roles import declared
 from .tree import Config
 
@@ -175,7 +176,8 @@ def _with_sections(tree: dict) -> tuple[dict, dict]:
     family = families.get((rest.get("model") or {}).get("family") or families.DEFAULT).name
     for name in given:
         if name != family:
-            raise ConfigError(f"{name}: the config section of model.family={name}, but model.family is {family}")
+            raise ConfigError(f"{name}: the config section of model.family={name}, but model.family is {family}; "
+                              f"leave out the {name} section (its keys are that family's) or set model.family={name}")
     built = {}
     if family in own:
         data = given.get(family) or {}
@@ -220,8 +222,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip().lstrip("+")
     if key == "task":
         without_task({"task": raw.strip()}, f"override {text!r}")
-    if key in MOVED_KEYS:
-        raise ConfigError(f"override {text!r}: {key} is now {MOVED_KEYS[key]}; give {MOVED_KEYS[key]}={raw.strip()}")
+    new = moved(key)
+    if new is not None:
+        raise ConfigError(f"override {text!r}: {key} is now {new}; give {new}={raw.strip()}")
     if not _known_path(key):
         parent = key.rsplit(".", 1)[0] if "." in key else ""
         raise ConfigError(f"unknown config key {key} (from override {text!r}){did_you_mean(key)}; "

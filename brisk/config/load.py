@@ -12,7 +12,7 @@ import yaml
 
 from ..errors import ConfigError
 from ..formats.brisk_keys import keys_tree, read_keys_file
-from ..formats.funasr import funasr_folder_config, funasr_folder_data_config
+from ..formats.funasr import FAMILY, funasr_folder_config, funasr_folder_data_config
 from ..formats.hf import hf_folder_model_config, is_hf_folder
 from ..plan import check_rules, expand_preset
 from .build import _known_path, _none_word, _nulls, _set_dotted, build_config, did_you_mean, parse_override
@@ -169,8 +169,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return cfg
 
 
-POLICY_KEYS = {("encoder", "freeze"), ("adaptor", "freeze"), ("ctc", "freeze"), ("llm", "freeze"), ("llm", "dtype"),
-               ("llm", "lora"), ("llm", "activation_checkpoint"), ("encoder", "activation_checkpoint")}
+# What a FunASR folder says about training rather than the architecture: defaults the YAML may change.
+POLICY_KEYS = ("model.encoder.freeze", "model.adaptor.freeze", "model.encoder.activation_checkpoint", "model.llm.freeze",
+               "model.llm.dtype", "model.llm.lora", "model.llm.activation_checkpoint", f"{FAMILY}.ctc.freeze")
 
 
 def _with_model_folder(tree: dict, folder: str) -> dict:
@@ -180,8 +181,8 @@ def _with_model_folder(tree: dict, folder: str) -> dict:
     overrides win over both."""
     if is_hf_folder(folder):  # a transformers-native Fun-ASR-Nano folder: sizes and LLM config from config.json
         found = hf_folder_model_config(folder)
-        tree = _merge(tree, {"model": found})
-        tree["model"]["llm"].update(path=None, config=found["llm"]["config"])
+        tree = _merge(tree, found)
+        tree["model"]["llm"].update(path=None, config=found["model"]["llm"]["config"])
         return _with_export_keys(_merge({"data": {"tokenizer": str(folder)}}, tree), folder)
     return _with_export_keys(_with_funasr_folder(tree, folder), folder)
 
@@ -195,20 +196,24 @@ def _with_export_keys(tree: dict, folder: str) -> dict:
     keys = keys_tree(found["keys"])
     model = keys.get("model", {})
     policy = {"llm": model.pop("llm", {})}
-    tree = _merge(tree, {"model": model})
+    tree = _merge(tree, {k: v for k, v in keys.items() if k != "data"})  # with the family's own section
     return _merge({"model": policy, "data": keys.get("data", {})}, tree)
 
 
 def _with_funasr_folder(tree: dict, folder: str) -> dict:
     found = funasr_folder_config(folder)
     policy: dict = {}
-    for part, key in POLICY_KEYS:
-        if key in found.get(part, {}):
-            policy.setdefault(part, {})[key] = found[part].pop(key)
-    tree = _merge(tree, {"model": found})
-    if "path" in found.get("llm", {}):
+    for key in POLICY_KEYS:
+        *parts, name = key.split(".")
+        node = found
+        for p in parts:
+            node = node.get(p) or {}
+        if name in node:
+            _set_dotted(policy, key, node.pop(name))
+    tree = _merge(tree, found)
+    if "path" in found["model"].get("llm", {}):
         tree["model"]["llm"]["config"] = {}
-    return _merge({"model": policy, "data": funasr_folder_data_config(folder)}, tree)
+    return _merge({**policy, "data": funasr_folder_data_config(folder)}, tree)
 
 
 def _merge(a: dict, b: dict) -> dict:

@@ -4,45 +4,96 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import typing
 
 from .. import families
 from ..errors import ConfigError
 from ..formats.brisk_keys import MOVED_KEYS, OLD_TASK_WORDS
 from .tree import Config
 
+_ABSENT = object()
+
 
 def read_moved(tree: dict, where) -> dict:
-    """``tree`` with each MOVED_KEYS key of an older config read as its new key. A value goes into the run's
-    family's own section when that section has the key (the family that owns it, or one that extends its section
-    to borrow its parts), with one line in the log; an unset one (every run folder an older brisk saved holds them
-    all) or one for a family that never read it is dropped."""
+    """``tree`` with each MOVED_KEYS key (or section) of an older config read as its new key. A value goes into the
+    run's family's own section when that section has the key (the family that owns it, or one that extends its
+    section to borrow its parts), with one line in the log; an unset one (every run folder an older brisk saved
+    holds them all) or one for a family that never read it is dropped."""
     family = families.get((tree.get("model") or {}).get("family") or families.DEFAULT)
-    own = {f.name for f in dataclasses.fields(family.config)} if family.config is not None else set()
+    read = []
     for old, new in MOVED_KEYS.items():
-        section, key = old.split(".")
-        if key not in (tree.get(section) or {}):
+        value, tree = _popped(tree, old.split("."))
+        if value is _ABSENT:
             continue
-        value = tree[section][key]
-        tree = {**tree, section: {k: v for k, v in tree[section].items() if k != key}}
-        new_key = new.split(".")[1]
-        if value is None or new_key not in own:
+        path = new.split(".")[1:]
+        if value is None or value == {} or family.config is None or not _declares(family.config, path):
             continue
-        logging.getLogger("brisk").warning("config: %s: %s is now %s.%s (read as that; write the new key)", where, old,
-                                           family.name, new_key)
-        tree = {**tree, family.name: {new_key: value, **(tree.get(family.name) or {})}}
+        read.append((old, f"{family.name}.{'.'.join(path)}"))
+        section = tree.get(family.name) or {}
+        tree = {**tree, family.name: _merged_under(section, path, value)}
+    if read:
+        logging.getLogger("brisk").warning("config: %s: %s (read as that; write the new keys)", where, _named(read))
     return tree
+
+
+def _named(read: list[tuple[str, str]]) -> str:
+    """'a.b.{x, y} are now under c.b; ...': the moves of one section to one other, in one clause."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for old, new in read:
+        (a, leaf), (b, leaf_new) = old.rsplit(".", 1), new.rsplit(".", 1)
+        groups.setdefault((a, b) if leaf == leaf_new else (old, new), []).append(leaf if leaf == leaf_new else "")
+    out = []
+    for (a, b), leaves in groups.items():
+        if len(leaves) > 1:
+            out.append(f"{a}.{{{', '.join(leaves)}}} are now under {b}")
+        else:
+            out.append(f"{a}.{leaves[0]} is now {b}.{leaves[0]}" if leaves[0] else f"{a} is now {b}")
+    return "; ".join(out)
 
 
 def shadowed(base: dict, tree: dict) -> dict:
     """``base`` (an included file) without the family-section keys whose old names ``tree`` (the including file)
     gives, so that an older file's own value still wins over its base's once merged (read_moved then moves it)."""
     shared = {f.name for f in dataclasses.fields(Config)}
-    gone = {new.split(".")[1] for old, new in MOVED_KEYS.items()
-            if old.split(".")[1] in (tree.get(old.split(".")[0]) or {})}
-    if not gone:
-        return base
-    return {k: ({kk: vv for kk, vv in v.items() if kk not in gone} if k not in shared and isinstance(v, dict) else v)
-            for k, v in base.items()}
+    for old, new in MOVED_KEYS.items():
+        if _popped(tree, old.split("."))[0] is _ABSENT:
+            continue
+        for section in [k for k, v in base.items() if k not in shared and isinstance(v, dict)]:
+            base = {**base, section: _popped(base[section], new.split(".")[1:])[1]}
+    return base
+
+
+def _popped(tree: dict, path: list[str]) -> tuple:
+    """(the value at ``path`` or _ABSENT, ``tree`` without it); ``tree`` itself is left as it was."""
+    head, rest = path[0], path[1:]
+    if not isinstance(tree, dict) or head not in tree:
+        return _ABSENT, tree
+    if not rest:
+        return tree[head], {k: v for k, v in tree.items() if k != head}
+    value, inner = _popped(tree[head], rest)
+    return value, tree if value is _ABSENT else {**tree, head: inner}
+
+
+def _declares(cls, path: list[str]) -> bool:
+    """Does the dataclass ``cls`` have the (nested) key ``path``?"""
+    for part in path:
+        if not dataclasses.is_dataclass(cls) or part not in {f.name for f in dataclasses.fields(cls)}:
+            return False
+        cls = typing.get_type_hints(cls)[part]
+    return True
+
+
+def _merged_under(section: dict, path: list[str], value) -> dict:
+    """``section`` with ``value`` at ``path``; what ``section`` already gives there wins (the new name over the old)."""
+    head, rest = path[0], path[1:]
+    have = section.get(head, _ABSENT)
+    if rest:
+        inner = _merged_under(have if isinstance(have, dict) else {}, rest, value)
+    elif isinstance(value, dict) and isinstance(have, dict):
+        inner = {**value, **have}
+    else:
+        inner = value if have is _ABSENT else have
+    return {**section, head: inner}
 
 
 def without_task(tree: dict, where) -> dict:
@@ -57,5 +108,3 @@ def without_task(tree: dict, where) -> dict:
     instead = f"model.family: {meant}" if meant else f"model.family (one of {', '.join(families.names())})"
     shipped = {"causal_lm": "; its shipped configs start at sft_demo", "fun_asr_nano": "; its demo config is demo"}
     raise ConfigError(f"{where}: task: {word} is no longer read; write {instead} instead{shipped.get(meant, '')}")
-
-

@@ -10,7 +10,7 @@ import typing
 from typing import Any, Iterator
 
 from .. import families
-from .migrate import MOVED_KEYS
+from ..formats.brisk_keys import old_names
 from .tree import Config
 
 
@@ -38,7 +38,7 @@ def path_keys(role: str | None = None) -> set[str]:
     """Keys holding a file or folder path ("in": must exist, "out": created; None: both). A key that moved
     keeps its role under its old name, so an older YAML file's relative path is resolved as it always was."""
     keys = {k for k, f in declared() if f.metadata.get("path") and role in (None, f.metadata["path"])}
-    return keys | {old for old, new in MOVED_KEYS.items() if new in keys}
+    return keys | {old for new in keys for old in old_names(new)}
 
 
 def resume_roles() -> dict[str, str]:

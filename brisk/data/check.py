@@ -16,10 +16,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..config import FrontendConfig
 from ..errors import DataError
 
 if TYPE_CHECKING:  # jsonl.py calls these checks: a runtime import back would be a circle
+    from ..families.fun_asr_nano.config import FrontendConfig
     from .jsonl import JsonlIndex, Utterance
 
 log = logging.getLogger("brisk")

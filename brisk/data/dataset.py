@@ -11,16 +11,19 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
-from ..config import FrontendConfig
 from ..formats.funasr import audio_token_count
 from .audio import AudioError, read_audio
 from .check import check_declared_length, check_declared_text_length
 from .features import Frontend
 from .jsonl import DataError, Utterance
 from .prompt import PromptBuilder, Tokens
+
+if TYPE_CHECKING:  # annotations: Fun-ASR-Nano's front end keys
+    from ..families.fun_asr_nano.config import FrontendConfig
 
 
 @dataclass

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..config import FrontendConfig
+if TYPE_CHECKING:  # annotations: Fun-ASR-Nano's front end keys
+    from ..families.fun_asr_nano.config import FrontendConfig
 
 _EPS = torch.finfo(torch.float32).eps
 

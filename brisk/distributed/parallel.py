@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..config import Config
+from ..families import family_of
 from .sync import GradSync, ShapeSync, broadcast_params
 
 
@@ -40,7 +41,7 @@ def apply_parallel(model: torch.nn.Module, cfg: Config, device: torch.device, wo
         from .fsdp import apply_fsdp
 
         return model, None, None, [apply_fsdp(model, cfg, device)]
-    unused = model.ctc is not None and not cfg.model.ctc.freeze
+    unused = any(p.requires_grad for m in family_of(cfg).outside_loss(model) for p in m.parameters())
     net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                                     find_unused_parameters=unused)
     return net, None, None, [f"parallel: {world} ranks, DistributedDataParallel"]

@@ -99,7 +99,7 @@ class Recognizer:
         self.sys_prompt, self.do_think = sys_prompt, do_think
         self.prompt = prompt if prompt is not None else inference_prompt()
         self.max_new_tokens = max_new_tokens
-        self.low_frame_rate = model.cfg.adaptor.use_low_frame_rate
+        self.low_frame_rate = model.own.adaptor.use_low_frame_rate
         llm_cfg = model.llm.config
         im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         eos = llm_cfg.eos_token_id

@@ -306,7 +306,7 @@ def transcribe_main(args) -> int:
     cfg, model, tok, _ = load_run(args.model, args.weights, device)
     rec = recognizer(cfg, model, tok, device, **decoder_options(args))
     items = read_items(args.audio, skip_bad=cfg.data.skip_bad)
-    note = audio_note([it.path for it in items], cfg.model.frontend.fs)
+    note = audio_note([it.path for it in items], rec.fs)
     if note:  # on stderr: stdout holds only the transcripts
         print(f"INFO {note}", file=sys.stderr)
     if args.resume and not args.out:

@@ -33,7 +33,7 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", ove
         weights = run_weights(path, weights, cfg.train.keep_metric)
         # config.yaml and the checkpoint describe the same model, or one line
         check_run_files(path, weights, resume_roles())
-        model = build_model(cfg.model)
+        model = build_model(cfg)
         if weights is not None:
             state = read_state_dict(weights)
             own = model.state_dict()
@@ -49,7 +49,7 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", ove
             log.info("loaded %d tensors from %s", len(state), weights)
     else:  # a FunASR folder, or a family's transformers folder (the family says how it loads)
         cfg = load_config(None, [*folder_overrides(path, kind), *(overrides or [])])
-        model = build_model(cfg.model)
+        model = build_model(cfg)
     return model.to(device).eval(), load_tokenizer(cfg), cfg
 
 

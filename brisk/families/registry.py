@@ -39,7 +39,7 @@ class Family:
     summary: str
     switches: frozenset[str]  # the speed switches it takes (the plan refuses the others in one line)
     presets: dict[str, dict[str, Any]]  # speed.preset name -> values
-    build: Callable  # (ModelConfig, device) -> the plain model: a contract.FamilyModel (SpeechModel with audio)
+    build: Callable  # (Config, device) -> the plain model: a contract.FamilyModel (SpeechModel with audio)
     dataset: Callable  # (cfg, which, path, vocab_size, tokenizer, prepared) -> (Dataset, skipped lines, counts), or None
     exporters: dict[str, Callable]  # train.export format -> writer(model, cfg, state, out, dtype, tokenizer)
     readme: Callable  # (out, fmt, dtype, cfg) -> writes out/README.md
@@ -57,6 +57,9 @@ class Family:
     decoder_layers: Callable = _llm_layers  # model -> nn.ModuleList of decoder layers
     encoder_blocks: Callable = _no_blocks  # (model or its audio copy, compile) -> list of nn.ModuleList
     audio_path: tuple[str, ...] = ()  # attribute names of the audio modules (encoder first), () without audio
+    # model -> the modules the loss never reaches (Fun-ASR-Nano's CTC branch): DDP looks for unused gradients only
+    # when one of them trains
+    outside_loss: Callable = _no_blocks
     # speed.cuda_graph: whether the frozen audio path is captured too, one graph per speech shape (its work depends
     # on the padded features' shape alone); False: it runs eagerly before each replay and its rows are copied into
     # the step graph's static input (the collator then leaves the features unpadded)

@@ -11,17 +11,37 @@ import json
 from pathlib import Path
 
 KEYS_FILE = "brisk.json"
-CMVN_NAME = "am.mvn"  # FunASR's own name for the CMVN file in a model folder
 
 # What older brisk versions wrote. The top-level `task:` word of older configs and brisk.json files -> the
 # model.family it meant.
 OLD_TASK_WORDS = {"speech": "fun_asr_nano", "chat": "causal_lm"}
-# Keys that moved into a family's own section: old dotted key -> new one (brisk.config.migrate reads configs
-# with it, read_keys_file below brisk.json files).
+# Keys that moved into a family's own section: old dotted key -> new one; a key under an old section that moved
+# whole moves with it (``moved``). brisk.config.migrate reads configs with it, read_keys_file below brisk.json
+# files. Fun-ASR-Nano's sizes and front end left the model section; whether its encoder and adaptor train
+# (model.encoder.freeze, model.adaptor.freeze, model.encoder.activation_checkpoint) stayed, shared with Qwen3-ASR.
+_SANM_KEYS = ("output_size", "attention_heads", "linear_units", "num_blocks", "tp_blocks", "kernel_size",
+              "sanm_shift", "dropout_rate", "attention_dropout_rate")
+_ADAPTOR_KEYS = ("downsample_rate", "ffn_dim", "n_layer", "attention_heads", "dropout_rate", "use_low_frame_rate")
 MOVED_KEYS = {"data.language": "qwen3_asr.language", "data.max_len": "causal_lm.max_len",
-              "data.overlong": "causal_lm.overlong", "data.chat_template": "causal_lm.chat_template"}
+              "data.overlong": "causal_lm.overlong", "data.chat_template": "causal_lm.chat_template",
+              "model.frontend": "fun_asr_nano.frontend", "model.ctc": "fun_asr_nano.ctc",
+              **{f"model.encoder.{k}": f"fun_asr_nano.encoder.{k}" for k in _SANM_KEYS},
+              **{f"model.adaptor.{k}": f"fun_asr_nano.adaptor.{k}" for k in _ADAPTOR_KEYS}}
 # The files a brisk.json without a "files" entry names (an older brisk's).
 OLD_FILE_KEYS = ("model.frontend.cmvn_file", "data.chat_template")
+
+
+def moved(key: str) -> str | None:
+    """The new name of an older dotted key (one that moved, or one under a section that moved whole), or None."""
+    for old, new in MOVED_KEYS.items():
+        if key == old or key.startswith(old + "."):
+            return new + key[len(old):]
+    return None
+
+
+def old_names(key: str) -> list[str]:
+    """The older names of a dotted key (``moved``'s inverse)."""
+    return [old + key[len(new):] for old, new in MOVED_KEYS.items() if key == new or key.startswith(new + ".")]
 
 
 def _get(tree: dict, key: str):
@@ -62,8 +82,9 @@ def read_keys_file(folder: str | Path) -> dict | None:
     for key in raw.get("files", OLD_FILE_KEYS):
         if keys.get(key):
             keys[key] = str(folder / keys[key])
-    for old, new in MOVED_KEYS.items():
-        if old in keys:
+    for old in list(keys):
+        new = moved(old)
+        if new is not None:
             value = keys.pop(old)
             if new.split(".")[0] == family:
                 keys.setdefault(new, value)

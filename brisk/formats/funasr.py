@@ -9,6 +9,8 @@ import yaml
 
 from ..errors import ConfigError
 
+FAMILY = "fun_asr_nano"  # the config section a FunASR folder's sizes and front end go to
+
 
 def audio_token_count(lfr_frames: int, use_low_frame_rate: bool = True) -> int:
     """How many adaptor outputs reach the LLM: ceil(ceil(ceil(L/2)/2)/2) with low frame rate, else L."""
@@ -76,19 +78,23 @@ def funasr_lora_config(raw: dict, folder: Path) -> dict:
 
 
 def funasr_folder_config(folder: str | Path) -> dict:
-    """Map a FunASR model folder's config.yaml onto brisk's model section (sizes, frontend, LLM path)."""
+    """Map a FunASR model folder's config.yaml onto brisk's keys: {"model": what trains and the LLM,
+    "fun_asr_nano": the sizes, front end and CTC branch}."""
     folder = Path(folder)
     raw = _folder_yaml(folder)
     out: dict = {}
+    own: dict = {}
     enc = raw.get("audio_encoder_conf") or {}
-    out["encoder"] = {k2: enc[k1] for k1, k2 in [
+    own["encoder"] = {k2: enc[k1] for k1, k2 in [
         ("output_size", "output_size"), ("attention_heads", "attention_heads"), ("linear_units", "linear_units"),
         ("num_blocks", "num_blocks"), ("tp_blocks", "tp_blocks"), ("kernel_size", "kernel_size"),
         ("sanm_shfit", "sanm_shift"), ("dropout_rate", "dropout_rate"),
-        ("attention_dropout_rate", "attention_dropout_rate"), ("freeze", "freeze")] if k1 in enc}
+        ("attention_dropout_rate", "attention_dropout_rate")] if k1 in enc}
+    out["encoder"] = {"freeze": enc["freeze"]} if "freeze" in enc else {}
     ad = raw.get("audio_adaptor_conf") or {}
-    out["adaptor"] = {k: ad[k] for k in ("downsample_rate", "ffn_dim", "n_layer", "attention_heads", "dropout_rate",
-                                          "use_low_frame_rate", "freeze") if k in ad}
+    own["adaptor"] = {k: ad[k] for k in ("downsample_rate", "ffn_dim", "n_layer", "attention_heads", "dropout_rate",
+                                          "use_low_frame_rate") if k in ad}
+    out["adaptor"] = {"freeze": ad["freeze"]} if "freeze" in ad else {}
     llm = raw.get("llm_conf") or {}
     out["llm"] = {}
     if llm.get("init_param_path"):
@@ -105,15 +111,15 @@ def funasr_folder_config(folder: str | Path) -> dict:
         if "activation_checkpoint" in conf:  # FunASR: a bool (every layer); brisk: every k-th layer, 0 off
             out[part]["activation_checkpoint"] = int(conf["activation_checkpoint"])
     fe = raw.get("frontend_conf") or {}
-    out["frontend"] = {k: fe[k] for k in ("fs", "n_mels", "frame_length", "frame_shift", "window", "lfr_m", "lfr_n",
+    own["frontend"] = {k: fe[k] for k in ("fs", "n_mels", "frame_length", "frame_shift", "window", "lfr_m", "lfr_n",
                                            "dither") if k in fe}
     if fe.get("cmvn_file"):
-        out["frontend"]["cmvn_file"] = str(folder / fe["cmvn_file"])
+        own["frontend"]["cmvn_file"] = str(folder / fe["cmvn_file"])
     if raw.get("ctc_decoder"):
         cd = raw.get("ctc_decoder_conf") or {}
-        out["ctc"] = {"enabled": True, **{k2: cd[k1] for k1, k2 in [("n_layer", "n_layer"), ("ffn_dim", "ffn_dim"),
+        own["ctc"] = {"enabled": True, **{k2: cd[k1] for k1, k2 in [("n_layer", "n_layer"), ("ffn_dim", "ffn_dim"),
                       ("llm_dim", "dim"), ("downsample_rate", "downsample_rate"), ("freeze", "freeze")] if k1 in cd}}
         if "ctc_vocab_size" in raw:
-            out["ctc"]["vocab_size"] = raw["ctc_vocab_size"]
-    return out
+            own["ctc"]["vocab_size"] = raw["ctc_vocab_size"]
+    return {"model": out, FAMILY: own}
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .funasr import FAMILY
+
 
 def hf_folder_model_config(folder) -> dict:
-    """A native Fun-ASR-Nano folder's config.json -> brisk's model section (sizes, inline LLM config)."""
+    """A native Fun-ASR-Nano folder's config.json -> brisk's keys: {"model": the inline LLM config,
+    "fun_asr_nano": the sizes and front end}."""
     raw = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
     pre = Path(folder) / "preprocessor_config.json"
     fx = json.loads(pre.read_text(encoding="utf-8")) if pre.is_file() else {}
@@ -15,7 +18,7 @@ def hf_folder_model_config(folder) -> dict:
     tp = a.get("num_timestamp_prediction_layers", 20)
     for k in ("architectures", "dtype", "torch_dtype", "transformers_version", "_name_or_path"):
         text.pop(k, None)
-    return {
+    own = {
         "encoder": {"output_size": a.get("hidden_size", 512), "attention_heads": a.get("num_attention_heads", 4),
                     "linear_units": a.get("intermediate_size", 2048), "num_blocks": a.get("num_hidden_layers", 70) - tp,
                     "tp_blocks": tp, "kernel_size": a.get("fsmn_kernel_size", 11), "sanm_shift": 0},
@@ -27,8 +30,8 @@ def hf_folder_model_config(folder) -> dict:
                      **{ours: fx[theirs] for theirs, ours in (("sampling_rate", "fs"), ("stride_lfr", "lfr_n"),
                         ("frame_length", "frame_length"), ("frame_shift", "frame_shift"), ("window", "window"))
                         if theirs in fx}},
-        "llm": {"config": text},
     }
+    return {"model": {"llm": {"config": text}}, FAMILY: own}
 
 
 def is_hf_folder(folder) -> bool:

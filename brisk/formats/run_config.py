@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import ConfigError
-from .brisk_keys import MOVED_KEYS
+from .brisk_keys import moved
 
 # The shared sections that hold neither the model nor the data: a change of their keys is free on a resume unless
 # a key declares otherwise (brisk.keys.key(resume=...)).
@@ -42,7 +42,7 @@ def refused(key: str, roles: dict[str, str]) -> bool:
     answer (brisk.config.roles.resume_roles: "refused" or "free"; a free-form mapping's sub-keys take their key's);
     where none is declared, the section's: a run section's keys are free, a data key is free, a model key and a
     family section's key are refused. An older brisk's name of a key that moved is judged as the key it became."""
-    key = MOVED_KEYS.get(key, key)
+    key = moved(key) or key
     role = roles.get(key) or next((r for k, r in roles.items() if key.startswith(k + ".")), None)
     if role is not None:
         return role == "refused"

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..adapters.lora import apply_lora, is_lora_key, load_lora_weights
-from ..config import ConfigError, ModelConfig
+from ..config import Config, ConfigError, ModelConfig
 from ..files import file_sha256
 from ..safe_load import load_torch_file
 from .kernel_router import without_kernel_router
@@ -58,11 +58,11 @@ def _set_on(hf_cfg, keys: dict) -> None:
             setattr(hf_cfg, k, v)
 
 
-def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> nn.Module:
-    """The model of ``cfg.family``, built by that family's builder."""
+def build_model(cfg: Config, device: torch.device | str | None = None) -> nn.Module:
+    """The model of ``cfg.model.family``, built by that family's builder."""
     from ..families import get
 
-    return get(cfg.family).build(cfg, device)
+    return get(cfg.model.family).build(cfg, device)
 
 
 def with_adapters(model: nn.Module, cfg: ModelConfig) -> nn.Module:
@@ -172,7 +172,7 @@ def load_weights(model: nn.Module, path: Path, state: dict[str, torch.Tensor] | 
         raise ConfigError(
             f"{path}: keys do not match the model built from the config: "
             f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
-            "Check model.encoder/adaptor/ctc/llm sizes against the checkpoint."
+            "Check the model's sizes (model.llm, the family's own section) against the checkpoint."
         )
     check_shapes(model, state, path)
     model.load_state_dict(state, strict=False)

@@ -9,7 +9,7 @@ encoder_dtype=bf16 runs bf16 copies of the frozen encoder and adaptor (about hal
 measures what it moves). The model keeps its fp32 originals, so checkpoints and exports carry exactly the
 weights the run was given: a speed switch never changes what is saved (the copies cost half the fp32
 encoder's memory on top). encoder_cache keeps each utterance's audio rows after the first time it is seen
-and reuses them in later epochs. Trade-off: FunASR's front end dithers by default (model.frontend.dither=1),
+and reuses them in later epochs. Trade-off: FunASR's front end dithers by default (fun_asr_nano.frontend.dither=1),
 so with the cache an utterance keeps the dither of its first epoch; set dither=0 to make that exact.
 """
 

@@ -90,7 +90,7 @@ def assemble(cfg: Config, ranks: Ranks) -> Parts:
     for note in plan.notes:
         log.info("speed %s", note)
     t0 = time.perf_counter()
-    model = family_of(cfg).build(cfg.model, ranks.device)
+    model = family_of(cfg).build(cfg, ranks.device)
     torch.manual_seed(cfg.train.seed + ranks.rank)  # training randomness (dropout), separate from the init
     log.info("model: %s parameters, %s trainable (built in %.1f s)", human(param_count(model)),
              human(param_count(model, trainable=True)), time.perf_counter() - t0)

@@ -34,7 +34,7 @@ def test_bf16_build_on_cuda_peaks_at_its_bf16_size(extra):
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    model = family_of(cfg).build(cfg.model, torch.device("cuda"))
+    model = family_of(cfg).build(cfg, torch.device("cuda"))
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
     params = list({id(p): p for p in model.parameters()}.values())

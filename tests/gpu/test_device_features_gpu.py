@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from brisk.config import FrontendConfig
+from brisk.families.fun_asr_nano.config import FrontendConfig
 from brisk.data.features import Frontend
 
 from ..conftest import DEMO

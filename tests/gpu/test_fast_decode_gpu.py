@@ -162,17 +162,16 @@ def test_recognizer_fast_equals_plain_on_cuda_fp32(tmp_path, tokenizer):
     """brisk's whole decode path (features, encoder, splice, decode) with --fast against the plain one."""
     from transformers import AutoConfig
 
-    from brisk.config import AdaptorConfig, EncoderConfig, FrontendConfig, LLMConfig, ModelConfig
+    from brisk.families import section
     from brisk.eval.decode import Recognizer
     from brisk.models.build import build_model
 
-    from ..conftest import DEMO, TINY_QWEN3
+    from ..conftest import DEMO, TINY_QWEN3, nano_config
     from ..test_funasr_parity import AD, ENC
 
     extra = {**TINY_QWEN3, "vocab_size": len(tokenizer), "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>")}
     AutoConfig.for_model(extra.pop("model_type"), **extra).save_pretrained(tmp_path)
-    cfg = ModelConfig(frontend=FrontendConfig(dither=0.0), encoder=EncoderConfig(**ENC, freeze=True),
-                      adaptor=AdaptorConfig(**AD, freeze=True), llm=LLMConfig(path=str(tmp_path), dtype="fp32"))
+    cfg = nano_config(tmp_path, ENC, AD)
     torch.manual_seed(0)
     model = build_model(cfg).eval()
     with torch.no_grad():
@@ -182,12 +181,12 @@ def test_recognizer_fast_equals_plain_on_cuda_fp32(tmp_path, tokenizer):
                 p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
     model = model.cuda()
     paths = [str(p) for p in sorted((DEMO / "audio" / "valid").glob("*.flac"))[:6]]
-    plain = Recognizer(model, tokenizer, cfg.frontend, device="cuda", max_new_tokens=16)
-    fast = Recognizer(model, tokenizer, cfg.frontend, device="cuda", max_new_tokens=16, fast=True)
+    plain = Recognizer(model, tokenizer, section(cfg).frontend, device="cuda", max_new_tokens=16)
+    fast = Recognizer(model, tokenizer, section(cfg).frontend, device="cuda", max_new_tokens=16, fast=True)
     expected = [r.ids for r in plain.transcribe(paths, batch_size=1)]
     assert len({tuple(e) for e in expected}) > 1
     # Features on the GPU (the default, Frontend.batch) or one at a time on the CPU: the same transcripts.
-    cpu_features = Recognizer(model, tokenizer, cfg.frontend, device="cuda", max_new_tokens=16, device_features=False)
+    cpu_features = Recognizer(model, tokenizer, section(cfg).frontend, device="cuda", max_new_tokens=16, device_features=False)
     assert [r.ids for r in cpu_features.transcribe(paths, batch_size=6)] == expected
     for batch_size in (1, 6):
         assert [r.ids for r in fast.transcribe(paths, batch_size=batch_size)] == expected, batch_size
@@ -195,10 +194,10 @@ def test_recognizer_fast_equals_plain_on_cuda_fp32(tmp_path, tokenizer):
     fast.release()
     assert fast._fast is None
     # Length buckets: the encoder, the prefill and the step replayed from graphs (fp32 here: the same ids).
-    buckets = Recognizer(model, tokenizer, cfg.frontend, device="cuda", max_new_tokens=16, fast_buckets=True)
+    buckets = Recognizer(model, tokenizer, section(cfg).frontend, device="cuda", max_new_tokens=16, fast_buckets=True)
     for batch_size in (1, 6):
         assert [r.ids for r in buckets.transcribe(paths, batch_size=batch_size)] == expected, batch_size
-    multi = Recognizer(model, tokenizer, cfg.frontend, device="cuda", max_new_tokens=16, fast_buckets=True,
+    multi = Recognizer(model, tokenizer, section(cfg).frontend, device="cuda", max_new_tokens=16, fast_buckets=True,
                        fast_multi_step=True)  # several tokens a replay
     assert [r.ids for r in multi.transcribe(paths, batch_size=6)] == expected
     assert multi._fast.multi_step and multi._fast.replays <= 2  # 15 steps: checks of 8 and 7 (one a token: 15)

@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 NANO = REPO / "configs" / "fun_asr_nano.yaml"
 SMALL = [  # a small speech-LLM of the real layout: bf16 LLM trained, encoder and adaptor frozen
     f"data.profile={REPO / 'brisk/bench/profiles/aishell1_like.jsonl'}", "data.train=null", "data.valid=null",
-    "data.num_workers=0", "model.encoder.output_size=128", "model.encoder.linear_units=256", "model.encoder.num_blocks=4",
-    "model.encoder.tp_blocks=2", "model.encoder.freeze=true", "model.adaptor.freeze=true", "model.adaptor.ffn_dim=256",
+    "data.num_workers=0", "fun_asr_nano.encoder.output_size=128", "fun_asr_nano.encoder.linear_units=256", "fun_asr_nano.encoder.num_blocks=4",
+    "fun_asr_nano.encoder.tp_blocks=2", "model.encoder.freeze=true", "model.adaptor.freeze=true", "fun_asr_nano.adaptor.ffn_dim=256",
     "model.llm.dtype=bf16", "model.llm.config.vocab_size=4096", "model.llm.config.hidden_size=256",
     "model.llm.config.intermediate_size=768", "model.llm.config.num_hidden_layers=6", "model.llm.config.num_attention_heads=4",
     "model.llm.config.num_key_value_heads=2", "model.llm.config.head_dim=64", "train.device=cuda", "optim.warmup_steps=4",
@@ -84,7 +84,7 @@ def test_packed_loss_equals_padded_loss():
     from brisk.models.build import build_model
     from brisk.models.lm import lm_loss
     cfg = _cfg("model.llm.dtype=fp32", "speed.packing=true")
-    model = build_model(cfg.model, "cuda").eval()
+    model = build_model(cfg, "cuda").eval()
     speed_parts(model, cfg, "cuda")  # installs the varlen attention for packed rows
     samples = sample_stream(cfg, 1, 4096)[0]
     padded = Collator()(samples).to("cuda")
@@ -220,7 +220,7 @@ def test_compiled_decoder_one_graph_for_all_layers_and_lengths_and_none_in_valid
 
     torch._dynamo.reset()
     cfg = _cfg("speed.compile=true", "speed.compile_encoder=false", "speed.compile_on_error=raise")
-    model = build_model(cfg.model, "cuda").train()
+    model = build_model(cfg, "cuda").train()
     _, _, parts = speed_parts(model, cfg, "cuda")
     g0 = compile_counters()["graphs"]
     for t in (100, 300):
@@ -290,7 +290,7 @@ def test_bf16_encoder_run_exports_the_fp32_encoder_bit_identical(tmp_path):
 
     cfg = _cfg(*RUN, *FAST, "speed.encoder_dtype=bf16", "train.max_steps=2", "train.export=funasr",
                "train.export_dtype=fp32", f"data.tokenizer={REPO / 'data/demo/tokenizer'}", f"train.output_dir={tmp_path}")
-    original = build_model(cfg.model, "cuda").state_dict()
+    original = build_model(cfg, "cuda").state_dict()
     train(cfg)
     keys = [k for k in original if k.startswith(("audio_encoder.", "audio_adaptor."))]
     for saved in (_ckpt(tmp_path, 2)["state_dict"], read_state_dict(tmp_path / "model-funasr" / "model.pt")):

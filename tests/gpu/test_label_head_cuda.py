@@ -66,7 +66,7 @@ def test_eager_cuda_gradients_match(checks):
     from brisk.train.step import StepHooks, model_loss
 
     cfg = load_config(REPO / "configs/fun_asr_nano.yaml", checks.SMALL + ["model.llm.dtype=fp32"])
-    model = build_model(cfg.model, torch.device("cuda")).eval()
+    model = build_model(cfg, torch.device("cuda")).eval()
     batch = Collator(packed=True, token_buckets=(512, 1024, 2048))(sample_stream(cfg, 1, 4096)[0]).to("cuda")
     out = []
     for hook in (None, LabelHead()):
@@ -125,8 +125,8 @@ def test_fresh_grads_with_a_trainable_parameter_without_gradient(checks, tmp_pat
     from brisk.config import load_config
     from brisk.train.run import train
 
-    ctc = ["model.ctc.enabled=true", "model.ctc.freeze=false", "model.ctc.n_layer=1", "model.ctc.dim=128",
-           "model.ctc.ffn_dim=256", "model.ctc.vocab_size=100"]
+    ctc = ["fun_asr_nano.ctc.enabled=true", "fun_asr_nano.ctc.freeze=false", "fun_asr_nano.ctc.n_layer=1", "fun_asr_nano.ctc.dim=128",
+           "fun_asr_nano.ctc.ffn_dim=256", "fun_asr_nano.ctc.vocab_size=100"]
     run = ["train.progress=false", "train.tensorboard=false", "train.log_every=1", "diagnose.report=false",
            "train.export=none", "train.max_steps=3", "train.save_final=false", "probe.enabled=true",
            "probe.param_norm_steps=[1,2,3]", f"train.output_dir={tmp_path}"]

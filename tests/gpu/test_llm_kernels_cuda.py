@@ -33,7 +33,7 @@ QWEN3_5 = ["model.llm.config={model_type: qwen3_5_text, vocab_size: 392, hidden_
 
 def model(overrides, dtype="fp32"):
     cfg = load_config(ROOT / "configs" / "sft_demo.yaml", [*overrides, f"model.llm.dtype={dtype}"])
-    return build_model(cfg.model, "cuda")
+    return build_model(cfg, "cuda")
 
 
 @pytest.fixture(scope="module")

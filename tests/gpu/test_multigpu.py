@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 SMALL = [
     "data.profile=brisk/bench/profiles/aishell1_like.jsonl", "data.train=null", "data.valid=null", "data.num_workers=0",
     "data.sort_size=4000", "data.shuffle=false",
-    "model.encoder.output_size=128", "model.encoder.linear_units=256", "model.encoder.num_blocks=4", "model.encoder.tp_blocks=2",
-    "model.encoder.dropout_rate=0.0", "model.encoder.freeze=true", "model.adaptor.freeze=true", "model.adaptor.ffn_dim=256",
+    "fun_asr_nano.encoder.output_size=128", "fun_asr_nano.encoder.linear_units=256", "fun_asr_nano.encoder.num_blocks=4", "fun_asr_nano.encoder.tp_blocks=2",
+    "fun_asr_nano.encoder.dropout_rate=0.0", "model.encoder.freeze=true", "model.adaptor.freeze=true", "fun_asr_nano.adaptor.ffn_dim=256",
     "model.llm.dtype=fp32", "model.llm.config.vocab_size=4096", "model.llm.config.hidden_size=256",
     "model.llm.config.intermediate_size=768", "model.llm.config.num_hidden_layers=4", "model.llm.config.num_attention_heads=4",
     "model.llm.config.num_key_value_heads=2", "model.llm.config.head_dim=64", "model.llm.config.bos_token_id=null",

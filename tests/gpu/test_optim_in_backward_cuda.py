@@ -30,7 +30,7 @@ def test_side_stream_updates_equal_the_fused_step_on_the_same_gradients(tmp_path
 
     cfg = tiny_config(tmp_path, **{"train.device": "cuda", "speed.fused_adamw": True})
     torch.manual_seed(0)
-    model = build_model(cfg.model, "cuda").train()
+    model = build_model(cfg, "cuda").train()
     twin = copy.deepcopy(model)
     speed_parts(model, cfg, "cuda")
     opt = build_optimizer(model, cfg.optim, fused=True, capturable=True)

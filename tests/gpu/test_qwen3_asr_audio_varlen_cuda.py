@@ -25,7 +25,7 @@ def tiny(tmp_path):
 
     cfg = load_config(ROOT / "configs" / "qwen3_asr_demo.yaml", [f"train.output_dir={tmp_path}", "data.num_workers=0"])
     cfg.model.llm.config["audio_config"]["n_window_infer"] = 200  # windows of 2 chunks: several an utterance
-    return family_of(cfg).build(cfg.model, "cuda")
+    return family_of(cfg).build(cfg, "cuda")
 
 
 def batch(lengths, seed=0):

@@ -36,7 +36,7 @@ def test_liger_speech_decoder_matches_the_eager_modules(fuse):
 
     cfg = _cfg("speed.packing=true")
     torch.manual_seed(0)
-    model = build_model(cfg.model, "cuda").eval()  # no dropout: two forwards compare
+    model = build_model(cfg, "cuda").eval()  # no dropout: two forwards compare
     batch = collator_for(cfg)(next(iter(sample_stream(cfg, 1, 4096)))).to("cuda")
     l0, g0 = _loss_grads(model, batch)
     if fuse:

@@ -35,7 +35,7 @@ class CausalLMConfig:
 def build(cfg, device=None):
     from .model import build_chat_model
 
-    return build_chat_model(cfg, device)
+    return build_chat_model(cfg.model, device)
 
 
 def dataset(cfg, which, path, vocab_size, tokenizer=None, prepared=None):

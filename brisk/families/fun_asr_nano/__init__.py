@@ -2,14 +2,15 @@
 are FunASR's and transformers' ``fun_asr_nano``.
 
 This package holds all of it: model.py (SpeechLLM), sanm.py and adaptor.py (the audio encoder and adaptor),
-build.py, data.py (FunASR jsonl), decode.py, export.py (the FunASR and transformers folders) and hf_native.py
+build.py, config.py (its own keys), data.py (FunASR jsonl), decode.py, export.py (the FunASR and transformers folders) and hf_native.py
 (transformers' own fun_asr_nano classes). This module is its spec: the plan reads it before torch is imported,
 so each part below imports its module when first called."""
 
 from __future__ import annotations
 
 from ...errors import ConfigError
-from ..registry import Family, FamilyRule, register
+from ..registry import Family, FamilyRule, register, section
+from .config import FunAsrNanoConfig
 
 # The switches that act on the frozen audio path or on the graphed step around it.
 FROZEN_AUDIO = ("frozen_eval", "encoder_dtype", "encoder_cache", "cuda_graph", "fresh_grads")
@@ -25,7 +26,7 @@ def encoder_blocks(model, compile: bool = False) -> list:
 def build(cfg, device=None):
     from .build import build_speech_model
 
-    return build_speech_model(cfg, device)
+    return build_speech_model(cfg.model, section(cfg), device)
 
 
 def dataset(cfg, which, path, vocab_size, tokenizer=None, prepared=None):
@@ -49,7 +50,7 @@ def write_funasr(model, cfg, state, out, dtype, tokenizer):
 def write_hf(model, cfg, state, out, dtype, tokenizer):
     from .export import write_hf
 
-    check_native(cfg.model)  # `brisk export --format hf` of a run that was not trained with train.export=hf
+    check_native(section(cfg))  # `brisk export --format hf` of a run that was not trained with train.export=hf
 
     write_hf(model, cfg, state, out, dtype, tokenizer)
 
@@ -84,23 +85,24 @@ def graph_examples(cfg, collator, vocab, max_tokens):
     return graph_examples(cfg, collator, vocab, max_tokens)
 
 
-# What transformers' FunAsrNano class cannot express: (key, broken(model config), why). Refused when the config is
-# loaded with train.export=hf, and by the hf exporter itself (a later `brisk export --format hf`).
+# What transformers' FunAsrNano class cannot express: (key, broken(this family's section), why). Refused when the
+# config is loaded with train.export=hf, and by the hf exporter itself (a later `brisk export --format hf`).
 NATIVE_LIMITS = (
-    ("model.adaptor.downsample_rate", lambda m: m.adaptor.downsample_rate != 1,
+    ("fun_asr_nano.adaptor.downsample_rate", lambda own: own.adaptor.downsample_rate != 1,
      "the native class has no frame stacking (needs 1)"),
-    ("model.encoder.sanm_shift", lambda m: m.encoder.sanm_shift != 0, "the native FSMN is centred (needs 0)"),
-    ("model.encoder.tp_blocks", lambda m: m.encoder.tp_blocks < 1,
+    ("fun_asr_nano.encoder.sanm_shift", lambda own: own.encoder.sanm_shift != 0,
+     "the native FSMN is centred (needs 0)"),
+    ("fun_asr_nano.encoder.tp_blocks", lambda own: own.encoder.tp_blocks < 1,
      "the native encoder expects at least one timestamp block"),
 )
 
 
-def check_native(model_cfg) -> None:
+def check_native(own: FunAsrNanoConfig) -> None:
     """One line naming the first key the native class cannot express, with its value."""
     for key, broken, why in NATIVE_LIMITS:
-        if broken(model_cfg):
-            section, name = key.split(".")[1:]
-            raise ConfigError(f"{key}={getattr(getattr(model_cfg, section), name)}: {why}")
+        if broken(own):
+            part, name = key.split(".")[1:]
+            raise ConfigError(f"{key}={getattr(getattr(own, part), name)}: {why}")
 
 
 FAMILY = register(Family(
@@ -122,7 +124,7 @@ FAMILY = register(Family(
                       # the data first reaches it (buckets the data never reaches cost nothing)
                       "compile_dynamic": False, "flex_attention": True, "graph_capture": "seen"}},
     frozen_audio=FROZEN_AUDIO,
-    rules=tuple(FamilyRule(f"train.export, {key}", lambda c, b=broken: c.train.export == "hf" and b(c.model),
+    rules=tuple(FamilyRule(f"train.export, {key}", lambda c, b=broken: c.train.export == "hf" and b(section(c)),
                            f"train.export=hf: {key}: {why}; or export funasr") for key, broken, why in NATIVE_LIMITS),
     refused=("{bad} are for model.family=causal_lm (the speech-LLM's Qwen3 decoder has no linear "
              "attention, and speed.label_head is its loss without full logits) or for model.family=qwen3_asr "
@@ -138,6 +140,8 @@ FAMILY = register(Family(
     folder_overrides=folder_overrides,
     encoder_blocks=encoder_blocks,
     audio_path=("audio_encoder", "audio_adaptor"),
+    outside_loss=lambda model: [m for m in (model.ctc_decoder, model.ctc) if m is not None],
     audio_graphs=True,  # the SANM encoder and adaptor read nothing on the host: one graph per speech bucket
     graph_examples=graph_examples,
+    config=FunAsrNanoConfig,
 ))

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ...config import ModelConfig
+from .config import FunAsrNanoConfig
 from ...formats.hf import is_hf_folder
 from ...models.build import (after_loading, build_llm, check_shapes, has_hf_weights, load_hf_llm_weights,
                              load_weights, read_state_dict, with_adapters)
@@ -20,7 +21,8 @@ from .model import SpeechLLM
 
 log = logging.getLogger("brisk")
 
-def build_speech_model(cfg: ModelConfig, device: torch.device | str | None = None) -> nn.Module:
+def build_speech_model(cfg: ModelConfig, own: FunAsrNanoConfig, device: torch.device | str | None = None
+                       ) -> nn.Module:
     """Fun-ASR-Nano: the model with its random initialisation (seeded), then any weights the config names.
 
     With ``device`` the parameters are created there directly (a 0.8B model initialises on a GPU in a
@@ -31,31 +33,31 @@ def build_speech_model(cfg: ModelConfig, device: torch.device | str | None = Non
     """
     full = Path(cfg.init) if cfg.init else (Path(cfg.path) / "model.pt" if cfg.path else None)
     if full is not None and full.is_file():
-        model = build_from_file(cfg, full, device)
+        model = build_from_file(cfg, own, full, device)
         if model is not None:
             return model
     torch.manual_seed(cfg.seed)  # the random initialisation is part of the run's definition
     with torch.device(device or "cpu"):
-        model = with_adapters(SpeechLLM(cfg, build_llm(cfg)), cfg)
+        model = with_adapters(SpeechLLM(cfg, own, build_llm(cfg)), cfg)
     if cfg.llm.path and cfg.llm.load_weights and has_hf_weights(Path(cfg.llm.path)):
         load_hf_llm_weights(model, Path(cfg.llm.path))
     if cfg.path and (Path(cfg.path) / "model.pt").is_file():
         load_weights(model, Path(cfg.path) / "model.pt")
     elif cfg.path and is_hf_folder(cfg.path):  # transformers-native layout: map the keys back
-        load_weights(model, Path(cfg.path), from_hf(load_hf_weights(cfg.path), cfg))
+        load_weights(model, Path(cfg.path), from_hf(load_hf_weights(cfg.path), own))
     if cfg.init:
         load_weights(model, Path(cfg.init))
     return after_loading(model, cfg)
 
 
-def build_from_file(cfg: ModelConfig, path: Path, device=None) -> SpeechLLM | None:
+def build_from_file(cfg: ModelConfig, own: FunAsrNanoConfig, path: Path, device=None) -> SpeechLLM | None:
     """The model built without random values and loaded from ``path``; None when the file lacks a weight
     (then the seeded random initialisation is needed and build_model takes its usual path)."""
     t0 = time.perf_counter()
     state = read_state_dict(path)
     t1 = time.perf_counter()
     with _params_on_meta(), torch.device(device or "cpu"):
-        model = with_adapters(SpeechLLM(cfg, build_llm(cfg)), cfg)
+        model = with_adapters(SpeechLLM(cfg, own, build_llm(cfg)), cfg)
     t2 = time.perf_counter()
     params = dict(model.named_parameters(remove_duplicate=False))
     first = {}  # a tied weight (lm_head = embed_tokens) is one Parameter under two names

@@ -8,6 +8,7 @@ from ...data.context import ContextPrompt
 from ...data.dataset import SpeechDataset, SyntheticDataset, read_profile
 from ...data.loader import cache_dir, load_tokenizer
 from ...data.prompt import PromptBuilder
+from ..registry import section
 
 def speech_prepare(cfg: Config, which: str, path: str, tokenizer=None):
     """A FunASR jsonl indexed once, every line and audio file checked (Fun-ASR-Nano's ``prepare``)."""
@@ -22,7 +23,7 @@ def speech_prepare(cfg: Config, which: str, path: str, tokenizer=None):
 def speech_dataset(cfg: Config, which: str, path: str | None, vocab_size: int, tokenizer=None, prepared=None):
     """Fun-ASR-Nano's split: FunASR jsonl (FunASR's prompt and labels, fbank + LFR), or synthetic batches of a
     length profile (the family's ``dataset``)."""
-    d = cfg.data
+    d, own = cfg.data, section(cfg)
     skipped: list[str] = []
     counts: dict[str, int] = {}
     if path:
@@ -32,14 +33,14 @@ def speech_dataset(cfg: Config, which: str, path: str | None, vocab_size: int, t
                   "missing_audio": index.meta["audio_missing"]}
         builder = PromptBuilder(tokenizer if tokenizer is not None else load_tokenizer(cfg), sys_prompt=d.sys_prompt,
                                 do_think=d.do_think, multiturn_max=d.multiturn_max, max_token_length=d.max_token_length,
-                                use_low_frame_rate=cfg.model.adaptor.use_low_frame_rate,
+                                use_low_frame_rate=own.adaptor.use_low_frame_rate,
                                 context=ContextPrompt(d.prompt_class, d.prompt_conf) if d.prompt_class else None)
-        dataset = SpeechDataset(index.utterances, cfg.model.frontend, builder, seed=cfg.train.seed,
+        dataset = SpeechDataset(index.utterances, own.frontend, builder, seed=cfg.train.seed,
                                 skip_bad=d.skip_bad, max_speech_length=d.max_speech_length)
     elif which == "train" and d.profile:
-        fe = cfg.model.frontend
+        fe = own.frontend
         dataset = SyntheticDataset(read_profile(d.profile), fe.n_mels * fe.lfr_m, vocab_size, fe.lfr_n,
-                                   seed=cfg.train.seed, use_low_frame_rate=cfg.model.adaptor.use_low_frame_rate)
+                                   seed=cfg.train.seed, use_low_frame_rate=own.adaptor.use_low_frame_rate)
     else:
         if which == "train":
             raise ConfigError("data.train: give a FunASR jsonl (or data.profile for synthetic batches)")
@@ -51,8 +52,9 @@ def graph_examples(cfg, collator, vocab: int, max_tokens: int) -> list:
     """One synthetic batch per packed bucket up to ``max_tokens`` of exactly the bucket's length, then one per
     speech bucket, in the collator's static shapes: Fun-ASR-Nano's ``graph_examples``, so that every step graph
     and every encoder graph is captured before training."""
-    fe = cfg.model.frontend
-    dim, low = fe.n_mels * fe.lfr_m, cfg.model.adaptor.use_low_frame_rate
+    own = section(cfg)
+    fe = own.frontend
+    dim, low = fe.n_mels * fe.lfr_m, own.adaptor.use_low_frame_rate
     out = []
     # One sample of exactly t tokens lands in bucket t (a shorter one would fall into a smaller bucket and
     # leave bucket t to be captured, and compiled, in the middle of training).

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from ...eval.decode import Recognizer
+from ..registry import section
+
 
 def funasr_recognizer(cfg, model, tokenizer, device: str = "cpu", **kw) -> Recognizer:
     """Fun-ASR-Nano's decoding for `brisk eval` and `brisk transcribe` (the family's ``recognizer``)."""
-    return Recognizer(model, tokenizer, cfg.model.frontend, device=device, sys_prompt=cfg.data.sys_prompt,
+    return Recognizer(model, tokenizer, section(cfg).frontend, device=device, sys_prompt=cfg.data.sys_prompt,
                       do_think=cfg.data.do_think, **kw)
 
 

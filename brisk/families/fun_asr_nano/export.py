@@ -13,8 +13,9 @@ import yaml
 
 from ...adapters.lora import is_lora_key
 from ...config import Config
-from ...formats.brisk_keys import CMVN_NAME
 from ...models.lm import DTYPES
+from ..registry import section
+from .config import CMVN_NAME
 
 LLM_DIR = "Qwen3-0.6B"  # the LLM folder's name inside a FunASR model folder (FunASR's own layout)
 
@@ -37,11 +38,11 @@ CONFIGURATION_JSON = {
 
 def funasr_yaml(cfg: Config, llm_dim: int) -> dict:
     """FunASR's config.yaml for the run: the source folder's (if any) with the run's sizes and dataset_conf."""
-    m, d = cfg.model, cfg.data
+    m, d, own = cfg.model, cfg.data, section(cfg)
     raw: dict = {}
     if m.path and (Path(m.path) / "config.yaml").is_file():
         raw = yaml.safe_load((Path(m.path) / "config.yaml").read_text(encoding="utf-8")) or {}
-    enc, ad, fe = m.encoder, m.adaptor, m.frontend
+    enc, ad, fe = own.encoder, own.adaptor, own.frontend
     raw["model"] = "FunASRNano"
     raw["audio_encoder"] = "SenseVoiceEncoderSmall"
     raw["audio_encoder_conf"] = {**(raw.get("audio_encoder_conf") or {}), **dict(
@@ -49,12 +50,12 @@ def funasr_yaml(cfg: Config, llm_dim: int) -> dict:
         num_blocks=enc.num_blocks, tp_blocks=enc.tp_blocks, dropout_rate=enc.dropout_rate,
         attention_dropout_rate=enc.attention_dropout_rate, kernel_size=enc.kernel_size, sanm_shfit=enc.sanm_shift,
         input_layer="pe", pos_enc_class="SinusoidalPositionEncoder", normalize_before=True,
-        selfattention_layer_type="sanm", freeze=enc.freeze)}
+        selfattention_layer_type="sanm", freeze=m.encoder.freeze)}
     raw["audio_adaptor"] = "Transformer"
     raw["audio_adaptor_conf"] = {**(raw.get("audio_adaptor_conf") or {}), **dict(
         downsample_rate=ad.downsample_rate, use_low_frame_rate=ad.use_low_frame_rate, ffn_dim=ad.ffn_dim,
         llm_dim=llm_dim, encoder_dim=enc.output_size, n_layer=ad.n_layer, attention_heads=ad.attention_heads,
-        dropout_rate=ad.dropout_rate, freeze=ad.freeze)}
+        dropout_rate=ad.dropout_rate, freeze=m.adaptor.freeze)}
     raw["llm"] = raw.get("llm") or "Qwen3-0.6b"
     lora = m.llm.lora
     # FunASR's inference builds its LoRA layers from these keys and ignores adapter tensors it has no layer
@@ -65,15 +66,15 @@ def funasr_yaml(cfg: Config, llm_dim: int) -> dict:
                        "lora_conf": {**((raw.get("llm_conf") or {}).get("lora_conf") or {}), "r": lora.r,
                                      "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
                                      "target_modules": list(lora.target_modules), "init_param_path": ""}}
-    raw["audio_encoder_conf"]["activation_checkpoint"] = bool(enc.activation_checkpoint)
+    raw["audio_encoder_conf"]["activation_checkpoint"] = bool(m.encoder.activation_checkpoint)
     raw["lora_only"], raw["lora_bias"] = lora.only, lora.bias
     raw["frontend"] = "WavFrontend"
     raw["frontend_conf"] = {**(raw.get("frontend_conf") or {}), **dict(
         fs=fe.fs, window=fe.window, n_mels=fe.n_mels, frame_length=fe.frame_length, frame_shift=fe.frame_shift,
         lfr_m=fe.lfr_m, lfr_n=fe.lfr_n, cmvn_file=CMVN_NAME if fe.cmvn_file else None,
         dither=0.0, upsacle_samples=fe.upscale_samples)}  # dither off: FunASR's runtime decodes as brisk eval does
-    if m.ctc.enabled:
-        c = m.ctc
+    if own.ctc.enabled:
+        c = own.ctc
         raw["ctc_decoder"] = raw.get("ctc_decoder") or "Transformer"
         raw["ctc_decoder_conf"] = {**(raw.get("ctc_decoder_conf") or {}), **dict(
             downsample_rate=c.downsample_rate, ffn_dim=c.ffn_dim, llm_dim=c.dim, encoder_dim=enc.output_size,
@@ -104,7 +105,7 @@ def write_funasr(model, cfg: Config, state: dict, out: Path, dtype: str, tokeniz
     raw = funasr_yaml(cfg, llm_dim)
     (out / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True), encoding="utf-8")
     conf = json.loads(json.dumps(CONFIGURATION_JSON))
-    if cfg.model.frontend.cmvn_file:  # FunASR resolves the folder's files named here against the folder
+    if section(cfg).frontend.cmvn_file:  # FunASR resolves the folder's files named here against the folder
         conf["file_path_metas"]["frontend_conf"] = {"cmvn_file": CMVN_NAME}
     (out / "configuration.json").write_text(json.dumps(conf, indent=2) + "\n", encoding="utf-8")
     # FunASR builds its own LoRA layers and loads the adapters unfolded: every tensor in the export's dtype
@@ -129,7 +130,7 @@ def write_hf(model, cfg: Config, state: dict, out: Path, dtype: str, tokenizer) 
 
     text = llm_config(model)
     audio_id = tokenizer.convert_tokens_to_ids(AUDIO_TOKEN) if AUDIO_TOKEN in tokenizer.get_vocab() else None
-    hc = hf_config(cfg.model, text, audio_id if audio_id is not None else min(151646, text["vocab_size"] - 1))
+    hc = hf_config(section(cfg), text, audio_id if audio_id is not None else min(151646, text["vocab_size"] - 1))
     hc.architectures = ["FunAsrNanoForConditionalGeneration"]
     hc.dtype = {"bf16": "bfloat16", "fp32": "float32"}[dtype]
     hc.save_pretrained(out)
@@ -137,12 +138,12 @@ def write_hf(model, cfg: Config, state: dict, out: Path, dtype: str, tokenizer) 
         from ...adapters.lora import fold_lora
 
         state = fold_lora(state, cfg.model.llm.lora)
-    weights = to_hf(state, cfg.model)
+    weights = to_hf(state, section(cfg))
     if hc.tie_word_embeddings:  # stored once, as transformers writes tied weights
         weights.pop("lm_head.weight", None)
     save_file({k: v.clone() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
     # Written as JSON, not through FunAsrNanoFeatureExtractor, which needs torchaudio just to be built.
-    fe = cfg.model.frontend
+    fe = section(cfg).frontend
     extractor = dict(feature_extractor_type="FunAsrNanoFeatureExtractor", processor_class="FunAsrNanoProcessor",
                      feature_size=fe.n_mels, sampling_rate=fe.fs, frame_length=int(fe.frame_length),
                      frame_shift=int(fe.frame_shift), num_frames_lfr=fe.lfr_m, stride_lfr=fe.lfr_n, window=fe.window,
@@ -157,14 +158,14 @@ def write_hf(model, cfg: Config, state: dict, out: Path, dtype: str, tokenizer) 
 
 
 def spliced(cfg: Config) -> str:
-    """Which adaptor outputs reach the LLM, as this model was trained (model.adaptor.use_low_frame_rate)."""
-    if cfg.model.adaptor.use_low_frame_rate:
-        return "the first ~L/8 adaptor outputs (L: LFR frames; model.adaptor.use_low_frame_rate true)"
-    return "every adaptor output, one per LFR frame (model.adaptor.use_low_frame_rate false)"
+    """Which adaptor outputs reach the LLM, as this model was trained (fun_asr_nano.adaptor.use_low_frame_rate)."""
+    if section(cfg).adaptor.use_low_frame_rate:
+        return "the first ~L/8 adaptor outputs (L: LFR frames; fun_asr_nano.adaptor.use_low_frame_rate true)"
+    return "every adaptor output, one per LFR frame (fun_asr_nano.adaptor.use_low_frame_rate false)"
 
 
 def processor_gap(cfg: Config) -> str:
-    if cfg.model.adaptor.use_low_frame_rate:
+    if section(cfg).adaptor.use_low_frame_rate:
         return "it inserts one audio token per LFR frame (training: ~1/8 of them)"
     return "its audio token count follows its own rule (training: one per LFR frame), so check it matches"
 

@@ -17,7 +17,7 @@ import re
 
 import torch
 
-from ...config import ModelConfig
+from .config import FunAsrNanoConfig
 
 ENC, PROJ, LM = "model.audio_tower.layers.", "model.multi_modal_projector.", "model.language_model."
 AUDIO_TOKEN = "<|object_ref_start|>"  # the native processor's audio placeholder
@@ -33,9 +33,9 @@ def folder_overrides(path) -> list[str]:
     return [f"model.path={path}"]
 
 
-def hf_config(cfg: ModelConfig, text_config: dict, audio_token_id: int):
-    """The native ``FunAsrNanoConfig`` for a brisk model config and its LLM's config dict."""
-    from transformers import FunAsrNanoConfig
+def hf_config(cfg: FunAsrNanoConfig, text_config: dict, audio_token_id: int):
+    """The native ``FunAsrNanoConfig`` for this family's section of a run and its LLM's config dict."""
+    from transformers import FunAsrNanoConfig as NativeConfig
 
     enc, ad, fe = cfg.encoder, cfg.adaptor, cfg.frontend
     llm_dim = text_config["hidden_size"]
@@ -50,7 +50,7 @@ def hf_config(cfg: ModelConfig, text_config: dict, audio_token_id: int):
                    layer_norm_eps=1e-12,  # FunASR's adaptor blocks use eps 1e-12
                    projector_hidden_size=ad.ffn_dim,
                    use_low_frame_rate=ad.use_low_frame_rate)  # brisk's own key: how many adaptor outputs are spliced
-    return FunAsrNanoConfig(audio_config=audio, adaptor_config=adaptor, text_config=dict(text_config),
+    return NativeConfig(audio_config=audio, adaptor_config=adaptor, text_config=dict(text_config),
                             audio_token_id=audio_token_id,
                             tie_word_embeddings=bool(text_config.get("tie_word_embeddings", True)))
 
@@ -63,7 +63,7 @@ def _encoder_layer(key: str, num_blocks: int) -> tuple[int, str] | None:
     return {"encoders0": i, "encoders": i + 1, "tp_encoders": num_blocks + i}[part], rest
 
 
-def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def to_hf(state: dict[str, torch.Tensor], cfg: FunAsrNanoConfig) -> dict[str, torch.Tensor]:
     """brisk / FunASR keys -> native keys (CTC dropped)."""
     nb, last = cfg.encoder.num_blocks, cfg.encoder.num_blocks + cfg.encoder.tp_blocks - 1
     out = {}
@@ -96,7 +96,7 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.T
     return out
 
 
-def from_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def from_hf(state: dict[str, torch.Tensor], cfg: FunAsrNanoConfig) -> dict[str, torch.Tensor]:
     """Native keys -> brisk / FunASR keys (the inverse of ``to_hf``)."""
     nb, last = cfg.encoder.num_blocks, cfg.encoder.num_blocks + cfg.encoder.tp_blocks - 1
 

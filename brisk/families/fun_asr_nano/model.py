@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ...config import ModelConfig
+from .config import FunAsrNanoConfig
 from ...formats.batch import AudioBatch
 from .adaptor import CTCHead, TransformerAdaptor
 from ...models.lm import DTYPES, SpeechLM
@@ -22,21 +23,22 @@ from .sanm import SANMEncoder
 
 
 class SpeechLLM(SpeechLM):
-    def __init__(self, cfg: ModelConfig, llm: nn.Module):
+    def __init__(self, cfg: ModelConfig, own: FunAsrNanoConfig, llm: nn.Module):
+        """``cfg``: the shared model section (LLM dtype, what trains); ``own``: this family's sizes and front end."""
         super().__init__()
-        self.cfg = cfg
-        fe = cfg.frontend
-        self.audio_encoder = SANMEncoder(fe.n_mels * fe.lfr_m, cfg.encoder)
+        self.cfg, self.own = cfg, own
+        fe = own.frontend
+        self.audio_encoder = SANMEncoder(fe.n_mels * fe.lfr_m, own.encoder)
         self.llm = llm.to(DTYPES[cfg.llm.dtype])
         llm_dim = llm.get_input_embeddings().weight.shape[-1]
-        ad = cfg.adaptor
+        ad = own.adaptor
         self.audio_adaptor = TransformerAdaptor(
-            cfg.encoder.output_size, llm_dim, ad.ffn_dim, ad.n_layer, ad.attention_heads, ad.downsample_rate, ad.dropout_rate
+            own.encoder.output_size, llm_dim, ad.ffn_dim, ad.n_layer, ad.attention_heads, ad.downsample_rate, ad.dropout_rate
         )
         self.ctc_decoder = self.ctc = None
-        if cfg.ctc.enabled:
-            c = cfg.ctc
-            self.ctc_decoder = TransformerAdaptor(cfg.encoder.output_size, c.dim, c.ffn_dim, c.n_layer, 8, c.downsample_rate)
+        if own.ctc.enabled:
+            c = own.ctc
+            self.ctc_decoder = TransformerAdaptor(own.encoder.output_size, c.dim, c.ffn_dim, c.n_layer, 8, c.downsample_rate)
             self.ctc = CTCHead(c.dim, c.vocab_size)
         self.llm_dtype = DTYPES[cfg.llm.dtype]
         for module, frozen in self.freeze_plan().items():
@@ -46,8 +48,8 @@ class SpeechLLM(SpeechLM):
         plan = {self.audio_encoder: self.cfg.encoder.freeze, self.audio_adaptor: self.cfg.adaptor.freeze,
                 self.llm: self.cfg.llm.freeze}
         if self.ctc_decoder is not None:
-            plan[self.ctc_decoder] = self.cfg.ctc.freeze
-            plan[self.ctc] = self.cfg.ctc.freeze
+            plan[self.ctc_decoder] = self.own.ctc.freeze
+            plan[self.ctc] = self.own.ctc.freeze
         return plan
 
     # ------------------------------------------------------------------------------------ audio path

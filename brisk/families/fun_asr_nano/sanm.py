@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...config import EncoderConfig
+from .config import EncoderConfig
 
 
 class LayerNorm32(nn.LayerNorm):

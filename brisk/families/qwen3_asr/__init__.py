@@ -52,7 +52,7 @@ def graph_examples(cfg, collator, vocab, max_tokens):
 def build(cfg, device=None):
     from .model import build_qwen3_asr
 
-    return build_qwen3_asr(cfg, device)
+    return build_qwen3_asr(cfg.model, device)
 
 
 def dataset(cfg, which, path, vocab_size, tokenizer=None, prepared=None):
