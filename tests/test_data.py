@@ -13,8 +13,8 @@ import torch
 from brisk.families.fun_asr_nano.config import FrontendConfig
 from brisk.data.audio import read_audio, resample
 from brisk.data.collate import Collator
-from brisk.data.dataset import SpeechDataset
-from brisk.data.features import Frontend, lfr
+from brisk.families.fun_asr_nano.dataset import SpeechDataset
+from brisk.families.fun_asr_nano.features import Frontend, lfr
 from brisk.data.jsonl import DataError, read_jsonl
 from brisk.data.prompt import PromptBuilder
 from brisk.data.sampler import TokenBatchSampler

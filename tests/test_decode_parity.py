@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from brisk.families import section
+from brisk.families.fun_asr_nano.decode import decoding_frontend
 from brisk.eval.decode import Recognizer, inference_prompt
 from brisk.models.build import build_model
 
@@ -82,11 +83,12 @@ def _strip(ids: list[int], stop: int) -> list[int]:
 @pytest.mark.parametrize("kwargs", [{}, {"language": "英文", "itn": False}], ids=["default", "language-no-itn"])
 def test_greedy_ids_match_funasr_inference(models, tokenizer, kwargs):
     ref, ours, cfg = models
+    fe = decoding_frontend(section(cfg).frontend)
     paths = _paths()
     expected = _funasr_ids(ref, tokenizer, paths, **kwargs)
     stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
     expected = [_strip(e, stop) for e in expected]
-    rec = Recognizer(ours, tokenizer, section(cfg).frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW)
+    rec = Recognizer(ours, tokenizer, fe, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW)
     got = [r.ids for r in rec.transcribe(paths, batch_size=1)]
     assert len(got) == len(paths) >= 5
     # Something was generated, and it depends on the audio: the comparison means something.
@@ -96,20 +98,20 @@ def test_greedy_ids_match_funasr_inference(models, tokenizer, kwargs):
     assert [r.ids for r in rec.transcribe(paths, batch_size=len(paths))] == expected
     # The fast decoder (static cache, the same step code that CUDA captures), single and batched: 6 rows pad to
     # a bucket of 8; 4 + 2 take buckets of 4 and 2, their features read on a thread ahead (the default on CUDA).
-    fast = Recognizer(ours, tokenizer, section(cfg).frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW, fast=True)
+    fast = Recognizer(ours, tokenizer, fe, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW, fast=True)
     for batch_size in (1, len(paths)):
         assert [r.ids for r in fast.transcribe(paths, batch_size=batch_size)] == expected, batch_size
     fast.prefetch = True
     assert [r.ids for r in fast.transcribe(paths, batch_size=4)] == expected
-    buckets = Recognizer(ours, tokenizer, section(cfg).frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW,
+    buckets = Recognizer(ours, tokenizer, fe, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW,
                          fast_buckets=True)
     assert [r.ids for r in buckets.transcribe(paths, batch_size=4)] == expected
     # Features one utterance at a time on the CPU (the training loader's path) instead of Frontend.batch.
-    per_utt = Recognizer(ours, tokenizer, section(cfg).frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW,
+    per_utt = Recognizer(ours, tokenizer, fe, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW,
                          device_features=False)
     assert [r.ids for r in per_utt.transcribe(paths, batch_size=len(paths))] == expected
     # Several decode steps a replay (eager on the CPU: the same steps, grouped as the graphs group them).
-    multi = Recognizer(ours, tokenizer, section(cfg).frontend, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW,
+    multi = Recognizer(ours, tokenizer, fe, prompt=inference_prompt(**kwargs), max_new_tokens=MAX_NEW,
                        fast_buckets=True, fast_multi_step=True)
     assert [r.ids for r in multi.transcribe(paths, batch_size=4)] == expected
     assert multi._fast.multi_step and multi._fast.replays < buckets._fast.replays
@@ -119,8 +121,9 @@ def test_decoding_a_training_model_switches_it_to_eval_and_back(models, tokenize
     """Validation decodes a model in train mode: every module is in eval mode during the decode (no dropout) and
     in train mode after; a model in eval mode (brisk eval) is decoded as it is and stays so."""
     _, ours, cfg = models
+    fe = decoding_frontend(section(cfg).frontend)
     paths = _paths()[:2]
-    rec = Recognizer(ours, tokenizer, section(cfg).frontend, max_new_tokens=4)
+    rec = Recognizer(ours, tokenizer, fe, max_new_tokens=4)
     expected = [r.ids for r in rec.transcribe(paths, batch_size=2)]
     assert not any(m.training for m in ours.modules())
     seen = []
@@ -140,7 +143,8 @@ def test_decoding_keeps_a_frozen_module_of_a_training_model_in_eval_mode(models,
     (brisk.speed.frozen.training_mode); validation's decode gives every module back the mode it had, so the
     next training steps do not run the frozen encoder with dropout."""
     _, ours, cfg = models
-    rec = Recognizer(ours, tokenizer, section(cfg).frontend, max_new_tokens=4)
+    fe = decoding_frontend(section(cfg).frontend)
+    rec = Recognizer(ours, tokenizer, fe, max_new_tokens=4)
     try:
         ours.train()
         ours.audio_encoder.eval()
@@ -166,8 +170,9 @@ def test_encoder_bf16_copies_and_threaded_reading(models, tokenizer, monkeypatch
     from brisk.data.audio import read_audio
 
     _, ours, cfg = models
+    fe = decoding_frontend(section(cfg).frontend)
     paths = _paths()
-    rec = Recognizer(ours, tokenizer, section(cfg).frontend, max_new_tokens=4, encoder_dtype=torch.bfloat16)
+    rec = Recognizer(ours, tokenizer, fe, max_new_tokens=4, encoder_dtype=torch.bfloat16)
     monkeypatch.setattr(decode, "READERS", 3)
     waves = rec.read(paths)
     assert all(torch.equal(w, read_audio(p, rec.fs)) for w, p in zip(waves, paths))
@@ -186,4 +191,4 @@ def test_encoder_bf16_copies_and_threaded_reading(models, tokenizer, monkeypatch
     assert len(rec.transcribe(paths[:2], batch_size=2)) == 2
     rec.release()
     assert rec._readers is None and pool._shutdown
-    assert Recognizer(ours, tokenizer, section(cfg).frontend).audio_path() is ours  # the default: the model's own modules
+    assert Recognizer(ours, tokenizer, fe).audio_path() is ours  # the default: the model's own modules

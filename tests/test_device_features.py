@@ -8,7 +8,7 @@ import torch
 
 from brisk.families.fun_asr_nano.config import FrontendConfig
 from brisk.data.audio import read_audio
-from brisk.data.features import Frontend
+from brisk.families.fun_asr_nano.features import Frontend
 
 from .conftest import DEMO
 

@@ -10,7 +10,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from brisk.data.dataset import SpeechDataset
+from brisk.families.fun_asr_nano.dataset import SpeechDataset
 from brisk.diagnose.doctor import doctor
 from brisk.train.checkpoint import Checkpoints
 from brisk.train.run import build_trainer

@@ -86,7 +86,7 @@ def _close() -> None:
 
 
 def _static_setup(run_dir):
-    from brisk.data.dataset import SyntheticDataset
+    from brisk.families.fun_asr_nano.dataset import SyntheticDataset
     from brisk.models.build import build_model
     from brisk.data.collate import collator_for
 

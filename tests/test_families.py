@@ -194,3 +194,57 @@ def test_key_roles_are_read_from_the_declarations_the_families_sections_included
     assert refused("data.train") and refused("data.prompt_conf.use_hist") and not refused("data.batch_tokens")
     assert refused("model.llm.config.hidden_size") and not refused("model.seed") and not refused("model.init")
     assert refused_with("toy_lm.manifest", {}) and not refused_with("toy_lm.manifest", {"toy_lm.manifest": "free"})
+
+
+def test_fun_asr_nano_sizes_moved_into_its_section_read_from_older_configs_runs_and_exports(tmp_path, caplog):
+    """model.frontend / model.ctc and the sizes under model.encoder / model.adaptor became fun_asr_nano.*, while
+    what trains (model.encoder.freeze, model.adaptor.freeze) stayed: an older config (a relative CMVN path resolved
+    against its folder, as before) reads as the new keys with one log line; its own values win over a newer base it
+    includes; an older run folder resumes without a change; an older export's brisk.json names its CMVN file under
+    the new key; the old name on the command line is one line naming the new."""
+    import json
+
+    from brisk.config.migrate import read_moved
+    from brisk.formats.brisk_keys import read_keys_file
+    from brisk.formats.run_config import changes
+
+    (tmp_path / "am.mvn").write_bytes((REPO / "data" / "demo" / "am.mvn").read_bytes())
+    new = load_config(REPO / "configs" / "demo.yaml", [f"train.output_dir={tmp_path}"])
+    written = new.to_dict()
+    own = written.pop("fun_asr_nano")
+    own["frontend"]["cmvn_file"] = "am.mvn"  # relative, as a hand-written file gives it
+    written["model"]["frontend"], written["model"]["ctc"] = own["frontend"], own["ctc"]
+    written["model"]["encoder"].update(own["encoder"])
+    written["model"]["adaptor"].update(own["adaptor"])
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(written), encoding="utf-8")
+    with caplog.at_level(logging.INFO, logger="brisk"):
+        old = load_config(tmp_path / "old.yaml")
+    assert families.section(old).frontend.cmvn_file == str(tmp_path / "am.mvn")
+    assert families.section(old).encoder == families.section(new).encoder
+    assert families.section(old).adaptor == families.section(new).adaptor
+    assert old.model.encoder.freeze is False and old.model.adaptor.freeze is False  # the demo trains them
+    lines = [r.message for r in caplog.records if "is now" in r.message or "are now" in r.message]
+    assert len(lines) == 1 and "model.{frontend, ctc} are now under fun_asr_nano;" in lines[0]
+    assert "model.encoder.{output_size, " in lines[0] and "are now under fun_asr_nano.encoder" in lines[0]
+    # an older run folder's saved config: every key it holds, under the old names, is no change on a resume
+    saved = json.loads(json.dumps(written))
+    saved["model"]["frontend"]["cmvn_file"] = families.section(new).frontend.cmvn_file  # a run folder's: absolute
+    assert changes(read_moved(saved, "run"), new.to_dict()) == {}
+    # an older file that includes a newer base: the file's own value wins
+    (tmp_path / "inc.yaml").write_text("include: demo\nmodel: {encoder: {num_blocks: 2}, frontend: {dither: 1.0}}\n",
+                                       encoding="utf-8")
+    inc = families.section(load_config(tmp_path / "inc.yaml", check_paths=False))
+    assert (inc.encoder.num_blocks, inc.frontend.dither, inc.encoder.output_size) == (2, 1.0, 96)
+    # an older export's brisk.json: its CMVN file named under the old key, resolved in the folder
+    (tmp_path / "brisk.json").write_text(json.dumps({"family": "fun_asr_nano", "keys": {
+        "model.frontend.cmvn_file": "am.mvn", "model.adaptor.use_low_frame_rate": False}}), encoding="utf-8")
+    assert read_keys_file(tmp_path)["keys"] == {"fun_asr_nano.frontend.cmvn_file": str(tmp_path / "am.mvn"),
+                                                "fun_asr_nano.adaptor.use_low_frame_rate": False}
+    with pytest.raises(ConfigError, match=r"override 'model.encoder.num_blocks=2': model.encoder.num_blocks is now "
+                                          r"fun_asr_nano.encoder.num_blocks; give fun_asr_nano.encoder.num_blocks=2"):
+        load_config(REPO / "configs" / "demo.yaml", ["model.encoder.num_blocks=2"])
+    with pytest.raises(ConfigError, match=r"model.frontend.dither is now fun_asr_nano.frontend.dither"):
+        load_config(REPO / "configs" / "demo.yaml", ["model.frontend.dither=0"])
+    # another family's config names no Fun-ASR-Nano key, and a section for another family is one line
+    with pytest.raises(ConfigError, match=r"leave out the fun_asr_nano section .* or set model.family=fun_asr_nano"):
+        load_config(REPO / "configs" / "demo.yaml", ["model.family=causal_lm"], check_paths=False)

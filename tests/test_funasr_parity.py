@@ -16,7 +16,7 @@ import torch
 from brisk.families import section
 from brisk.families.fun_asr_nano.config import FrontendConfig
 from brisk.data.collate import Collator
-from brisk.data.dataset import SpeechDataset
+from brisk.families.fun_asr_nano.dataset import SpeechDataset
 from brisk.data.jsonl import read_jsonl
 from brisk.data.prompt import PromptBuilder
 from brisk.models.build import build_model

@@ -20,7 +20,7 @@ from torch import nn
 from brisk.adapters.lora import LoraLinear, fold_lora, is_lora_key
 from brisk.config import ConfigError, load_config
 from brisk.data.collate import Collator
-from brisk.data.dataset import SpeechDataset
+from brisk.families.fun_asr_nano.dataset import SpeechDataset
 from brisk.data.jsonl import read_jsonl
 from brisk.data.prompt import PromptBuilder
 from brisk.models.build import build_model, read_checkpoint

@@ -44,7 +44,7 @@ def test_speech_exports_evaluate_as_their_run(speech_run, tmp_path, capsys):
     import dataclasses
 
     from brisk.data.audio import read_audio
-    from brisk.data.features import Frontend
+    from brisk.families.fun_asr_nano.features import Frontend
     from brisk.eval.load import load_for_inference
 
     run = speech_run
@@ -262,7 +262,7 @@ def test_funasr_runtime_takes_the_exported_cmvn_and_computes_brisks_features(spe
     from funasr import AutoModel
 
     from brisk.data.audio import read_audio
-    from brisk.data.features import Frontend
+    from brisk.families.fun_asr_nano.features import Frontend
     from brisk.eval.load import load_for_inference
 
     folder = speech_run / "model-funasr"

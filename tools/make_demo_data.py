@@ -427,7 +427,7 @@ def write_cmvn(wav_paths: list[Path], out: Path) -> None:
 
     from brisk.families.fun_asr_nano.config import FrontendConfig
     from brisk.data.audio import read_audio
-    from brisk.data.features import Frontend
+    from brisk.families.fun_asr_nano.features import Frontend
 
     fe = Frontend(FrontendConfig(dither=0.0))
     feats = torch.cat([fe(read_audio(str(p), SAMPLE_RATE)) for p in wav_paths]).double()

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 from ..errors import DataError
 
 if TYPE_CHECKING:  # jsonl.py calls these checks: a runtime import back would be a circle
-    from ..families.fun_asr_nano.config import FrontendConfig
     from .jsonl import JsonlIndex, Utterance
 
 log = logging.getLogger("brisk")
@@ -97,22 +96,6 @@ def check_audio_headers(index: JsonlIndex, path: str | Path, skip_bad: bool) -> 
     index.skipped += [f"{u.source}: audio file {p} cannot be decoded ({why})" for u, p, why in bad]
     log.warning("%s: %d of %d audio files cannot be decoded; their %d lines are skipped (data.skip_bad=true), "
                 "first: %s", path, len(bad), total, len(ids), first)
-
-
-def fbank_frames(samples: int, fe: FrontendConfig) -> int:
-    """Kaldi fbank frames of ``samples`` at fe.fs (snip_edges): what speech_length counts."""
-    win = int(fe.fs * fe.frame_length / 1000)
-    hop = int(fe.fs * fe.frame_shift / 1000)
-    return 0 if samples < win else 1 + (samples - win) // hop
-
-
-def check_declared_length(utt: Utterance, path: str, samples: int, fe: FrontendConfig) -> None:
-    real = fbank_frames(samples, fe)
-    declared = utt.speech_length
-    if abs(declared - real) > max(LENGTH_SLACK, LENGTH_TOLERANCE * real):
-        raise DataError(f"{utt.source}: speech_length={declared} but audio file {path} is {real} frames "
-                        f"({samples / fe.fs:.1f} s); allowed: within {LENGTH_TOLERANCE:.0%} or {LENGTH_SLACK} frames; "
-                        "fix speech_length (10 ms frames) in the jsonl")
 
 
 def check_declared_text_length(utt: Utterance, labels: list[int]) -> None:

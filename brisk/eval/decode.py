@@ -18,15 +18,14 @@ same); positions then come from the attention mask, so each utterance's tokens k
 With ``fast=True`` the same prompt embeddings go to brisk.eval.fast_decode.FastGreedy instead (static KV cache,
 the decode step a CUDA graph on CUDA); it gives the same ids (tests/test_decode_parity.py).
 
-Features are computed without dither (FunASR's frontend dithers unless its config sets dither: 0), so a
-transcript is the same on every run; by default for a whole batch at once on the decoding device
-(``Frontend.batch``: the same fbank + LFR + CMVN equations as torch ops), ``device_features=False`` one
-utterance at a time on the CPU, as the training loader does.
+The family hands over its features (Fun-ASR-Nano's fbank + LFR front end, without dither: FunASR's dithers
+unless its config sets dither: 0), so a transcript is the same on every run; by default for a whole batch at once
+on the decoding device (``frontend.batch``: the same fbank + LFR + CMVN equations as torch ops),
+``device_features=False`` one utterance at a time on the CPU, as the training loader does.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import time
@@ -38,7 +37,6 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from ..data.audio import read_audio
-from ..data.features import Frontend
 from ..families import family_of
 from ..formats.funasr import audio_token_count
 
@@ -88,14 +86,14 @@ class Recognizer:
     _audio = None  # the encoder and adaptor copied in encoder_dtype (``audio_path``), made on first use
     _readers: ThreadPoolExecutor | None = None  # the threads that read a batch's audio files (``read``)
 
-    def __init__(self, model, tokenizer, frontend_cfg, *, device: torch.device | str = "cpu", sys_prompt: bool = True,
+    def __init__(self, model, tokenizer, frontend, *, device: torch.device | str = "cpu", sys_prompt: bool = True,
                  do_think: bool = True, prompt: str | None = None, max_new_tokens: int = 512, fast: bool = False,
                  fast_compile: str | None = None, prefetch: bool | None = None, device_features: bool = True,
                  fast_buckets: bool = False, encoder_dtype: torch.dtype | None = None, fast_multi_step: bool = False):
         self.model, self.tok = model, tokenizer
         self.device = torch.device(device)
-        self.frontend = Frontend(dataclasses.replace(frontend_cfg, dither=0.0))
-        self.fs = frontend_cfg.fs
+        self.frontend = frontend  # the family's features: frontend(wave) and frontend.batch(waves, device)
+        self.fs = frontend.cfg.fs
         self.sys_prompt, self.do_think = sys_prompt, do_think
         self.prompt = prompt if prompt is not None else inference_prompt()
         self.max_new_tokens = max_new_tokens

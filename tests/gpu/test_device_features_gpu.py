@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from brisk.families.fun_asr_nano.config import FrontendConfig
-from brisk.data.features import Frontend
+from brisk.families.fun_asr_nano.features import Frontend
 
 from ..conftest import DEMO
 from ..test_device_features import GPU_TOL, waves

@@ -163,6 +163,7 @@ def test_recognizer_fast_equals_plain_on_cuda_fp32(tmp_path, tokenizer):
     from transformers import AutoConfig
 
     from brisk.families import section
+    from brisk.families.fun_asr_nano.decode import decoding_frontend
     from brisk.eval.decode import Recognizer
     from brisk.models.build import build_model
 
@@ -181,12 +182,13 @@ def test_recognizer_fast_equals_plain_on_cuda_fp32(tmp_path, tokenizer):
                 p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
     model = model.cuda()
     paths = [str(p) for p in sorted((DEMO / "audio" / "valid").glob("*.flac"))[:6]]
-    plain = Recognizer(model, tokenizer, section(cfg).frontend, device="cuda", max_new_tokens=16)
-    fast = Recognizer(model, tokenizer, section(cfg).frontend, device="cuda", max_new_tokens=16, fast=True)
+    fe = decoding_frontend(section(cfg).frontend)
+    plain = Recognizer(model, tokenizer, fe, device="cuda", max_new_tokens=16)
+    fast = Recognizer(model, tokenizer, fe, device="cuda", max_new_tokens=16, fast=True)
     expected = [r.ids for r in plain.transcribe(paths, batch_size=1)]
     assert len({tuple(e) for e in expected}) > 1
     # Features on the GPU (the default, Frontend.batch) or one at a time on the CPU: the same transcripts.
-    cpu_features = Recognizer(model, tokenizer, section(cfg).frontend, device="cuda", max_new_tokens=16, device_features=False)
+    cpu_features = Recognizer(model, tokenizer, fe, device="cuda", max_new_tokens=16, device_features=False)
     assert [r.ids for r in cpu_features.transcribe(paths, batch_size=6)] == expected
     for batch_size in (1, 6):
         assert [r.ids for r in fast.transcribe(paths, batch_size=batch_size)] == expected, batch_size
@@ -194,10 +196,10 @@ def test_recognizer_fast_equals_plain_on_cuda_fp32(tmp_path, tokenizer):
     fast.release()
     assert fast._fast is None
     # Length buckets: the encoder, the prefill and the step replayed from graphs (fp32 here: the same ids).
-    buckets = Recognizer(model, tokenizer, section(cfg).frontend, device="cuda", max_new_tokens=16, fast_buckets=True)
+    buckets = Recognizer(model, tokenizer, fe, device="cuda", max_new_tokens=16, fast_buckets=True)
     for batch_size in (1, 6):
         assert [r.ids for r in buckets.transcribe(paths, batch_size=batch_size)] == expected, batch_size
-    multi = Recognizer(model, tokenizer, section(cfg).frontend, device="cuda", max_new_tokens=16, fast_buckets=True,
+    multi = Recognizer(model, tokenizer, fe, device="cuda", max_new_tokens=16, fast_buckets=True,
                        fast_multi_step=True)  # several tokens a replay
     assert [r.ids for r in multi.transcribe(paths, batch_size=6)] == expected
     assert multi._fast.multi_step and multi._fast.replays <= 2  # 15 steps: checks of 8 and 7 (one a token: 15)

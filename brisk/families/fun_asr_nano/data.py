@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from ...config import Config, ConfigError
 from ...data.context import ContextPrompt
-from ...data.dataset import SpeechDataset, SyntheticDataset, read_profile
 from ...data.loader import cache_dir, load_tokenizer
 from ...data.prompt import PromptBuilder
 from ..registry import section
+from .dataset import SpeechDataset, SyntheticDataset, read_profile
 
 def speech_prepare(cfg: Config, which: str, path: str, tokenizer=None):
     """A FunASR jsonl indexed once, every line and audio file checked (Fun-ASR-Nano's ``prepare``)."""

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:  # annotations: Fun-ASR-Nano's front end keys
-    from ..families.fun_asr_nano.config import FrontendConfig
+from .config import FrontendConfig
 
 _EPS = torch.finfo(torch.float32).eps
 
