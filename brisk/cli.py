@@ -385,11 +385,16 @@ def run() -> None:
     which took ~5 s after a compiled, graphed run on an H200. Tests call main() and keep their interpreter."""
     try:
         rc = main()
+        sys.stdout.flush()  # here, so that a closed pipe found by the last write is handled below
     except SystemExit as e:  # argparse's --help/--version and usage errors
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except KeyboardInterrupt:  # Ctrl-C outside training (training stops itself: brisk.train.stop)
         print("interrupted", file=sys.stderr)
         rc = 130
+    except BrokenPipeError:  # `brisk ... | head`: the reader stopped; what is left to print goes nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print("brisk: the output pipe was closed by its reader; the rest of the output is dropped", file=sys.stderr)
+        rc = 141  # as a shell reports a program stopped by SIGPIPE
     except BaseException:
         import traceback
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import torch
 
@@ -195,3 +196,48 @@ def test_torchrun_two_processes_on_the_cpu(tmp_path):
     assert out.stdout.count("3 steps") == 1  # printed by rank 0 only
     steps = (tmp_path / "steps.jsonl").read_text().splitlines()
     assert len(steps) == 3 and (tmp_path / "checkpoints" / "ckpt-00000003.pt").exists()
+
+
+def test_a_closed_output_pipe_stops_quietly_and_the_log_goes_on(tmp_path):
+    """`brisk ... | head`: the reader goes away. The command ends with one line on stderr and the shell's SIGPIPE
+    code, no traceback; a run's console log stops while the run (and its train.log) goes on."""
+    import logging
+    import subprocess
+    import sys
+
+    from brisk.train.run import PipeHandler
+
+    code = ("import brisk.cli as c\n"
+            "def main():\n"
+            "    for _ in range(100000):\n"
+            "        print('x' * 100)\n"
+            "    return 0\n"
+            "c.main = main\n"
+            "c.run()\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.readline()
+    p.stdout.close()  # as `head -1` does
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 141
+    assert "Traceback" not in err and "output pipe was closed" in err
+
+    r, w = os.pipe()
+    os.close(r)
+    stream = os.fdopen(w, "w")
+    handler = PipeHandler(stream)
+    logger = logging.getLogger("brisk.test_pipe")
+    logger.addHandler(handler)
+    logger.propagate = False
+    errors = []
+    handler.handleError = lambda rec, h=handler: errors.append(sys.exc_info()[1]) or PipeHandler.handleError(h, rec)
+    try:
+        for i in range(3):
+            logger.warning("line %d", i)
+    finally:
+        logger.removeHandler(handler)
+    assert isinstance(errors[0], BrokenPipeError) and len(errors) == 1  # the first line found the pipe closed
+    assert handler.stream is not stream  # then the console lines go nowhere
+    try:
+        stream.close()
+    except BrokenPipeError:  # its buffered first line
+        pass

@@ -78,6 +78,7 @@ def main_table() -> None:
     case("zero or negative epochs", ["train", c, "train.max_epochs=-1"])
     case("a key without a value", ["train", "train.max_epochs"])
     case("a misspelt key", ["train", c, "train.max_stepz=3"])
+    case("a key an older brisk had elsewhere", ["train", c, "model.encoder.num_blocks=2"])
     case("a word where a number goes", ["train", c, "train.max_steps=lots"])
     case("adaptor downsampling without the low frame rate", ["train", c, "fun_asr_nano.adaptor.downsample_rate=2"])
     case("a word where true/false goes", ["train", c, "speed.compile=maybe"])

@@ -35,6 +35,17 @@ from .threads import pick_threads
 log = logging.getLogger("brisk")
 
 
+class PipeHandler(logging.StreamHandler):
+    """Log lines to a pipe. When its reader goes away (`brisk train | head`) the run goes on and its train.log
+    stays whole: the console lines stop, instead of an error block for every line after."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if isinstance(sys.exc_info()[1], BrokenPipeError):
+            self.stream = open(os.devnull, "w", encoding="utf-8")  # not setStream: it flushes the broken pipe
+            return
+        super().handleError(record)
+
+
 def setup_logging(run_dir: Path | None, rank: int = 0) -> None:
     from rich.logging import RichHandler
 
@@ -44,7 +55,7 @@ def setup_logging(run_dir: Path | None, rank: int = 0) -> None:
     if sys.stdout.isatty():
         logger.addHandler(RichHandler(show_path=False, rich_tracebacks=False, markup=False))
     else:  # piped or redirected: one plain line per event (rich would wrap at 80 columns)
-        plain = logging.StreamHandler(sys.stdout)
+        plain = PipeHandler(sys.stdout)
         plain.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
         logger.addHandler(plain)
     if run_dir is not None:

@@ -27,8 +27,8 @@ class FrontendConfig:
     window: str = key("hamming", "fbank window: hamming | hanning | povey | rectangular | blackman", inference=True)
     lfr_m: int = key(7, "low-frame-rate stacking: frames stacked into one", inference=True)
     lfr_n: int = key(6, "low-frame-rate stacking: frames advanced between stacks", inference=True)
-    dither: float = key(1.0, "FunASR's default; 0 makes features deterministic (needed by speed.encoder_cache)",
-                         inference=True)
+    dither: float = key(1.0, "fbank dither (FunASR's default: 1.0); 0 makes features deterministic (needed by "
+                         "speed.encoder_cache)", inference=True)
     cmvn_file: str | None = key(None, "FunASR am.mvn file (mean/variance normalisation); none: no CMVN", path="in",
                                  exported=CMVN_NAME)
     upscale_samples: bool = key(True, "FunASR scales [-1, 1] audio to the int16 range before fbank", inference=True)
