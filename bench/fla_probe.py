@@ -40,7 +40,7 @@ def run(arm: str, out: Path, steps: int, config: str, layers: int, device: str =
     if ("fla" in sys.modules or K.available("fla")) != (arm == "fla"):
         raise SystemExit(f"arm {arm}: flash-linear-attention must {'' if arm == 'fla' else 'not '}be importable")
     torch.manual_seed(0)
-    model = build_model(cfg, device, task="chat")
+    model = build_model(cfg, device)
     note = K.apply_fla_linear_attention(model) if arm == "fla" else K.apply_linear_attention_batched(model)
     tok = AutoTokenizer.from_pretrained(str(REPO / "data/chat_demo/tokenizer"), local_files_only=True)
     ds = build_chat_store(str(REPO / "data/chat_demo/train.jsonl"), tok, max_len=1024, overlong="truncate",

@@ -235,16 +235,55 @@ def test_fun_asr_nano_sizes_moved_into_its_section_read_from_older_configs_runs_
                                        encoding="utf-8")
     inc = families.section(load_config(tmp_path / "inc.yaml", check_paths=False))
     assert (inc.encoder.num_blocks, inc.frontend.dither, inc.encoder.output_size) == (2, 1.0, 96)
+    assert inc.frontend.cmvn_file.endswith("am.mvn")  # the base's other front-end keys stay
     # an older export's brisk.json: its CMVN file named under the old key, resolved in the folder
     (tmp_path / "brisk.json").write_text(json.dumps({"family": "fun_asr_nano", "keys": {
         "model.frontend.cmvn_file": "am.mvn", "model.adaptor.use_low_frame_rate": False}}), encoding="utf-8")
     assert read_keys_file(tmp_path)["keys"] == {"fun_asr_nano.frontend.cmvn_file": str(tmp_path / "am.mvn"),
                                                 "fun_asr_nano.adaptor.use_low_frame_rate": False}
     with pytest.raises(ConfigError, match=r"override 'model.encoder.num_blocks=2': model.encoder.num_blocks is now "
-                                          r"fun_asr_nano.encoder.num_blocks; give fun_asr_nano.encoder.num_blocks=2"):
+                                          r"fun_asr_nano.encoder.num_blocks; give fun_asr_nano.encoder.num_blocks=2$"):
         load_config(REPO / "configs" / "demo.yaml", ["model.encoder.num_blocks=2"])
     with pytest.raises(ConfigError, match=r"model.frontend.dither is now fun_asr_nano.frontend.dither"):
         load_config(REPO / "configs" / "demo.yaml", ["model.frontend.dither=0"])
+    with pytest.raises(ConfigError, match=r"model.frontend.dither is now fun_asr_nano.frontend.dither, a key of "
+                                          r"model.family=fun_asr_nano; model.family=causal_lm has no such key: leave"):
+        load_config("sft_demo", ["model.frontend.dither=0"], check_paths=False)
     # another family's config names no Fun-ASR-Nano key, and a section for another family is one line
     with pytest.raises(ConfigError, match=r"leave out the fun_asr_nano section .* or set model.family=fun_asr_nano"):
         load_config(REPO / "configs" / "demo.yaml", ["model.family=causal_lm"], check_paths=False)
+
+
+def test_an_older_run_folder_resumes_and_is_checked_under_the_new_names(tmp_path, monkeypatch, caplog):
+    """A resume of a run an older brisk saved (its checkpoint's config under the old names): no false "differs"
+    warning; a checkpoint and config.yaml that really disagree on a moved key are still refused; --help-config
+    describes the family's sub-sections."""
+    import torch
+
+    from brisk.config.help import help_text
+    from brisk.config.roles import resume_roles
+    from brisk.formats.run_config import check_run_files
+    from brisk.train import run_state
+
+    cfg = load_config(REPO / "configs" / "demo.yaml", [f"train.output_dir={tmp_path}"])
+    old = cfg.to_dict()
+    own = old.pop("fun_asr_nano")
+    old["model"].update(frontend=own["frontend"], ctc=own["ctc"])
+    old["model"]["encoder"].update(own["encoder"])
+    old["model"]["adaptor"].update(own["adaptor"])
+    monkeypatch.setattr(run_state, "checkpoint_config", lambda path: old)
+    with caplog.at_level(logging.INFO, logger="brisk"):
+        run_state.report(cfg, tmp_path, tmp_path / "ckpt-00000004.pt", 4)
+    assert not [r for r in caplog.records if "differs" in r.message]
+    old["model"]["encoder"]["num_blocks"] = 5  # the checkpoint's model is not config.yaml's
+    torch.save({"config": old}, tmp_path / "ckpt-00000004.pt")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"fun_asr_nano.encoder.num_blocks: 5 -> 3"):
+        check_run_files(tmp_path, tmp_path / "ckpt-00000004.pt", resume_roles())
+    text = help_text()
+    assert "[fun_asr_nano.frontend]  model.family=fun_asr_nano only: Kaldi fbank" in text
+    # a FunASR folder given to another family is refused by that family's rule, before the folder is read
+    (tmp_path / "funasr").mkdir()
+    (tmp_path / "funasr" / "config.yaml").write_text("audio_encoder_conf: {output_size: 32}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"model.path is a speech-LLM folder; with model.family=causal_lm"):
+        load_config("sft_demo", [f"model.path={tmp_path / 'funasr'}"], check_paths=False)

@@ -14,7 +14,7 @@ import yaml
 from .. import families
 from ..errors import ConfigError
 from ..formats.brisk_keys import moved
-from .migrate import without_task
+from .migrate import owns, without_task
 from .roles import declared
 from .tree import Config
 
@@ -210,7 +210,9 @@ def _set_dotted(tree: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def parse_override(text: str) -> tuple[str, Any]:
+def parse_override(text: str, family: str | None = None) -> tuple[str, Any]:
+    """``key=value`` -> (key, the value as YAML). ``family``: the run's model family, when known, for the line
+    an older key name gets."""
     if "=" not in text:
         if text.strip().endswith((".yaml", ".yml")):
             raise ConfigError(f"{text}: one config file a run; put the keys of both in one file (a file may start "
@@ -224,6 +226,9 @@ def parse_override(text: str) -> tuple[str, Any]:
         without_task({"task": raw.strip()}, f"override {text!r}")
     new = moved(key)
     if new is not None:
+        if family is not None and not owns(family, new):
+            raise ConfigError(f"override {text!r}: {key} is now {new}, a key of model.family={new.split('.')[0]}; "
+                              f"model.family={family} has no such key: leave it out")
         raise ConfigError(f"override {text!r}: {key} is now {new}; give {new}={raw.strip()}")
     if not _known_path(key):
         parent = key.rsplit(".", 1)[0] if "." in key else ""

@@ -84,7 +84,10 @@ def help_text(cfg: Config | None = None, name: str = "") -> str:
     from .. import families
 
     docs = dict(sections())
-    docs.update({f.name: f"model.family={f.name} only: {f.summary}" for f in families.all_families()})
+    for f in families.all_families():
+        docs[f.name] = f"model.family={f.name} only: {f.summary}"
+        if f.config is not None:  # its sub-sections (fun_asr_nano.frontend, ...) with their own descriptions
+            docs.update({k: f"model.family={f.name} only: {d}" for k, d in sections(f.config, f.name + ".")})
     tree = cfg.to_dict() if cfg is not None else None
     own = {f.name for f in families.all_families()}
     lines = ["Every config key: type, default, meaning. Set keys in a YAML file or as key=value after it,",

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from .. import families
 from ..errors import ConfigError
 from ..formats.brisk_keys import keys_tree, read_keys_file
 from ..formats.funasr import FAMILY, funasr_folder_config, funasr_folder_data_config
@@ -146,13 +147,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise ConfigError(f"{path}: unknown config key {unknown[0]}{did_you_mean(unknown[0])}; "
                           "`brisk train --help-config` lists every key")
     cli: dict = {}
+    family = next((t.split("=", 1)[1].strip() for t in overrides or [] if t.split("=", 1)[0].strip() == "model.family"),
+                  (tree.get("model") or {}).get("family") or families.DEFAULT)
     for text in overrides or []:
-        key, value = parse_override(text)
+        key, value = parse_override(text, family)
         _set_dotted(cli, key, value)
     _nulls(cli)
     _resolve_paths(cli, Path.cwd(), path_keys() & _flatten(cli))
-    folder = (_merge(tree, cli).get("model") or {}).get("path")
-    if folder:
+    model = _merge(tree, cli).get("model") or {}
+    folder = model.get("path")
+    if folder and model.get("family", FAMILY) == FAMILY:  # another family refuses model.path in one line (its rule)
         tree = _with_model_folder(tree, folder)
     merged = expand_preset(_merge(tree, cli))
     _resolve_paths(merged, Path.cwd(), CWD_KEYS & _flatten(merged))
@@ -251,9 +255,11 @@ def check_files(cfg: Config) -> None:
 def config_changes(saved: dict, now: dict, ignore: set[str] = frozenset()) -> list[str]:
     """'key: old -> new' for every dotted key that differs, a key one side lacks included (keys in ``ignore``
     aside). The keys are brisk.formats.run_config.flat's, as a resume's refusals name them."""
+    from ..formats.brisk_keys import moved
     from ..formats.run_config import flat
 
-    a, b = flat(saved), flat(now)
+    # an older brisk's names read as the new ones: a key that only moved is no change
+    a, b = ({moved(k) or k: v for k, v in flat(side).items()} for side in (saved, now))
     out = []
     for key in sorted(set(a) | set(b)):
         if key in ignore or a.get(key) == b.get(key):

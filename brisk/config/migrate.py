@@ -14,11 +14,11 @@ from .tree import Config
 _ABSENT = object()
 
 
-def read_moved(tree: dict, where) -> dict:
+def read_moved(tree: dict, where, say: bool = True) -> dict:
     """``tree`` with each MOVED_KEYS key (or section) of an older config read as its new key. A value goes into the
     run's family's own section when that section has the key (the family that owns it, or one that extends its
     section to borrow its parts), with one line in the log; an unset one (every run folder an older brisk saved
-    holds them all) or one for a family that never read it is dropped."""
+    holds them all) or one for a family that never read it is dropped. ``say``: the log line (once a file)."""
     family = families.get((tree.get("model") or {}).get("family") or families.DEFAULT)
     read = []
     for old, new in MOVED_KEYS.items():
@@ -31,7 +31,7 @@ def read_moved(tree: dict, where) -> dict:
         read.append((old, f"{family.name}.{'.'.join(path)}"))
         section = tree.get(family.name) or {}
         tree = {**tree, family.name: _merged_under(section, path, value)}
-    if read:
+    if read and say:
         logging.getLogger("brisk").warning("config: %s: %s (read as that; write the new keys)", where, _named(read))
     return tree
 
@@ -51,16 +51,34 @@ def _named(read: list[tuple[str, str]]) -> str:
     return "; ".join(out)
 
 
+def owns(family: str, key: str) -> bool:
+    """Does the family's own section declare ``key`` (``<section>.<path>``, the section its owner's name; a family
+    that extends another's section owns its keys too)?"""
+    fam = families.get(family)
+    return fam.config is not None and _declares(fam.config, key.split(".")[1:])
+
+
 def shadowed(base: dict, tree: dict) -> dict:
     """``base`` (an included file) without the family-section keys whose old names ``tree`` (the including file)
     gives, so that an older file's own value still wins over its base's once merged (read_moved then moves it)."""
     shared = {f.name for f in dataclasses.fields(Config)}
     for old, new in MOVED_KEYS.items():
-        if _popped(tree, old.split("."))[0] is _ABSENT:
+        value = _popped(tree, old.split("."))[0]
+        if value is _ABSENT:
             continue
+        # a section that moved whole (model.frontend): only the keys the older file gives, the base keeps the rest
+        paths = [new.split(".")[1:] + leaf for leaf in _leaves(value)]
         for section in [k for k, v in base.items() if k not in shared and isinstance(v, dict)]:
-            base = {**base, section: _popped(base[section], new.split(".")[1:])[1]}
+            for path in paths:
+                base = {**base, section: _popped(base[section], path)[1]}
     return base
+
+
+def _leaves(value) -> list[list[str]]:
+    """The key paths under a value: [[]] for a plain value, [["a"], ["b", "c"]] for {a: 1, b: {c: 2}}."""
+    if not isinstance(value, dict) or not value:
+        return [[]]
+    return [[k] + rest for k, v in value.items() for rest in _leaves(v)]
 
 
 def _popped(tree: dict, path: list[str]) -> tuple:

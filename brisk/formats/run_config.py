@@ -50,10 +50,12 @@ def refused(key: str, roles: dict[str, str]) -> bool:
     return section not in RUN_SECTIONS and section != "data"
 
 
-def changes(saved: dict, now: dict) -> dict[str, tuple]:
+def changes(saved: dict, now: dict, older_names: bool = False) -> dict[str, tuple]:
     """{key: (saved value, new value)} for every dotted key that differs. A config key one side lacks (a run
     saved by an older brisk) is no change; a key of the free-form LLM config one side lacks is one."""
     a, b = flat(saved), flat(now)
+    if older_names:  # either side may be an older brisk's (a checkpoint kept from before a key moved)
+        a, b = ({moved(k) or k: v for k, v in side.items()} for side in (a, b))
     keys = (set(a) & set(b)) | {k for k in set(a) ^ set(b) if k.startswith("model.llm.config.")}
     return {k: (a.get(k, "(absent)"), b.get(k, "(absent)")) for k in sorted(keys) if a.get(k) != b.get(k)}
 
@@ -99,7 +101,7 @@ def check_run_files(run_dir: str | Path, weights: Path | None, roles: dict[str, 
     saved, _ = saved_config(run_dir)
     if ck is None or saved is None:
         return
-    bad = {k: v for k, v in changes(ck, saved).items() if refused(k, roles)}
+    bad = {k: v for k, v in changes(ck, saved, older_names=True).items() if refused(k, roles)}
     if bad:
         raise ConfigError(f"{run_dir}: its config.yaml and {Path(weights).name} disagree on the model or data: "
                           f"{describe(bad)} (checkpoint -> config.yaml); restore config.yaml from the checkpoint's "

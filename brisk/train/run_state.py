@@ -145,7 +145,9 @@ def report(cfg: Config, run_dir: Path, path: Path | None, step: int) -> None:
             log.info("train.resume=true: nothing to resume in %s (no checkpoint), starting fresh", run_dir)
             trim_step_logs(run_dir, 0)  # steps of a run killed before its first checkpoint
         return
-    warn_config_changes(checkpoint_config(path), cfg.to_dict(), path)
+    saved = checkpoint_config(path)
+    # an older brisk's names read as the new ones (check_resume said so once already)
+    warn_config_changes(read_moved(saved, path, say=False) if saved is not None else None, cfg.to_dict(), path)
     trim_step_logs(run_dir, step)
 
 
