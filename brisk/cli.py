@@ -377,6 +377,18 @@ def one_line(e: BaseException) -> str:
     return text
 
 
+def _stdout_closed() -> bool:
+    """Is standard output a pipe whose reader has gone (poll reports an error on its write end)?"""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLERR)
+        return bool(poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no poll here, or stdout without a file descriptor
+        return False
+
+
 def run() -> None:
     """The program's entry (the `brisk` command and `python -m brisk`): main(), then a prompt exit.
 
@@ -391,10 +403,17 @@ def run() -> None:
     except KeyboardInterrupt:  # Ctrl-C outside training (training stops itself: brisk.train.stop)
         print("interrupted", file=sys.stderr)
         rc = 130
-    except BrokenPipeError:  # `brisk ... | head`: the reader stopped; what is left to print goes nowhere
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        print("brisk: the output pipe was closed by its reader; the rest of the output is dropped", file=sys.stderr)
-        rc = 141  # as a shell reports a program stopped by SIGPIPE
+    except BrokenPipeError:
+        if not _stdout_closed():  # another pipe (a worker's, a subprocess's): an error like any other
+            import traceback
+
+            traceback.print_exc()
+            rc = 1
+        else:  # `brisk ... | head`: the reader stopped; what is left to print goes nowhere
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            print("brisk: the output pipe was closed by its reader; the rest of the output is dropped",
+                  file=sys.stderr)
+            rc = 141  # as a shell reports a program stopped by SIGPIPE
     except BaseException:
         import traceback
 

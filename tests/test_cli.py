@@ -220,6 +220,13 @@ def test_a_closed_output_pipe_stops_quietly_and_the_log_goes_on(tmp_path):
     err = p.stderr.read().decode()
     assert p.wait(timeout=60) == 141
     assert "Traceback" not in err and "output pipe was closed" in err
+    other = ("import brisk.cli as c\n"
+             "def main():\n"
+             "    raise BrokenPipeError('a worker pipe')\n"
+             "c.main = main\n"
+             "c.run()\n")
+    done = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" in done.stderr and "a worker pipe" in done.stderr  # not stdout's
 
     r, w = os.pipe()
     os.close(r)
