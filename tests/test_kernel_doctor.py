@@ -80,3 +80,18 @@ def test_compiled_layer_check_runs_a_packed_row_and_catches_a_wrong_graph():
     torch._dynamo.reset()
     bad = check_compiled_layer(QWEN3_TREE, lengths, "cpu", backend=off_by_a_fifth)
     assert bad.ratio > 1 and "OUTSIDE" in bad.line()
+
+
+
+def test_flashqla_says_why_it_is_not_checked_where_it_cannot_run(monkeypatch):
+    """Without flash-qla the check names why in one line, and on the CPU the doctor says FlashQLA needs CUDA; the
+    check itself is a GPU test (tests/gpu/test_gdn_check_cuda.py)."""
+    import importlib.util
+
+    from brisk.diagnose import gdn_check as G
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flash_qla" else real(name, *a))
+    assert G.flashqla_refusal().startswith("flash-qla is not installed")
+    text = kernel_doctor(str(ROOT / "configs/sft_demo.yaml"), TINY_QWEN3_5)
+    assert "- FlashQLA: TileLang kernels need CUDA" in text.split("## Not checked here")[1]

@@ -243,6 +243,34 @@ def fla_delta_rule(shape: Shape):
     return run
 
 
+def flashqla_delta_rule(shape: Shape):
+    """Qwen's FlashQLA (flash-qla: TileLang kernels for SM90, K = V = 128): the same call as fla's, on the same
+    packed row. Importing it raises on a GPU it has no kernels for."""
+    from flash_qla import chunk_gated_delta_rule
+
+    def run(q, k, v, g, beta):
+        cu = None
+        if not shape.padded:
+            cu = torch.tensor([0, *torch.tensor(shape.lengths).cumsum(0).tolist()], device=q.device, dtype=torch.long)
+        return chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0]
+    run.__name__ = "FlashQLA chunk_gated_delta_rule"
+    return run
+
+
+def flashqla_refusal() -> str | None:
+    """Why FlashQLA cannot run here, or None: not installed, or its import refuses this GPU (it has kernels for
+    SM90, SM100/103 and SM120/121) or lacks what TileLang needs."""
+    import importlib.util
+
+    if importlib.util.find_spec("flash_qla") is None:
+        return "flash-qla is not installed (pip install flash-qla: Qwen's TileLang kernels, SM90 and later)"
+    try:
+        import flash_qla  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - its import probes the GPU and TileLang's compiler
+        return f"flash-qla does not load here: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return None
+
+
 def fla_conv(shape: Shape):
     from fla.modules.causal_conv1d.ops import causal_conv1d
 

@@ -101,6 +101,13 @@ def check_gated_delta_rule(tree: dict, lengths, device: str) -> list[Check]:
     c.kernel_ms = _ms(lambda: G.grads(fla, leaves, inputs["do"]))
     c.fallback_ms, c.fallback = _ms(torch_path, 1), "transformers' torch chunk, batched"
     out.append(c)
+    if G.flashqla_refusal() is None and kd == vd == 128:  # FlashQLA's kernels are for K = V = 128
+        qla = G.flashqla_delta_rule(shape)
+        q = _worst("Gated DeltaNet: FlashQLA chunk_gated_delta_rule", desc,
+                   G.check_delta_rule(shape, device, kernel=qla, ref=ref))
+        q.kernel_ms = _ms(lambda: G.grads(qla, leaves, inputs["do"]))
+        q.fallback_ms, q.fallback = c.kernel_ms, "fla's chunk kernel, forward and backward"
+        out.append(q)
     conv_rows = G.check_conv(shape, device)
     c = _worst("Gated DeltaNet: fla causal_conv1d (varlen)", f"{sum(lengths)} tokens, "
                f"{2 * heads * kd + heads * vd} channels", conv_rows)
@@ -388,6 +395,9 @@ def kernel_doctor(config: str, overrides: list[str] | None = None) -> str:
                 cannot.append("fla's kernels: Triton kernels need CUDA (checked above: the torch fallback the plan runs)")
             else:
                 cannot.append(f"fla's kernels: {refusal}")
+            qla = G.flashqla_refusal() if device == "cuda" else "TileLang kernels need CUDA"
+            if qla:
+                cannot.append(f"FlashQLA: {qla}")
         if device == "cuda" and available("liger_kernel"):
             lines += [c.line() for c in check_liger(tree, min(budget, 4096))]
         else:

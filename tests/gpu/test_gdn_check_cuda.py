@@ -53,3 +53,15 @@ def test_the_launcher_covers_qwen3_5_and_nothing_unchecked():
     for shape in G.SHAPES[:4]:
         assert fla_hopper.hopper_refusal([shape.k]) is None
     assert fla_hopper.block_width(64) is None and fla_hopper.coverage_refusal([64])
+
+
+@pytest.mark.parametrize("shape", [s for s in G.SHAPES if s.k == s.v == 128], ids=lambda s: s.name)
+def test_flashqla_is_within_the_bf16_bound(shape):
+    """Qwen's FlashQLA (flash-qla, TileLang; skipped where it is not installed or refuses this GPU) at the K = V = 128
+    shapes, forward and every input gradient, against the same fp32 recurrence and bound as fla."""
+    why = G.flashqla_refusal()
+    if why:
+        pytest.skip(why)
+    rows = G.check_delta_rule(shape, "cuda", kernel=G.flashqla_delta_rule(shape))
+    assert {r.kernel for r in rows} == {"FlashQLA chunk_gated_delta_rule"}
+    _assert_within(rows)
