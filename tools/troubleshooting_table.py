@@ -238,10 +238,10 @@ def main_table() -> None:
     case("probe calibrate on runs with different learning rates", ["probe", "calibrate", f"{tmp}/pa", f"{tmp}/pc"],
          shown="brisk probe calibrate <run lr=0.002> <run lr=0.01>")
 
-    # task: chat (the causal-LM path): its data lines and the speech-only keys
+    # model.family=causal_lm (the chat family): its data lines and the speech-only keys
     sft = str(REPO / "configs" / "sft_demo.yaml")
     chat = (REPO / "data" / "chat_demo" / "train.jsonl").read_text(encoding="utf-8").splitlines()[:6]
-    case("chat: a speech switch with task: chat", ["train", sft, "speed.frozen_eval=true"])
+    case("chat: a speech switch with model.family=causal_lm", ["train", sft, "speed.frozen_eval=true"])
     case("chat: the encoder's activation checkpointing", ["train", sft, "model.encoder.activation_checkpoint=1"])
     case("chat: a FunASR export of a chat model", ["train", sft, "train.export=funasr"])
     case("chat: a LoRA target the model does not have", ["train", sft, f"train.output_dir={tmp}/lt", "train.max_steps=1",
@@ -264,8 +264,10 @@ def main_table() -> None:
          ["train", sft, f"train.output_dir={tmp}/cl", "train.max_steps=1", "causal_lm.max_len=64", "data.valid=none",
           f"data.train={jsonl(tmp, 'unlabelled.jsonl', unlabelled)}"], pick="dropped", want="out",
          shown="brisk train configs/sft_demo.yaml causal_lm.max_len=64 data.train=<chat jsonl with 2 user turns of 80 words>")
-    # model.family: an unknown family, and what Qwen3-ASR does not take
+    # model.family: keys that moved, the old task word, an unknown family, and what Qwen3-ASR does not take
     q3 = str(REPO / "configs" / "qwen3_asr_demo.yaml")
+    case("a key that moved into its family's section", ["train", q3, "data.language=English"])
+    case("the old `task:` word", ["train", c, "task=chat"])
     case("an unknown model family", ["train", q3, "model.family=whisper"])
     case("a misspelt model family", ["train", q3, "model.family=qwen3asr"])
     case("qwen3_asr: a switch it does not take", ["train", q3, "speed.liger=true"])
