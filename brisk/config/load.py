@@ -147,8 +147,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise ConfigError(f"{path}: unknown config key {unknown[0]}{did_you_mean(unknown[0])}; "
                           "`brisk train --help-config` lists every key")
     cli: dict = {}
-    family = next((t.split("=", 1)[1].strip() for t in overrides or [] if t.split("=", 1)[0].strip() == "model.family"),
-                  (tree.get("model") or {}).get("family") or families.DEFAULT)
+    given = [parse_override(t) for t in overrides or [] if t.split("=", 1)[0].strip().lstrip("+") == "model.family"]
+    family = given[-1][1] if given else (tree.get("model") or {}).get("family") or families.DEFAULT
     for text in overrides or []:
         key, value = parse_override(text, family)
         _set_dotted(cli, key, value)
@@ -255,11 +255,9 @@ def check_files(cfg: Config) -> None:
 def config_changes(saved: dict, now: dict, ignore: set[str] = frozenset()) -> list[str]:
     """'key: old -> new' for every dotted key that differs, a key one side lacks included (keys in ``ignore``
     aside). The keys are brisk.formats.run_config.flat's, as a resume's refusals name them."""
-    from ..formats.brisk_keys import moved
-    from ..formats.run_config import flat
+    from ..formats.run_config import flat_now
 
-    # an older brisk's names read as the new ones: a key that only moved is no change
-    a, b = ({moved(k) or k: v for k, v in flat(side).items()} for side in (saved, now))
+    a, b = flat_now(saved), flat_now(now)  # an older brisk's names read as the new ones
     out = []
     for key in sorted(set(a) | set(b)):
         if key in ignore or a.get(key) == b.get(key):

@@ -232,15 +232,25 @@ def timed(fn, *args):
     return res, time.perf_counter() - t0
 
 
+def cu_seqlens(shape: Shape, device) -> torch.Tensor | None:
+    """The packed row's conversation boundaries (None for a padded batch)."""
+    if shape.padded:
+        return None
+    return torch.tensor([0, *torch.tensor(shape.lengths).cumsum(0).tolist()], device=device, dtype=torch.long)
+
+
+def _delta_rule(chunk_gated_delta_rule, shape: Shape):
+    """fla's call signature, which FlashQLA shares, on the shape's packed row (or padded batch)."""
+    def run(q, k, v, g, beta):
+        return chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True,
+                                      cu_seqlens=cu_seqlens(shape, q.device))[0]
+    return run
+
+
 def fla_delta_rule(shape: Shape):
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    def run(q, k, v, g, beta):
-        cu = None
-        if not shape.padded:
-            cu = torch.tensor([0, *torch.tensor(shape.lengths).cumsum(0).tolist()], device=q.device, dtype=torch.long)
-        return chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0]
-    return run
+    return _delta_rule(chunk_gated_delta_rule, shape)
 
 
 def flashqla_delta_rule(shape: Shape):
@@ -248,11 +258,7 @@ def flashqla_delta_rule(shape: Shape):
     packed row. Importing it raises on a GPU it has no kernels for."""
     from flash_qla import chunk_gated_delta_rule
 
-    def run(q, k, v, g, beta):
-        cu = None
-        if not shape.padded:
-            cu = torch.tensor([0, *torch.tensor(shape.lengths).cumsum(0).tolist()], device=q.device, dtype=torch.long)
-        return chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0]
+    run = _delta_rule(chunk_gated_delta_rule, shape)
     run.__name__ = "FlashQLA chunk_gated_delta_rule"
     return run
 
@@ -263,7 +269,7 @@ def flashqla_refusal() -> str | None:
     import importlib.util
 
     if importlib.util.find_spec("flash_qla") is None:
-        return "flash-qla is not installed (pip install flash-qla: Qwen's TileLang kernels, SM90 and later)"
+        return "flash-qla is not installed (pip install 'brisk-train[flashqla]': Qwen's TileLang kernels, SM90 and later)"
     try:
         import flash_qla  # noqa: F401
     except Exception as e:  # noqa: BLE001 - its import probes the GPU and TileLang's compiler
@@ -275,10 +281,7 @@ def fla_conv(shape: Shape):
     from fla.modules.causal_conv1d.ops import causal_conv1d
 
     def run(x, weight):
-        cu = None
-        if not shape.padded:
-            cu = torch.tensor([0, *torch.tensor(shape.lengths).cumsum(0).tolist()], device=x.device, dtype=torch.long)
-        return causal_conv1d(x, weight=weight, bias=None, activation="silu", cu_seqlens=cu)[0]
+        return causal_conv1d(x, weight=weight, bias=None, activation="silu", cu_seqlens=cu_seqlens(shape, x.device))[0]
     return run
 
 

@@ -50,12 +50,17 @@ def refused(key: str, roles: dict[str, str]) -> bool:
     return section not in RUN_SECTIONS and section != "data"
 
 
+def flat_now(tree: dict) -> dict:
+    """``flat(tree)`` with an older brisk's names of moved keys read as today's: a key that only moved is no
+    change."""
+    return {moved(k) or k: v for k, v in flat(tree).items()}
+
+
 def changes(saved: dict, now: dict, older_names: bool = False) -> dict[str, tuple]:
     """{key: (saved value, new value)} for every dotted key that differs. A config key one side lacks (a run
     saved by an older brisk) is no change; a key of the free-form LLM config one side lacks is one."""
-    a, b = flat(saved), flat(now)
-    if older_names:  # either side may be an older brisk's (a checkpoint kept from before a key moved)
-        a, b = ({moved(k) or k: v for k, v in side.items()} for side in (a, b))
+    # older_names: either side may be an older brisk's (a checkpoint kept from before a key moved)
+    a, b = (flat_now(side) if older_names else flat(side) for side in (saved, now))
     keys = (set(a) & set(b)) | {k for k in set(a) ^ set(b) if k.startswith("model.llm.config.")}
     return {k: (a.get(k, "(absent)"), b.get(k, "(absent)")) for k in sorted(keys) if a.get(k) != b.get(k)}
 

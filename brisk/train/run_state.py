@@ -66,7 +66,8 @@ def check_resume(run_dir: str | Path, now: dict, resume_from: str | None = None)
     if saved is None:
         return []
     diff = changes(read_moved(saved, source), now)  # an older brisk's keys under their new names
-    bad = {k: v for k, v in diff.items() if refused(k, resume_roles())}
+    roles = resume_roles()
+    bad = {k: v for k, v in diff.items() if refused(k, roles)}
     if bad:
         raise ConfigError(
             f"train.resume: {run_dir} was trained with another model or data ({source.name}); refused, nothing in the "
