@@ -109,9 +109,9 @@ RULES: tuple[Rule, ...] = (
          "data.auto_batch (which takes the configured batch as that)"),
     Rule("speed.cuda_graph, speed.packing", "config", lambda c, d, w: c.speed.cuda_graph and not c.speed.packing,
          "speed.cuda_graph needs speed.packing=true: graphs are captured per packed bucket"),
-    Rule("speed.cuda_graph, speed.frozen_eval", "config", lambda c, d, w: c.speed.cuda_graph and not c.speed.frozen_eval,
-         "speed.cuda_graph needs speed.frozen_eval=true (the graphed step covers the LLM; the frozen audio path runs "
-         "before it, in graphs of its own where the model family allows)"),
+    Rule("speed.cuda_graph, speed.frozen_eval", "config",
+         lambda c, d, w: c.speed.cuda_graph and not c.speed.frozen_eval and not _audio_trains_in_graph(c),
+         lambda c: _graph_audio_refusal(c)),
     Rule("speed.cuda_graph, train.accum_grad", "config", lambda c, d, w: c.speed.cuda_graph and c.train.accum_grad != 1,
          "speed.cuda_graph does not support train.accum_grad > 1 (one graph is one optimizer step); set train.accum_grad=1"),
     Rule("speed.fresh_grads, speed.cuda_graph", "config", lambda c, d, w: c.speed.fresh_grads and not c.speed.cuda_graph,
@@ -316,6 +316,32 @@ def needs_met(key: str, value_of: Callable[[str, str, Any], Any]) -> bool:
     """Whether every setting that preset value ``key`` needs (``PRESET_NEEDS``) has the value it needs;
     ``value_of(section, key, default)`` reads the config."""
     return all(value_of(part, k, default) == need for part, k, need, default in PRESET_NEEDS.get(key, ()))
+
+
+def _audio_trains(cfg) -> bool:
+    """Whether some of the audio path trains (a family with audio, model.encoder.freeze or model.adaptor.freeze off)."""
+    return bool(families.family_of(cfg).audio_path) and not (cfg.model.encoder.freeze and cfg.model.adaptor.freeze)
+
+
+def _audio_trains_in_graph(cfg) -> bool:
+    """speed.cuda_graph with the audio path training: the family's step graph holds that path from its static
+    inputs (``Family.trained_audio_graph`` and ``audio_static_inputs`` on)."""
+    fam = families.family_of(cfg)
+    return _audio_trains(cfg) and fam.trained_audio_graph and fam.audio_static_inputs(cfg.speed)
+
+
+def _graph_audio_refusal(cfg) -> str:
+    fam = families.family_of(cfg)
+    if _audio_trains(cfg) and fam.trained_audio_graph:
+        return ("speed.cuda_graph with the audio path training (model.encoder.freeze or model.adaptor.freeze false) "
+                f"needs speed.audio_varlen=true: model.family={fam.name}'s step graph then holds the audio path, "
+                "from inputs of fixed shapes a bucket; or set speed.cuda_graph=false")
+    if _audio_trains(cfg):
+        return (f"speed.cuda_graph needs speed.frozen_eval=true: model.family={fam.name}'s graphed step covers the LLM, "
+                "and the audio path runs before it, frozen (model.encoder.freeze=true, model.adaptor.freeze=true); "
+                "or set speed.cuda_graph=false")
+    return ("speed.cuda_graph needs speed.frozen_eval=true (the graphed step covers the LLM; the frozen audio path runs "
+            "before it, in graphs of its own where the model family allows)")
 
 
 def _fla_in_fp32(cfg, device: str) -> bool:

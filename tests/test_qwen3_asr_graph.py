@@ -35,12 +35,36 @@ def test_the_plan_takes_cuda_graph_on_cuda_and_refuses_it_on_the_cpu(tmp_path):
     with pytest.raises(ConfigError, match="speed.cuda_graph needs a CUDA device") as e:
         make_plan(cfg, "cpu", 1)
     assert "\n" not in str(e.value)
-    # the preset: graphed on CUDA with the audio frozen, not on the CPU, not with the tower training
+    # the preset: graphed on CUDA with the audio frozen, not on the CPU
     assert {"cuda_graph", "fresh_grads"} <= set(make_plan(config(tmp_path, "speed.preset=fast", *FROZEN), "cuda")[1].on)
     assert "cuda_graph" not in make_plan(config(tmp_path, "speed.preset=fast", *FROZEN), "cpu")[1].on
-    assert "cuda_graph" not in make_plan(config(tmp_path, "speed.preset=fast"), "cuda")[1].on
     with pytest.raises(ConfigError, match="speed.frozen_eval computes the audio rows without autograd"):
         config(tmp_path, "speed.packing=true", "speed.frozen_eval=true", "speed.cuda_graph=true")
+
+
+def test_the_preset_graphs_the_step_with_the_tower_training_under_audio_varlen(tmp_path):
+    """The recipe's work (every weight trains): the preset keeps cuda_graph and fresh_grads, the step graph then
+    holds the tower (from its static inputs, audio_varlen) and compile takes its blocks; without audio_varlen the
+    graph is refused in one line naming it, and Fun-ASR-Nano's trained encoder still refuses the graph."""
+    from brisk.speed.compile import apply_compile
+
+    cfg, plan = make_plan(config(tmp_path, "speed.preset=fast", f"speed.inductor_cache_dir={tmp_path / 'ind'}"), "cuda")
+    assert not cfg.model.encoder.freeze and not cfg.model.adaptor.freeze
+    assert {"cuda_graph", "fresh_grads", "audio_varlen", "compile"} <= set(plan.on) and "frozen_eval" not in plan.on
+    model = family_of(cfg).build(cfg, "cpu")
+    note = apply_compile(model, plan.speed, "cuda")
+    compiled = {n for n, m in model.named_modules() if getattr(m, "_compiled_call_impl", None) is not None}
+    assert {"audio_tower.layers.0", "llm.model.layers.0"} <= compiled and "training encoder block" in note
+    with pytest.raises(ConfigError, match="needs speed.audio_varlen=true") as e:
+        make_plan(config(tmp_path, "speed.packing=true", "speed.cuda_graph=true", "speed.audio_varlen=false"), "cuda")
+    assert "\n" not in str(e.value)
+    from brisk.config import load_config
+
+    from .conftest import REPO
+
+    with pytest.raises(ConfigError, match="speed.cuda_graph needs speed.frozen_eval=true: model.family=fun_asr_nano"):
+        load_config(REPO / "configs" / "demo.yaml", [f"train.output_dir={tmp_path / 'n'}", "speed.packing=true",
+                                                      "speed.cuda_graph=true"])
 
 
 def _static_and_packed(tmp_path, n=4):
@@ -141,6 +165,67 @@ def test_the_step_body_on_static_inputs_equals_the_eager_step(tmp_path, persiste
     assert worst < 1e-5, worst
     assert any((p - dict(model.named_parameters())[n]).abs().max() > 0 for n, p in eager_model.named_parameters()
                if p.requires_grad)  # the steps did train
+
+
+def test_the_step_body_with_the_tower_training_on_static_inputs_equals_the_eager_step(tmp_path):
+    """What a replay runs with every weight training (GraphedStep._body with the model's audio path inside):
+    the tower's rows from the bucket's static inputs (``static_audio_rows``), then the body on the static batch
+    with fresh gradients; against the eager step on the plain packed batch, where the model computes its own
+    rows. The one-call window attention in both (speed.audio_varlen). Three steps: losses, counts and every
+    trained parameter, the tower's and projector's included."""
+    from types import SimpleNamespace
+
+    from brisk.speed.audio_varlen import apply_audio_varlen
+    from brisk.speed.graph import GraphedStep
+
+    path, _ = recipe_jsonl(tmp_path, 4)
+    cfg = config(tmp_path, "speed.packing=true", "speed.cuda_graph=true", "speed.audio_varlen=true", f"data.train={path}")
+    _, samples = samples_of(cfg, path, 4)
+    static = collator_for(cfg)(samples)
+    packed = Collator(packed=True, token_buckets=tuple(cfg.speed.pack_buckets))(samples)
+    model = family_of(cfg).build(cfg, "cpu")
+    apply_audio_varlen([model.audio_tower.layers])
+
+    def make():
+        m = copy.deepcopy(model).train()
+        params = [p for p in m.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=1e-3)
+        return m, TrainStep(m, opt, WarmupLR(opt, 1e-3, 2), grad_clip=1.0, hooks=StepHooks())
+
+    eager_model, eager = make()
+    graph_model, step = make()
+    graphed = GraphedStep.__new__(GraphedStep)  # __init__ needs CUDA (graph pools); the body is under test
+    graphed.step, graphed.trained = step, graph_model
+    theirs = dict(graph_model.named_parameters())
+    for i in range(3):
+        a = eager([packed])
+        key, inputs = graphed._audio_inputs(static)
+        assert key == (static.audio_pos.numel(), inputs[0].shape[0])  # fixed by the bucket's static layout
+        b = graphed._body(static._map(lambda x: x.clone()), tuple(x.clone() for x in inputs))
+        step.advance(b)
+        torch.testing.assert_close(b["loss"], a["loss"], rtol=0, atol=1e-5)
+        assert int(b["count"]) == int(a["count"]) and int(b["correct"]) == int(a["correct"])
+        if i == 0:  # the first step's gradients, every one (the padding slots' rows add exactly nothing)
+            for n, p in eager_model.named_parameters():
+                if p.requires_grad:
+                    torch.testing.assert_close(theirs[n].grad, p.grad, rtol=1e-4, atol=1e-7, msg=n)
+    trained = {n for n, p in eager_model.named_parameters() if p.requires_grad}
+    assert any(n.startswith("audio_tower.") for n in trained) and any(n.startswith("multi_modal_projector.") for n in trained)
+    # after three AdamW steps: within 5% of each tensor's update, + 1e-6 (0.1% of an lr of 1e-3), for tensors whose
+    # gradient is zero but for rounding (the keys' bias): AdamW divides a gradient by its own size
+    start = dict(model.named_parameters())
+    for n, p in eager_model.named_parameters():
+        if p.requires_grad:
+            moved = (p - start[n]).abs().max().item()
+            assert moved > 0 and (p - theirs[n]).abs().max().item() <= 0.05 * moved + 1e-6, n
+    # a padded batch (no graph takes it) runs the step eagerly: the model computes its own rows
+    seen = []
+    graphed.graphs, graphed.eager_fallbacks, graphed.fresh = {}, 0, True
+    graphed.params = step.params
+    graphed.step = SimpleNamespace(hooks=SimpleNamespace(loss=None, mark=lambda name: None), advance=lambda m: None,
+                                   body=lambda batches, rows=None: seen.append(rows) or {"loss": torch.zeros(())})
+    graphed([SimpleNamespace(input_ids=torch.zeros(1, 16, dtype=torch.long), layout="padded")])
+    assert seen == [None] and graphed.eager_fallbacks == 1
 
 
 def test_optimizer_in_backward_updates_the_decoder_layers_like_the_plain_fused_step(tmp_path):

@@ -97,15 +97,16 @@ def test_a_step_that_runs_eagerly_takes_its_audio_rows_from_the_eager_provider(m
                            body=lambda batches, rows: bodies.append(rows[0]) or {"loss": torch.zeros(())})
     graphed = GraphedStep.__new__(GraphedStep)  # __init__ needs CUDA (graph pools)
     graphed.step, graphed.fresh, graphed.graphs, graphed.eager_fallbacks = step, False, {}, 0
+    graphed.trained = None  # the audio is frozen
     graphed.plain_audio = lambda b: calls.append("eager") or torch.ones(2, 3)
     graphed.audio = lambda b: calls.append("graphed") or torch.zeros(2, 3)
     padded = SimpleNamespace(input_ids=torch.zeros(1, 16, dtype=torch.long), layout="padded")
     graphed([padded])
     assert calls == ["eager"] and graphed.eager_fallbacks == 1 and torch.equal(bodies[0], torch.ones(2, 3))
-    cap = SimpleNamespace(batch=None, rows=torch.empty(2, 3), graph=SimpleNamespace(replay=lambda: None),
+    cap = SimpleNamespace(batch=None, audio=(torch.empty(2, 3),), graph=SimpleNamespace(replay=lambda: None),
                           out={"loss": torch.zeros(())})
     graphed.graphs[16] = cap
     packed = SimpleNamespace(input_ids=torch.zeros(1, 16, dtype=torch.long), layout="packed")
     monkeypatch.setattr("brisk.speed.graph._copy_into", lambda dst, src: None)  # no static batch here
     graphed([packed])
-    assert calls == ["eager", "graphed"] and torch.equal(cap.rows, torch.zeros(2, 3))
+    assert calls == ["eager", "graphed"] and torch.equal(cap.audio[0], torch.zeros(2, 3))

@@ -24,8 +24,8 @@ class SpeedConfig:
                                        "graph first, a dynamic one at the second length; False: a static decoder-layer "
                                        "graph a row length (encoder blocks stay dynamic)")
     compile_on_error: str = key("warn", "warn: fall back to eager; raise")
-    compile_encoder: bool = key(True, "with frozen_eval: compile the frozen encoder's blocks too (fewer kernels a "
-                                "step; one more compile at start-up)")
+    compile_encoder: bool = key(True, "compile the encoder's blocks too (fewer kernels a step; one more compile at "
+                                "start-up): a frozen one with frozen_eval, a training one where the step graph holds it")
     inductor_cache_dir: str | None = key(None, "persistent Inductor/Triton cache; None: $TORCHINDUCTOR_CACHE_DIR or "
                                          "~/.cache/brisk/inductor", path="out")
     fused_adamw: bool = key(False, "torch's fused AdamW kernel (CUDA)")

@@ -68,6 +68,11 @@ class Family:
     # step bucket (its model class's ``static_audio_inputs`` and ``static_audio_rows``) and runs in a graph per
     # bucket from them; the collator leaves the features unpadded either way
     audio_static_inputs: Callable = _never
+    # speed.cuda_graph with the audio path training (model.encoder.freeze or model.adaptor.freeze false): whether
+    # the step graph may hold that path too, with its gradients, computed from the same static inputs
+    # (``static_audio_rows`` inside the captured step) wherever ``audio_static_inputs`` is on; False: the graphed
+    # step needs the audio path frozen
+    trained_audio_graph: bool = False
     # (cfg, collator, vocab, max_tokens) -> one batch per packed bucket up to max_tokens, in the collator's static
     # shapes, for capturing the step graphs before training; None: each bucket's graph is captured when first met
     graph_examples: Callable | None = None

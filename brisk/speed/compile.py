@@ -124,9 +124,14 @@ def apply_compile(model: nn.Module, cfg: SpeedConfig, device_type: str, audio_pa
     if cfg.compile_scope == "layer":
         stack.register_forward_pre_hook(_fresh_input, with_kwargs=True)
     what = f"{len(targets)} x {'decoder layer' if cfg.compile_scope == 'layer' else 'decoder stack'}"
-    hook = get_family(model.cfg.family).encoder_blocks
-    blocks = [b for lst in hook(audio_path if audio_path is not None else model, compile=True) for b in lst]
-    if cfg.frozen_eval and cfg.compile_encoder and model.cfg.encoder.freeze and blocks:
+    family = get_family(model.cfg.family)
+    blocks = [b for lst in family.encoder_blocks(audio_path if audio_path is not None else model, compile=True)
+              for b in lst]
+    frozen = cfg.frozen_eval and model.cfg.encoder.freeze
+    # A training encoder compiles where the family's step graph holds it (Family.trained_audio_graph): its
+    # blocks then run from the same static inputs a bucket, under autograd
+    trained = not model.cfg.encoder.freeze and family.trained_audio_graph and family.audio_static_inputs(cfg)
+    if cfg.compile_encoder and blocks and (frozen or trained):
         # A frozen encoder in eval mode has no dropout and no autograd: its blocks compile cleanly, and fusing
         # their elementwise work removes thousands of small kernels a step (the family says which blocks).
         # Static encoder graphs would be one per (utterances, frames) bucket pair, past Dynamo's 8 a block: the
@@ -134,6 +139,7 @@ def apply_compile(model: nn.Module, cfg: SpeedConfig, device_type: str, audio_pa
         dynamic = True if cfg.compile_dynamic is False else cfg.compile_dynamic
         for block in blocks:
             block.compile(dynamic=dynamic, backend=backend)
-        what += f" + {len(blocks)} x frozen encoder block" + (" (dynamic)" if dynamic != cfg.compile_dynamic else "")
+        what += (f" + {len(blocks)} x {'frozen' if frozen else 'training'} encoder block"
+                 + (" (dynamic)" if dynamic != cfg.compile_dynamic else ""))
     return (f"compile: {what}, dynamic={cfg.compile_dynamic}, on_error={cfg.compile_on_error}, validation eager, "
             f"inductor cache {cache} ({source})")

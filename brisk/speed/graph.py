@@ -12,6 +12,9 @@ Replaying a graph launches them all at once. What makes the step capturable:
   bucket's graph (``TrainStep.persistent_grads``, set from the plan); with speed.fresh_grads they are instead
   new tensors that backward writes in each replay, from the graph's pool (see ``GraphedStep.__init__``);
   activations of all graphs come from one shared memory pool;
+- a training audio path (the encoder or adaptor not frozen) runs inside the step graph, with its gradients,
+  where the model family allows (``Family.trained_audio_graph``): the same static inputs as below are the
+  graph's inputs, and ``static_audio_rows`` on them is the first thing the captured body computes;
 - the frozen audio path runs outside the step graph, without autograd, and its rows are copied into the
   graph's static input. Where the model family says its audio work depends on the features' shape alone
   (``Family.audio_graphs``) it runs in graphs of its own, one per speech bucket, through the graphed step's
@@ -92,7 +95,7 @@ def _copy_into(dst: AudioBatch, src: AudioBatch) -> None:
 class _Captured:
     graph: torch.cuda.CUDAGraph
     batch: AudioBatch  # static inputs
-    rows: torch.Tensor  # static audio rows
+    audio: tuple[torch.Tensor, ...]  # static audio inputs: the frozen rows, or the training path's own inputs
     out: torch.Tensor  # static metrics vector
 
 
@@ -175,9 +178,11 @@ class GraphedStep:
     nothing else: the step's gradient mode and any gradient sync are the step's own, set when it was built.
     ``audio_graphs``: capture the audio path per speech shape too (the model family's ``audio_graphs``);
     ``static_audio``: capture it per key of the static inputs it makes itself (``GraphedAudioInputs``, the
-    family's ``audio_static_inputs``); neither: the provider runs eagerly before each replay."""
+    family's ``audio_static_inputs``); neither: the provider runs eagerly before each replay. ``trained_audio``:
+    the model whose audio path trains inside the step graph (its ``static_audio_inputs`` before each replay, its
+    ``static_audio_rows`` inside it; ``audio`` is then None); None: the audio is frozen."""
 
-    def __init__(self, step, audio, audio_graphs: bool = True, static_audio: bool = False):
+    def __init__(self, step, audio, audio_graphs: bool = True, static_audio: bool = False, trained_audio=None):
         opt = step.optimizer
         group = opt.param_groups[0]
         if not (group.get("fused") and group.get("capturable") and isinstance(group["lr"], torch.Tensor)
@@ -196,11 +201,13 @@ class GraphedStep:
             elif p.grad is None:
                 p.grad = torch.zeros_like(p)
         self.pool = torch.cuda.graph_pool_handle()
-        # no graphs in it unless the audio is graphed
-        self.encoder = (GraphedAudioInputs if static_audio else GraphedEncoder)(audio.path, self.pool)
+        self.trained = trained_audio
+        # no graphs in it unless the frozen audio is graphed
+        self.encoder = (GraphedAudioInputs if static_audio else GraphedEncoder)(
+            audio.path if audio is not None else trained_audio, self.pool)
         # the frozen audio rows from encoder graphs, or from the provider itself, eagerly
         self.plain_audio = audio
-        self.audio = audio.with_encoder(self.encoder) if audio_graphs or static_audio else audio
+        self.audio = audio.with_encoder(self.encoder) if audio is not None and (audio_graphs or static_audio) else audio
         self.graphs: dict[object, _Captured] = {}
         self.capture_seconds = 0.0
         self.eager_fallbacks = 0
@@ -210,20 +217,37 @@ class GraphedStep:
         """The replayed step's hooks (brisk.train.step.StepFunction)."""
         return self.step.hooks
 
-    def _body(self, batch: AudioBatch, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        return self.step.body([batch], [rows])  # no marks: host callbacks would not replay
+    def _audio_inputs(self, batch: AudioBatch, eager: bool = False) -> tuple[object, tuple[torch.Tensor, ...] | None]:
+        """Before the body, eagerly: (audio key, audio inputs). Frozen audio: (None, (its rows,)). Training audio:
+        the model's static inputs on the device and their key (one a bucket), or, for a step that runs eagerly,
+        (None, None): the model computes its own rows."""
+        if self.trained is None:
+            return None, ((self.plain_audio if eager else self.audio)(batch),)
+        if eager:
+            return None, None
+        key, inputs = self.trained.static_audio_inputs(batch)
+        device = batch.input_ids.device
+        return key, tuple(x.to(device, non_blocking=True) for x in inputs)
 
-    def _capture(self, batch: AudioBatch, rows: torch.Tensor, key) -> _Captured | None:
+    def _body(self, batch: AudioBatch, audio: tuple[torch.Tensor, ...] | None) -> dict[str, torch.Tensor]:
+        """The step's body on one batch (no marks: host callbacks would not replay). ``audio``: the frozen rows,
+        or the training path's static inputs, whose rows are computed here, inside the graph and its autograd."""
+        if audio is None:
+            return self.step.body([batch])
+        rows = self.trained.static_audio_rows(*audio) if self.trained is not None else audio[0]
+        return self.step.body([batch], [rows])
+
+    def _capture(self, batch: AudioBatch, audio: tuple[torch.Tensor, ...], key) -> _Captured | None:
         """The bucket's graph, its body warmed until nothing compiles (the caller ran it once). A capture that
         fails (a compile still needed, a launch CUDA refuses inside a capture) is warmed once more and tried again;
         failing twice, the bucket runs eagerly (None), said in one line."""
-        static, static_rows = _clone(batch), rows.clone()
+        static, static_audio = _clone(batch), tuple(x.clone() for x in audio)
         t0 = time.perf_counter()
         try:
             for attempt in (1, 2):
                 try:
-                    graph, out = capture_graph(lambda: self._body(static, static_rows), self.pool)
-                    return _Captured(graph, static, static_rows, out)
+                    graph, out = capture_graph(lambda: self._body(static, static_audio), self.pool)
+                    return _Captured(graph, static, static_audio, out)
                 except RuntimeError as e:
                     why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                     self._drop_fresh_grads()
@@ -232,7 +256,7 @@ class GraphedStep:
                         return None
                     log.warning("cuda_graph: capturing bucket %s failed (%s); warming it again", key, why)
                     with self._dry():
-                        settle(lambda: self._warm(static, static_rows), what=f"bucket {key}")
+                        settle(lambda: self._warm(static, static_audio), what=f"bucket {key}")
         finally:
             self.capture_seconds += time.perf_counter() - t0
             self._drop_fresh_grads()
@@ -286,15 +310,17 @@ class GraphedStep:
             for p in self.params:
                 p.grad = None
 
-    def _warm(self, batch: AudioBatch, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        return on_side_stream(lambda: self._body(batch, rows))
+    def _warm(self, batch: AudioBatch, audio: tuple[torch.Tensor, ...] | None) -> dict[str, torch.Tensor]:
+        return on_side_stream(lambda: self._body(batch, audio))
 
-    def _key(self, batch: AudioBatch):
+    def _key(self, batch: AudioBatch, audio_key=None):
         """A graph per bucket length; under speed.label_head per (length, gathered rows), since the rows are
-        fixed in the graph (a batch with more labelled positions than its bucket's rows gathers all of them)."""
+        fixed in the graph (a batch with more labelled positions than its bucket's rows gathers all of them); with
+        the audio training inside, per (that, the audio inputs' key), which a bucket's static layout fixes."""
         t = batch.input_ids.shape[1]
         loss = self.step.hooks.loss
-        return (t, loss.rows(batch)) if loss is not None else t
+        key = (t, loss.rows(batch)) if loss is not None else t
+        return (key, audio_key) if self.trained is not None else key
 
     # ------------------------------------------------------------------------------------- up front
     def prepare(self, batches: list[AudioBatch]) -> float:
@@ -311,12 +337,12 @@ class GraphedStep:
             # 2,560 tokens on the H200 and compiled again there).
             for b in sorted(batches, key=lambda b: -b.input_ids.shape[1]):
                 b = loss.fit(b) if loss is not None else b  # speed.label_head: the bucket's common graph
-                rows = self.audio(b)
-                t, key = b.input_ids.shape[1], self._key(b)
+                audio_key, audio = self._audio_inputs(b)
+                t, key = b.input_ids.shape[1], self._key(b, audio_key)
                 if key not in self.graphs and t <= MAX_GRAPH_TOKENS:
                     t1, c1 = time.perf_counter(), compile_seconds()
-                    settle(lambda: self._warm(b, rows), what=f"bucket {key}")  # noqa: B023 (called here)
-                    cap = self._capture(b, rows, key)
+                    settle(lambda: self._warm(b, audio), what=f"bucket {key}")  # noqa: B023 (called here)
+                    cap = self._capture(b, audio, key)
                     if cap is not None:
                         cap.graph.replay()  # the first replay of a graph pays its upload; do it here, at lr = 0
                     self.graphs[key] = cap
@@ -332,30 +358,34 @@ class GraphedStep:
         if len(batches) != 1:
             raise ValueError("speed.cuda_graph does not support gradient accumulation (train.accum_grad must be 1)")
         batch = batches[0]
-        t, key = batch.input_ids.shape[1], self._key(batch)
+        t = batch.input_ids.shape[1]
+        # no graph can hold this batch: longer than every graph, or not packed in a bucket's static layout
+        oversize = t > MAX_GRAPH_TOKENS or batch.layout != "packed"
+        audio_key, audio = self._audio_inputs(batch) if self.trained is not None and not oversize else (None, None)
+        key = self._key(batch, audio_key)
         cap = self.graphs.get(key)
-        # no graph for this length, or a bucket whose capture failed twice (held as None)
-        eager = cap is None and (t > MAX_GRAPH_TOKENS or batch.layout != "packed" or key in self.graphs)
-        # a step that runs eagerly computes its audio rows eagerly too (no audio graph for a one-off shape)
-        rows = (self.plain_audio if eager else self.audio)(batch)
+        eager = cap is None and (oversize or key in self.graphs)  # or a bucket whose capture failed twice (None)
+        if self.trained is None:  # a step that runs eagerly computes its frozen rows eagerly too (no audio graph
+            audio = self._audio_inputs(batch, eager=eager)[1]  # for a one-off shape)
         if cap is None:
             if eager:
                 self.eager_fallbacks += 1
                 log.info("cuda_graph: no graph for a %d-token row; this step runs eagerly", t)
-                metrics = self._body(batch, rows)
+                metrics = self._body(batch, audio)
                 self._drop_fresh_grads()
             else:
                 log.info("cuda_graph: capturing a graph for bucket %s (not prepared up front)", key)
                 before = compile_events()
-                metrics = self._warm(batch, rows)  # the real step: its update and metrics are this step's
+                metrics = self._warm(batch, audio)  # the real step: its update and metrics are this step's
                 if compile_events() != before:  # it compiled: warm again, changing nothing, until nothing does
                     with self._dry():
-                        settle(lambda: self._warm(batch, rows), done=1, what=f"bucket {key}")
+                        settle(lambda: self._warm(batch, audio), done=1, what=f"bucket {key}")
                     self._drop_fresh_grads()
-                self.graphs[key] = self._capture(batch, rows, key)
+                self.graphs[key] = self._capture(batch, audio, key)
         else:
             _copy_into(cap.batch, batch)
-            cap.rows.copy_(rows, non_blocking=True)
+            for dst, src in zip(cap.audio, audio):
+                dst.copy_(src, non_blocking=True)
             cap.graph.replay()
             metrics = {k: v.clone() for k, v in cap.out.items()}  # static outputs: the next replay overwrites them
         self.step.hooks.mark("optimizer")

@@ -139,8 +139,11 @@ def step_function(parts: Parts, step: TrainStep):
     from ..speed.graph import MAX_GRAPH_TOKENS, GraphedStep
 
     family = family_of(parts.cfg)
-    graphed = GraphedStep(step, parts.accel.audio, audio_graphs=family.audio_graphs,
-                          static_audio=family.audio_static_inputs(parts.plan.speed))
+    static = family.audio_static_inputs(parts.plan.speed)
+    # the audio path training inside the step graph (the plan allowed it: Family.trained_audio_graph); else frozen
+    trained = parts.model if parts.accel.audio is None and family.audio_path and static else None
+    graphed = GraphedStep(step, parts.accel.audio, audio_graphs=family.audio_graphs, static_audio=static,
+                          trained_audio=trained)
     if parts.ranks.world > 1:
         log.warning("speed.cuda_graph with several ranks has not yet passed its 2-GPU test (docs/multigpu.md); "
                     "the eager path (packing, frozen_eval, fused_adamw) is the tested one")

@@ -3,7 +3,8 @@ and projector frozen), each packed bucket's step captured up front and replayed;
 eagerly before each replay, or, under speed.audio_varlen, replaying a graph of its own per bucket
 (GraphedAudioInputs). As tests/gpu/test_gpu_state.py checks Fun-ASR-Nano's: graphed == eager losses and
 parameters over 8 steps (eager tower, graphed tower), fresh gradients == persistent ones, the preset with its
-compiled layers without a recompile, and no host sync in a replayed step.
+compiled layers without a recompile, and no host sync in a replayed step. Then the same with every weight
+training (the official recipe's work): the tower and projector inside the step graph.
 
     python -m pytest tests/gpu/test_qwen3_asr_graph_cuda.py -q      # on the GPU machine (transformers >= 5.24)
 """
@@ -118,3 +119,65 @@ def test_a_replayed_step_does_not_sync_with_the_host(tmp_path):
         torch.cuda.set_sync_debug_mode("default")
     assert all(torch.isfinite(m["loss"]).item() for m in out)
     assert runner.step.encoder.graphs  # the tower was graphed (audio_varlen)
+
+
+# ------------------------------------------------------------------ every weight training (the recipe's work)
+TRAIN = ["model.encoder.freeze=false", "model.adaptor.freeze=false", "speed.packing=true", "speed.fused_adamw=true",
+         "speed.audio_varlen=true"]
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_the_graphed_step_with_the_tower_training_equals_the_eager_step_over_8_steps(tmp_path, fresh):
+    """The tower and projector train inside the step graph (from the bucket's static inputs): graphed == eager
+    losses and parameters, the tower's and projector's included, over 8 steps; one step graph a bucket, none of
+    the frozen path's audio graphs, nothing run eagerly."""
+    la, pa, _ = _run_steps(tmp_path / "a", TRAIN)
+    lb, pb, runner = _run_steps(tmp_path / "b", TRAIN + ["speed.cuda_graph=true", f"speed.fresh_grads={str(fresh).lower()}"])
+    step = runner.step
+    assert type(step).__name__ == "GraphedStep" and step.trained is not None and step.graphs
+    assert not step.encoder.graphs and step.eager_fallbacks == 0
+    assert all(isinstance(k, tuple) and len(k[1]) == 2 for k in step.graphs)  # (length, (audio slots, chunks))
+    assert {k[0] for k in step.graphs} == {k[0] for k in step.graphs if k[1][0] == k[0]}  # a slot a position
+    assert any(k.startswith("audio_tower.") for k in pa) and any(k.startswith("multi_modal_projector.") for k in pa)
+    assert max(abs(x - y) / abs(x) for x, y in zip(la, lb)) < 1e-3, list(zip(la, lb))
+    worst = max(pa, key=lambda k: _rel(pa[k], pb[k]))
+    assert _rel(pa[worst], pb[worst]) < 1e-2, worst
+    assert len(set(la)) > 1
+
+
+def test_the_preset_with_the_tower_training_is_graphed_and_keeps_its_eager_twins_losses(tmp_path):
+    """speed.preset=fast as the demo config ships it (every weight trains): compiled decoder and tower blocks,
+    the whole step one graph a bucket, against the same preset without the graph, 8 steps; no recompile."""
+    from brisk.speed.compile import compile_counters
+
+    torch._dynamo.reset()
+    train = ["model.encoder.freeze=false", "model.adaptor.freeze=false"]
+    la, pa, _ = _run_steps(tmp_path / "a", train + ["speed.preset=fast", "speed.cuda_graph=false",
+                                                     "speed.fresh_grads=false"])
+    torch._dynamo.reset()
+    before = compile_counters().get("recompiles", 0)
+    lb, pb, runner = _run_steps(tmp_path / "b", train + ["speed.preset=fast"])
+    assert {"cuda_graph", "fresh_grads", "compile", "audio_varlen"} <= set(runner.parts.plan.on)
+    assert runner.step.trained is not None and runner.step.eager_fallbacks == 0
+    assert compile_counters().get("recompiles", 0) == before
+    assert max(abs(x - y) / abs(x) for x, y in zip(la, lb)) < 1e-2, list(zip(la, lb))
+    assert max(_rel(pa[k], pb[k]) for k in pa) < 2e-2
+    assert lb[-1] < lb[0]
+
+
+def test_a_replayed_step_with_the_tower_training_does_not_sync_with_the_host(tmp_path):
+    from brisk.bench.harness import sample_stream, sync
+    from brisk.speed.flags import run_scope
+
+    runner = _runner(tmp_path, TRAIN + ["speed.cuda_graph=true"])
+    groups = sample_stream(runner.cfg, 3, 400)
+    runner.run(runner.collate(groups[0]))
+    batches = [runner.collate(g).pin_memory().to(runner.device, non_blocking=True) for g in groups[1:]]
+    sync(runner.device)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with run_scope(runner.cfg):
+            out = [runner.step([b]) for b in batches]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(torch.isfinite(m["loss"]).item() for m in out) and runner.step.trained is not None

@@ -110,7 +110,9 @@ FAMILY = register(Family(
                       # steps pad to 1,792 or 2,048 positions
                       "pack_buckets": [256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2304, 2560,
                                        3072, 4096]}},
-    frozen_audio=("frozen_eval", "encoder_dtype", "encoder_cache", "cuda_graph", "fresh_grads"),
+    # cuda_graph and fresh_grads stay with the tower training: the step graph then holds the tower and projector
+    # too (trained_audio_graph), as the official recipe's work trains every weight
+    frozen_audio=("frozen_eval", "encoder_dtype", "encoder_cache"),
     # speed.cuda_graph: the audio tower's windows and real rows are worked out on the host from each batch's
     # audio token counts (model.audio_windows), so its work depends on more than the features'
     # shape; the features stay unpadded. Under speed.audio_varlen the tower pads its chunks, rows and windows to
@@ -119,6 +121,7 @@ FAMILY = register(Family(
     # holds, so the frozen tower runs eagerly before each replay (no host sync) and its rows are copied in.
     audio_graphs=False,
     audio_static_inputs=lambda speed: speed.audio_varlen,
+    trained_audio_graph=True,
     graph_examples=graph_examples,
     rules=(
         FamilyRule("model.family", lambda c: not _has_qwen3_asr(),
