@@ -13,7 +13,11 @@ timed steps; utterances and LLM tokens a step are the same in every arm):
   brisk_default   brisk's step, every switch off (padded rows, eager); decoder weights bf16 under autocast, audio
                   tower and projector fp32; every weight trains (the recipe's work)
   brisk_fast_all  speed.preset=fast with the audio tower and projector training (packing, compiled decoder
-                  layers, fused AdamW, label_head, fused projections): the recipe's work, brisk's path
+                  layers and tower blocks, fused AdamW, label_head, fused projections, audio_varlen): the recipe's
+                  work, brisk's path; the whole step, tower included, one CUDA graph a bucket (from the tower's
+                  static inputs), captured before timing
+  brisk_fast_all_nograph  brisk_fast_all with speed.cuda_graph=false and speed.fresh_grads=false (the tower eager,
+                  its blocks not compiled): what the graph is worth with every weight training
   brisk_fast      speed.preset=fast as shipped: also the frozen bf16 audio path (frozen_eval, encoder_dtype),
                   which needs model.encoder.freeze and model.adaptor.freeze (the usual fine-tune keeps the
                   audio tower frozen; the recipe trains it): less work, named as such; and with the audio frozen
@@ -45,7 +49,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-ARMS = ("recipe", "brisk_default", "brisk_fast_all", "brisk_fast", "brisk_fast_nograph")  # the default --arms
+ARMS = ("recipe", "brisk_default", "brisk_fast_all", "brisk_fast_all_nograph", "brisk_fast", "brisk_fast_nograph")  # the default --arms
 # (brisk_fast_nav on request)
 SIZES = {"0p6b": "bench/configs/bench_qwen3_asr_0p6b.yaml", "tiny": "configs/qwen3_asr_demo.yaml"}
 
@@ -87,6 +91,7 @@ def brisk_arm(args, idx: list[list[int]]) -> tuple[list[float], str]:
 
     extra = {"brisk_default": [],
              "brisk_fast_all": ["speed.preset=fast"],
+             "brisk_fast_all_nograph": ["speed.preset=fast", "speed.cuda_graph=false", "speed.fresh_grads=false"],
              "brisk_fast": ["speed.preset=fast", "model.encoder.freeze=true", "model.adaptor.freeze=true"],
              "brisk_fast_nav": ["speed.preset=fast", "model.encoder.freeze=true", "model.adaptor.freeze=true",
                                 "speed.audio_varlen=false"],
