@@ -110,8 +110,21 @@ RULES: tuple[Rule, ...] = (
     Rule("speed.cuda_graph, speed.packing", "config", lambda c, d, w: c.speed.cuda_graph and not c.speed.packing,
          "speed.cuda_graph needs speed.packing=true: graphs are captured per packed bucket"),
     Rule("speed.cuda_graph, speed.frozen_eval", "config",
-         lambda c, d, w: c.speed.cuda_graph and not c.speed.frozen_eval and not _audio_trains_in_graph(c),
+         lambda c, d, w: (c.speed.cuda_graph and bool(families.family_of(c).audio_path) and not c.speed.frozen_eval
+                          and not _audio_trains_in_graph(c)),
          lambda c: _graph_audio_refusal(c)),
+    # liger's fused linear cross-entropy reads its labelled-token count back to the host (a .item()), which no
+    # graph holds; label_head is the graphed step's loss
+    # fla's Gated DeltaNet kernels size their work by each batch's chunk count, read back from cu_seqlens
+    Rule("speed.cuda_graph, model.llm", "config",
+         lambda c, d, w: c.speed.cuda_graph and not families.family_of(c).audio_path and _has_linear_attention(c),
+         "speed.cuda_graph: model.llm has Gated DeltaNet (linear_attention) layers, whose kernels read each batch's "
+         "sequence layout back to the host, which a CUDA graph cannot hold; the graphed chat step covers "
+         "full-attention models (Qwen3) for now: set speed.cuda_graph=false"),
+    Rule("speed.cuda_graph, speed.liger_loss", "config", lambda c, d, w: c.speed.cuda_graph and c.speed.liger_loss,
+         "speed.cuda_graph with speed.liger_loss: liger's fused cross-entropy reads a count back to the host in "
+         "every step, which a CUDA graph cannot hold; set speed.liger_loss=false (speed.label_head=true is the "
+         "graphed step's cheap loss)"),
     Rule("speed.cuda_graph, train.accum_grad", "config", lambda c, d, w: c.speed.cuda_graph and c.train.accum_grad != 1,
          "speed.cuda_graph does not support train.accum_grad > 1 (one graph is one optimizer step); set train.accum_grad=1"),
     Rule("speed.fresh_grads, speed.cuda_graph", "config", lambda c, d, w: c.speed.fresh_grads and not c.speed.cuda_graph,
@@ -342,6 +355,12 @@ def _graph_audio_refusal(cfg) -> str:
                 "or set speed.cuda_graph=false")
     return ("speed.cuda_graph needs speed.frozen_eval=true (the graphed step covers the LLM; the frozen audio path runs "
             "before it, in graphs of its own where the model family allows)")
+
+
+def _has_linear_attention(cfg) -> bool:
+    from .config.llm import linear_key_head_dims
+
+    return bool(linear_key_head_dims(cfg.model.llm))
 
 
 def _fla_in_fp32(cfg, device: str) -> bool:

@@ -86,16 +86,23 @@ def _clone(batch: AudioBatch) -> AudioBatch:
     return batch._map(lambda t: t.clone())
 
 
+# What a step graph reads of a packed batch (the speech is the audio path's, copied by its own provider)
+_STATIC = ("input_ids", "labels", "position_ids", "cu_seqlens", "audio_utt", "audio_frame", "audio_pos")
+
+
 def _copy_into(dst: AudioBatch, src: AudioBatch) -> None:
-    for name in ("input_ids", "labels", "audio_utt", "audio_frame", "audio_pos", "position_ids", "cu_seqlens"):
-        getattr(dst, name).copy_(getattr(src, name), non_blocking=True)
+    for name in _STATIC:
+        d = getattr(dst, name, None)
+        if d is not None:
+            d.copy_(getattr(src, name), non_blocking=True)
 
 
 @dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph
     batch: AudioBatch  # static inputs
-    audio: tuple[torch.Tensor, ...]  # static audio inputs: the frozen rows, or the training path's own inputs
+    audio: tuple[torch.Tensor, ...] | None  # static audio inputs: the frozen rows, or the training path's own
+    # inputs; None: a text-only model
     out: torch.Tensor  # static metrics vector
 
 
@@ -204,7 +211,7 @@ class GraphedStep:
         self.trained = trained_audio
         # no graphs in it unless the frozen audio is graphed
         self.encoder = (GraphedAudioInputs if static_audio else GraphedEncoder)(
-            audio.path if audio is not None else trained_audio, self.pool)
+            audio.path if audio is not None else trained_audio, self.pool)  # (a text-only model: None, never called)
         # the frozen audio rows from encoder graphs, or from the provider itself, eagerly
         self.plain_audio = audio
         self.audio = audio.with_encoder(self.encoder) if audio is not None and (audio_graphs or static_audio) else audio
@@ -222,7 +229,8 @@ class GraphedStep:
         the model's static inputs on the device and their key (one a bucket), or, for a step that runs eagerly,
         (None, None): the model computes its own rows."""
         if self.trained is None:
-            return None, ((self.plain_audio if eager else self.audio)(batch),)
+            provider = self.plain_audio if eager else self.audio
+            return None, ((provider(batch),) if provider is not None else None)  # None: a text-only model
         if eager:
             return None, None
         key, inputs = self.trained.static_audio_inputs(batch)
@@ -241,7 +249,7 @@ class GraphedStep:
         """The bucket's graph, its body warmed until nothing compiles (the caller ran it once). A capture that
         fails (a compile still needed, a launch CUDA refuses inside a capture) is warmed once more and tried again;
         failing twice, the bucket runs eagerly (None), said in one line."""
-        static, static_audio = _clone(batch), tuple(x.clone() for x in audio)
+        static, static_audio = _clone(batch), (tuple(x.clone() for x in audio) if audio is not None else None)
         t0 = time.perf_counter()
         try:
             for attempt in (1, 2):
@@ -384,7 +392,7 @@ class GraphedStep:
                 self.graphs[key] = self._capture(batch, audio, key)
         else:
             _copy_into(cap.batch, batch)
-            for dst, src in zip(cap.audio, audio):
+            for dst, src in zip(cap.audio or (), audio or ()):
                 dst.copy_(src, non_blocking=True)
             cap.graph.replay()
             metrics = {k: v.clone() for k, v in cap.out.items()}  # static outputs: the next replay overwrites them

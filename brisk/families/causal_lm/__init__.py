@@ -79,14 +79,14 @@ FAMILY = register(Family(
     summary="a causal LM on chat jsonl (assistant-only loss)",
     switches=frozenset({"compile", "fuse_projections", "packing", "label_head", "sdpa_backends", "fused_adamw", "tf32",
                         "linear_attention_batched", "fla_kernels", "fla_gated_norm", "liger", "liger_loss",
-                        "optimizer_in_backward"}),
+                        "optimizer_in_backward", "cuda_graph", "fresh_grads"}),
     # linear_attention_batched: the Gated DeltaNet path where fla is left off; fla_gated_norm joined when it paid
     # on the hybrid's step
     presets={"fast": {"packing": True, "fused_adamw": True, "label_head": True, "fla_kernels": True,
                       "linear_attention_batched": True, "fla_gated_norm": True}},
     labelled="assistant",
-    refused=("model.family={family}: {bad} act on the audio path or the speech fast path (its graphs, its "
-             "decoder's FlexAttention); set them false (it takes {takes})"),
+    refused=("model.family={family}: {bad} act on the audio path or the speech decoder's FlexAttention; set them "
+             "false (it takes {takes})"),
     rules=(
         FamilyRule("model.family, model.encoder.activation_checkpoint", lambda c: c.model.encoder.activation_checkpoint,
                    "model.encoder.activation_checkpoint recomputes the speech encoder's blocks; a causal LM has "

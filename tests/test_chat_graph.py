@@ -1,0 +1,108 @@
+"""The chat family under speed.cuda_graph, the parts that run on the CPU: the plan takes the switch for a
+full-attention model on CUDA and refuses, in one line each, the CPU, liger's fused loss and Gated DeltaNet
+layers; the static packed layout (a fixed row and cu_seqlens a bucket); the step body on the static batch, with
+no audio, against the eager step on the plain packed batch (what a replay runs), and the graphed step's routing
+of a batch no graph takes. The captured graphs themselves: tests/gpu/test_chat_graph_cuda.py."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from brisk.config import ConfigError
+from brisk.data.collate import Collator, collator_for
+from brisk.families import family_of
+from brisk.plan import make_plan
+from brisk.speed.graph import GraphedStep
+from brisk.speed.label_head import LabelHead
+from brisk.train.optim import WarmupLR
+from brisk.train.step import StepHooks, TrainStep
+
+from .test_chat_model import QWEN3, QWEN3_5, chat_cfg, samples  # noqa: F401 (a fixture)
+
+GRAPH = ["speed.packing=true", "speed.cuda_graph=true", "speed.fused_adamw=true"]
+
+
+def _cfg(tmp_path, *extra):
+    return chat_cfg([f"train.output_dir={tmp_path / 'run'}", "data.num_workers=0", *QWEN3, *extra])
+
+
+def test_the_plan_takes_cuda_graph_for_a_full_attention_chat_model_on_cuda(tmp_path):
+    _, plan = make_plan(_cfg(tmp_path, *GRAPH, "speed.fresh_grads=true", "speed.label_head=true"), "cuda", 1)
+    assert {"cuda_graph", "fresh_grads", "label_head"} <= set(plan.on) and plan.capturable
+    with pytest.raises(ConfigError, match="speed.cuda_graph needs a CUDA device"):
+        make_plan(_cfg(tmp_path, *GRAPH), "cpu", 1)
+    with pytest.raises(ConfigError, match="speed.liger_loss=false") as e:
+        _cfg(tmp_path, *GRAPH, "speed.liger_loss=true")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="Gated DeltaNet") as e:
+        chat_cfg([f"train.output_dir={tmp_path / 'run'}", *QWEN3_5, *GRAPH])
+    assert "\n" not in str(e.value)
+    # the speech families still need their audio path frozen or inside the graph
+    assert family_of(_cfg(tmp_path)).audio_path == ()
+
+
+def test_the_static_layout_fixes_the_row_and_cu_seqlens_a_bucket(tmp_path, samples):  # noqa: F811
+    cfg = _cfg(tmp_path, *GRAPH, "speed.pack_buckets=[1024,2048]")
+    collate = collator_for(cfg)
+    shapes = {tuple(b.input_ids.shape) + tuple(b.cu_seqlens.shape) for b in (collate(samples[:3]), collate(samples[1:4]))}
+    assert shapes == {(1, 1024, cfg.data.max_utts + 2)}
+
+
+@pytest.mark.parametrize("head", [False, True])
+def test_the_step_body_on_the_static_batch_equals_the_eager_step(tmp_path, samples, head):  # noqa: F811
+    """What a replay runs for a text-only model: GraphedStep._body with no audio on the static batch (zero-length
+    sequences closing cu_seqlens), fresh gradients; against the eager step on the plain packed batch. Three
+    steps: losses, counts and every trained parameter."""
+    from brisk.speed.varlen import apply_varlen_attention
+
+    cfg = _cfg(tmp_path, *GRAPH, "speed.pack_buckets=[1024,2048]")
+    static = collator_for(cfg)(samples[:4])
+    packed = Collator(packed=True, token_buckets=(1024, 2048))(samples[:4])
+    assert static.cu_seqlens.numel() > packed.cu_seqlens.numel()
+    model = family_of(cfg).build(cfg, "cpu")
+    apply_varlen_attention(model.llm)
+
+    def make(static_layout: bool):
+        m = copy.deepcopy(model).train()
+        params = [p for p in m.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=1e-3)
+        hooks = StepHooks(loss=LabelHead(static=static_layout, frac=cfg.speed.label_rows_frac) if head else None)
+        return m, TrainStep(m, opt, WarmupLR(opt, 1e-3, 2), grad_clip=1.0, hooks=hooks)
+
+    eager_model, eager = make(False)
+    graph_model, step = make(True)
+    graphed = GraphedStep.__new__(GraphedStep)  # __init__ needs CUDA (graph pools); the body is under test
+    graphed.step, graphed.trained, graphed.audio, graphed.plain_audio = step, None, None, None
+    for _ in range(3):
+        a = eager([packed])
+        audio_key, audio = graphed._audio_inputs(static)
+        assert audio_key is None and audio is None  # nothing of audio: the body takes the batch alone
+        b = graphed._body(static._map(lambda x: x.clone()), audio)
+        step.advance(b)
+        torch.testing.assert_close(b["loss"], a["loss"], rtol=0, atol=1e-5)
+        assert int(b["count"]) == int(a["count"]) > 0
+    start, theirs = dict(model.named_parameters()), dict(graph_model.named_parameters())
+    for n, p in eager_model.named_parameters():
+        moved = (p - start[n]).abs().max().item()
+        assert moved > 0 and (p - theirs[n]).abs().max().item() <= 0.05 * moved + 1e-6, n
+
+
+def test_a_text_batch_no_graph_takes_runs_eagerly_and_a_captured_one_replays(monkeypatch):
+    bodies = []
+    step = SimpleNamespace(hooks=SimpleNamespace(loss=None, mark=lambda name: None), advance=lambda m: None,
+                           body=lambda batches, rows=None: bodies.append(rows) or {"loss": torch.zeros(())})
+    graphed = GraphedStep.__new__(GraphedStep)
+    graphed.step, graphed.fresh, graphed.graphs, graphed.eager_fallbacks = step, False, {}, 0
+    graphed.trained, graphed.audio, graphed.plain_audio = None, None, None
+    graphed([SimpleNamespace(input_ids=torch.zeros(1, 16, dtype=torch.long), layout="padded")])
+    assert bodies == [None] and graphed.eager_fallbacks == 1
+    replays = []
+    graphed.graphs[16] = SimpleNamespace(batch=None, audio=None, graph=SimpleNamespace(replay=lambda: replays.append(1)),
+                                         out={"loss": torch.ones(())})
+    monkeypatch.setattr("brisk.speed.graph._copy_into", lambda dst, src: None)
+    out = graphed([SimpleNamespace(input_ids=torch.zeros(1, 16, dtype=torch.long), layout="packed")])
+    assert replays == [1] and float(out["loss"]) == 1.0 and len(bodies) == 1
