@@ -115,12 +115,14 @@ RULES: tuple[Rule, ...] = (
          lambda c: _graph_audio_refusal(c)),
     # liger's fused linear cross-entropy reads its labelled-token count back to the host (a .item()), which no
     # graph holds; label_head is the graphed step's loss
-    # fla's Gated DeltaNet kernels size their work by each batch's chunk count, read back from cu_seqlens
-    Rule("speed.cuda_graph, model.llm", "config",
-         lambda c, d, w: c.speed.cuda_graph and not families.family_of(c).audio_path and _has_linear_attention(c),
-         "speed.cuda_graph: model.llm has Gated DeltaNet (linear_attention) layers, whose kernels read each batch's "
-         "sequence layout back to the host, which a CUDA graph cannot hold; the graphed chat step covers "
-         "full-attention models (Qwen3) for now: set speed.cuda_graph=false"),
+    # Gated DeltaNet layers in a graph: fla's kernels, given each aligned row's chunk indices (Collator(align=64));
+    # the torch fallbacks read the row's layout back to the host in every layer
+    Rule("speed.cuda_graph, speed.fla_kernels", "config",
+         lambda c, d, w: (c.speed.cuda_graph and not c.speed.fla_kernels and not families.family_of(c).audio_path
+                          and _has_linear_attention(c)),
+         "speed.cuda_graph: model.llm has Gated DeltaNet (linear_attention) layers, which a CUDA graph holds only "
+         "through flash-linear-attention's kernels (the torch paths read each row's layout back to the host): set "
+         "speed.fla_kernels=true, or speed.cuda_graph=false"),
     Rule("speed.cuda_graph, speed.liger_loss", "config", lambda c, d, w: c.speed.cuda_graph and c.speed.liger_loss,
          "speed.cuda_graph with speed.liger_loss: liger's fused cross-entropy reads a count back to the host in "
          "every step, which a CUDA graph cannot hold; set speed.liger_loss=false (speed.label_head=true is the "

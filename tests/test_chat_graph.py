@@ -38,9 +38,13 @@ def test_the_plan_takes_cuda_graph_for_a_full_attention_chat_model_on_cuda(tmp_p
     with pytest.raises(ConfigError, match="speed.liger_loss=false") as e:
         _cfg(tmp_path, *GRAPH, "speed.liger_loss=true")
     assert "\n" not in str(e.value)
-    with pytest.raises(ConfigError, match="Gated DeltaNet") as e:
+    with pytest.raises(ConfigError, match="set speed.fla_kernels=true") as e:  # the torch paths read the host
         chat_cfg([f"train.output_dir={tmp_path / 'run'}", *QWEN3_5, *GRAPH])
     assert "\n" not in str(e.value)
+    _, plan = make_plan(chat_cfg([f"train.output_dir={tmp_path / 'run'}", *QWEN3_5, *GRAPH, "speed.fla_kernels=true",
+                                  "model.llm.dtype=bf16"]),
+                        "cuda", 1)
+    assert {"cuda_graph", "fla_kernels"} <= set(plan.on)
     # the speech families still need their audio path frozen or inside the graph
     assert family_of(_cfg(tmp_path)).audio_path == ()
 
@@ -106,3 +110,74 @@ def test_a_text_batch_no_graph_takes_runs_eagerly_and_a_captured_one_replays(mon
     monkeypatch.setattr("brisk.speed.graph._copy_into", lambda dst, src: None)
     out = graphed([SimpleNamespace(input_ids=torch.zeros(1, 16, dtype=torch.long), layout="packed")])
     assert replays == [1] and float(out["loss"]) == 1.0 and len(bodies) == 1
+
+
+# ------------------------------------------------------------------ Gated DeltaNet: rows aligned to fla's chunks
+def _hybrid(tmp_path, *extra):
+    return chat_cfg([f"train.output_dir={tmp_path / 'run'}", "data.num_workers=0", *QWEN3_5, *GRAPH,
+                     "speed.fla_kernels=true", "speed.pack_buckets=[1024,2048,4096]", *extra])
+
+
+def test_a_hybrid_models_static_rows_align_each_conversation_to_fla_chunks(tmp_path, samples):  # noqa: F811
+    """Under the graph a Gated DeltaNet model's packed conversations start at multiples of 64 (label-free padding,
+    positions counting on), so its chunk count is the row length / 64 for any batch of a bucket; the batch carries
+    fla's chunk indices, made on the host; a full-attention model's rows stay back to back."""
+    from brisk.data.collate import chunk_align, pad_static
+
+    cfg = _hybrid(tmp_path)
+    collate = collator_for(cfg)
+    assert collate.align == chunk_align(cfg) == 64 and chunk_align(_cfg(tmp_path, *GRAPH)) == 0
+    assert chunk_align(_hybrid(tmp_path, "speed.cuda_graph=false")) == 0
+    plain = Collator(packed=True, token_buckets=(1024, 2048, 4096))(samples[:4])
+    for group in (samples[:4], samples[2:5]):
+        b = collate(group)
+        t = b.input_ids.shape[1]
+        cu = b.cu_seqlens.tolist()
+        assert t % 64 == 0 and all(c % 64 == 0 for c in cu) and b.chunk_indices.shape == (t // 64, 2)
+        starts = torch.arange(0, t, 64)
+        seq = (starts[:, None] >= torch.tensor(cu)[None, 1:]).sum(1)  # a chunk's sequence: boundaries at or before it
+        within = (starts - torch.tensor(cu)[seq]) // 64
+        assert torch.equal(b.chunk_indices, torch.stack([seq, within], 1))
+        assert b.n_tokens == sum(len(x.tokens.input_ids) for x in group)
+    b = collate(samples[:4])
+    assert int((b.labels != -100).sum()) == int((plain.labels != -100).sum())  # the padding carries no label
+    wide = pad_static(b, b.input_ids.shape[1] + 1024, 0, 0, b.cu_seqlens.numel())  # several ranks: a longer row
+    assert wide.chunk_indices.shape == (wide.input_ids.shape[1] // 64, 2) and wide.chunk_indices[-1, 0] == b.n_utts
+
+
+def test_the_sampler_counts_each_conversations_aligned_span(tmp_path):
+    from brisk.data.loader import build_split
+
+    cfg = _hybrid(tmp_path)
+    split = build_split(cfg, "train", collator_for(cfg), 392)
+    plain = build_split(_hybrid(tmp_path, "speed.cuda_graph=false"), "train", Collator(packed=True), 392)
+    assert (split.sampler.lengths % 64 == 0).all()
+    assert (split.sampler.lengths >= plain.sampler.lengths).all() and (split.sampler.lengths - plain.sampler.lengths < 64).all()
+
+
+@pytest.mark.parametrize("fla", [False, True])
+def test_an_aligned_row_gives_the_plain_packed_loss_and_gradients(tmp_path, samples, monkeypatch, fla):  # noqa: F811
+    """Qwen3.5 on the aligned static row against the plain packed row: the same loss, count and gradients, with
+    the per-sequence torch path or (fla) fla's two entry points as brisk calls them (fake_fla: torch's reference
+    per sequence), which then get the batch's chunk indices and no host copy of cu_seqlens."""
+    from brisk.models.build import build_model
+    from brisk.speed.llm_kernels import apply_fla_linear_attention, apply_linear_attention_per_sequence
+
+    from .test_chat_model import fake_fla, loss_and_grads
+
+    calls = fake_fla(monkeypatch) if fla else []
+    cfg = _hybrid(tmp_path)
+    model = build_model(chat_cfg(QWEN3_5))
+    (apply_fla_linear_attention if fla else apply_linear_attention_per_sequence)(model)
+    aligned = collator_for(cfg)(samples[:4])
+    plain = Collator(packed=True, token_buckets=(1024, 2048, 4096))(samples[:4])
+    l0, g0, c0 = loss_and_grads(model, plain)
+    n = len(calls)
+    l1, g1, c1 = loss_and_grads(model, aligned)
+    assert int(c0) == int(c1) > 0
+    torch.testing.assert_close(l1, l0, rtol=1e-5, atol=1e-6)
+    for k in g0:
+        torch.testing.assert_close(g1[k], g0[k], rtol=1e-4, atol=1e-6, msg=k)
+    if fla:
+        assert calls[n:] and all(c[3] is aligned.chunk_indices and c[2] is None for c in calls[n:])
+        assert all(c[1].dtype == torch.int64 for c in calls[n:])

@@ -181,14 +181,14 @@ def fake_fla(monkeypatch):
     import torch.nn.functional as F
     from transformers.models.qwen3_5 import modeling_qwen3_5 as q35
 
-    calls: list = []  # (entry, cu_seqlens, cu_seqlens_cpu) of every call
+    calls: list = []  # (entry, cu_seqlens, cu_seqlens_cpu, chunk_indices) of every call
 
     def segments(t, cu):
         bounds = cu.tolist() if cu is not None else [0, t]
         return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
     def causal_conv1d(x, weight, bias=None, activation=None, cu_seqlens=None, **kw):
-        calls.append(("conv", cu_seqlens, kw.get("cu_seqlens_cpu")))
+        calls.append(("conv", cu_seqlens, kw.get("cu_seqlens_cpu"), kw.get("chunk_indices")))
         out = []
         for a, b in segments(x.shape[1], cu_seqlens):
             seg = x[:, a:b].transpose(1, 2)
@@ -198,7 +198,7 @@ def fake_fla(monkeypatch):
         return (F.silu(y) if activation == "silu" else y), None
 
     def chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kw):
-        calls.append(("delta", cu_seqlens, kw.get("cu_seqlens_cpu")))
+        calls.append(("delta", cu_seqlens, kw.get("cu_seqlens_cpu"), kw.get("chunk_indices")))
         reference = getattr(q35.torch_chunk_gated_delta_rule, "__wrapped__", q35.torch_chunk_gated_delta_rule)
         out = [reference(q[:, a:b], k[:, a:b], v[:, a:b], g=g[:, a:b], beta=beta[:, a:b],
                          use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)[0] for a, b in segments(q.shape[1], cu_seqlens)]

@@ -48,6 +48,10 @@ class Collator:
     pad_utts: int = 0  # 0: no padding of the utterance count
     static: bool = False
     static_speech: bool = True  # with static: pad the speech too (False: the audio path runs eagerly, unpadded)
+    # packed: each sequence padded with label-free tokens to a multiple of ``align`` and the batch given its
+    # ``chunk_indices`` (fla's chunks of ``align`` tokens), so a Gated DeltaNet layer's chunk count is the row
+    # length / align whatever the batch; 0: sequences back to back
+    align: int = 0
 
     def __call__(self, samples: list[Sample]) -> Batch | None:
         bad = [s.error for s in samples if s.error]
@@ -125,27 +129,39 @@ class Collator:
     # ---------------------------------------------------------------------------------------- packed
     def _packed(self, good: list[Sample]) -> Batch:
         lens = [len(s.tokens.input_ids) for s in good]
-        total = sum(lens)
+        # each sequence's span: its tokens, then (align) label-free padding whose positions go on counting; by
+        # causality the padding changes nothing before it, and the next sequence starts afresh
+        spans = [-(-n // self.align) * self.align for n in lens] if self.align else lens
+        total = sum(spans)
         t = bucket(total, list(self.token_buckets))
+        if self.align and t % self.align:
+            raise ValueError(f"a packed row of {t} tokens is not a multiple of {self.align} (speed.pack_buckets)")
         ids = torch.zeros(1, t, dtype=torch.long)
         labels = torch.full((1, t), -100, dtype=torch.long)
         pos_ids = torch.zeros(1, t, dtype=torch.long)
-        offsets, off = [], 0
-        for s, n in zip(good, lens):
+        off = 0
+        for s, n, span in zip(good, lens, spans):
             if s.tokens.labels[0] != -100:  # the shifted loss relies on it: no target crosses utterances
                 raise ValueError(f"{s.key}: the first token of an utterance must carry no label")
             ids[0, off:off + n] = torch.tensor(s.tokens.input_ids)
             labels[0, off:off + n] = torch.tensor(s.tokens.labels)
-            pos_ids[0, off:off + n] = torch.arange(n)
-            offsets.append(off)
-            off += n
+            pos_ids[0, off:off + span] = torch.arange(span)
+            off += span
         pos_ids[0, total:] = torch.arange(t - total)  # the padding tail is a sequence of its own
-        cu = [0] + [sum(lens[: i + 1]) for i in range(len(lens))] + [t]
+        cu = [0] + [sum(spans[: i + 1]) for i in range(len(spans))] + [t]
         if self.static:
             cu += [t] * (self.pad_utts + 2 - len(cu))  # empty sequences keep cu_seqlens' length fixed
         return Batch(ids, labels, position_ids=pos_ids, cu_seqlens=torch.tensor(cu, dtype=torch.int32),
-                     layout="packed", keys=[s.key for s in good], n_utts=len(good), n_tokens=total,
-                     n_label_tokens=int((labels[:, 1:] != -100).sum()))
+                     layout="packed", keys=[s.key for s in good], n_utts=len(good), n_tokens=sum(lens),
+                     n_label_tokens=int((labels[:, 1:] != -100).sum()),
+                     chunk_indices=chunk_indices(cu, self.align) if self.align else None)
+
+
+def chunk_indices(cu: list[int], size: int) -> torch.Tensor:
+    """fla's chunk indices of a packed row: a row (sequence, chunk within it) for every ``size``-token chunk of each
+    sequence between the boundaries ``cu`` (empty sequences have none), [chunks, 2] int64, made on the host."""
+    rows = [(i, j) for i, (a, b) in enumerate(zip(cu[:-1], cu[1:])) for j in range(-(-(b - a) // size))]
+    return torch.tensor(rows, dtype=torch.long).reshape(-1, 2)
 
 
 # ------------------------------------------------------------------------------ shapes shared by ranks
@@ -186,6 +202,9 @@ def pad_static(batch: Batch, tokens: int, frames: int, segments: int, cu_len: in
     cu = batch.cu_seqlens.new_full((cu_len,), tokens)
     cu[:k] = batch.cu_seqlens[:k]
     out = dataclasses.replace(batch, input_ids=ids, labels=labels, position_ids=pos_ids, cu_seqlens=cu)
+    if batch.chunk_indices is not None:  # the longer tail's chunks too (aligned buckets keep every chunk whole)
+        size = t // batch.chunk_indices.shape[0]
+        out = dataclasses.replace(out, chunk_indices=chunk_indices(cu.tolist(), size))
     if audio:
         out = _pad_audio(out, batch, tokens, frames, segments)
     return out.pin_memory() if batch.input_ids.is_pinned() else out
@@ -218,4 +237,17 @@ def collator_for(cfg) -> Collator:
         return Collator()
     return Collator(packed=True, token_buckets=tuple(s.pack_buckets), speech_buckets=tuple(s.speech_buckets),
                     pad_utts=cfg.data.max_utts if s.cuda_graph else 0, static=s.cuda_graph,
-                    static_speech=family_of(cfg).audio_graphs)
+                    static_speech=family_of(cfg).audio_graphs, align=chunk_align(cfg))
+
+
+FLA_CHUNK = 64  # fla's chunk of a Gated DeltaNet layer
+
+
+def chunk_align(cfg) -> int:
+    """What each packed sequence is padded to a multiple of: fla's chunk under speed.cuda_graph with Gated DeltaNet
+    layers (a graph needs the chunk count fixed a bucket, and fla reads it from the host otherwise), else 0."""
+    if not (cfg.speed.cuda_graph and cfg.speed.packing) or family_of(cfg).audio_path:
+        return 0
+    from ..config.llm import linear_key_head_dims
+
+    return FLA_CHUNK if linear_key_head_dims(cfg.model.llm) else 0

@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..config import Config, ConfigError
@@ -72,7 +73,10 @@ def build_split(cfg: Config, which: str, collator: Collator, vocab_size: int, ra
     if made is None:
         return None
     dataset, skipped, counts = made
-    sampler = TokenBatchSampler(dataset.lengths(), batch_tokens=d.batch_tokens, max_utts=d.max_utts,
+    lengths = dataset.lengths()
+    if collator.align:  # each sequence takes its padded span in the row: count that against the batch's tokens
+        lengths = -(-np.asarray(lengths, dtype=np.int64) // collator.align) * collator.align  # (millions of lines)
+    sampler = TokenBatchSampler(lengths, batch_tokens=d.batch_tokens, max_utts=d.max_utts,
                                 sort_size=d.sort_size, shuffle=d.shuffle and which == "train", seed=cfg.train.seed,
                                 rank=rank, world_size=world)
     # Our own generator: the loader then draws its worker seeds from it, not from torch's global RNG,

@@ -37,6 +37,10 @@ class Batch:
     label_rows_floor: int = 0  # several ranks: the most labelled positions any rank's batch has this step (ShapeSync)
     bad: list[str] = field(default_factory=list)  # samples skipped under data.skip_bad
     notes: list[tuple[str, str]] = field(default_factory=list)  # audio conversions of its samples (resampled, down-mixed)
+    # [T / 64, 2] int64: each 64-token chunk's (sequence, chunk within it), for fla's Gated DeltaNet kernels, which
+    # otherwise work it out from cu_seqlens on the host; only on a packed row whose sequences start at multiples
+    # of 64 (Collator(align=64), speed.cuda_graph with Gated DeltaNet layers)
+    chunk_indices: torch.Tensor | None = None
 
     @property
     def shape(self) -> dict:

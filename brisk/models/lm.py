@@ -20,6 +20,8 @@ def run_causal_lm(module: nn.Module, embeds: torch.Tensor, batch: Batch, dtype: 
     attn_kwargs = {}
     if batch.layout == "packed":
         attn_kwargs = dict(cu_seq_lens_q=batch.cu_seqlens, cu_seq_lens_k=batch.cu_seqlens)
+    if batch.chunk_indices is not None:  # fla's Gated DeltaNet layers take them (brisk.speed.llm_kernels.FlaVarlen)
+        attn_kwargs["fla_chunk_indices"] = batch.chunk_indices
     autocast = torch.autocast(embeds.device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
     with autocast:
         return module(inputs_embeds=embeds.to(dtype), attention_mask=batch.attention_mask,

@@ -87,7 +87,7 @@ def _clone(batch: AudioBatch) -> AudioBatch:
 
 
 # What a step graph reads of a packed batch (the speech is the audio path's, copied by its own provider)
-_STATIC = ("input_ids", "labels", "position_ids", "cu_seqlens", "audio_utt", "audio_frame", "audio_pos")
+_STATIC = ("input_ids", "labels", "position_ids", "cu_seqlens", "chunk_indices", "audio_utt", "audio_frame", "audio_pos")
 
 
 def _copy_into(dst: AudioBatch, src: AudioBatch) -> None:

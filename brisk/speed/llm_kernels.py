@@ -160,7 +160,7 @@ class FlaVarlen:
         b, t, _ = hidden_states.shape
         beta = self.in_proj_b(hidden_states).sigmoid()
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(hidden_states).float() + self.dt_bias)
-        out = _fla_mix(self, self.in_proj_qkv(hidden_states), beta, g, cu)
+        out = _fla_mix(self, self.in_proj_qkv(hidden_states), beta, g, cu, kwargs.get("fla_chunk_indices"))
         z = self.in_proj_z(hidden_states).reshape(-1, self.head_v_dim)
         out = self.norm(out.reshape(-1, self.head_v_dim), z).reshape(b, t, -1)
         return self.out_proj(out)
@@ -193,18 +193,28 @@ def step_cu_seqlens(cu: torch.Tensor | None) -> tuple[torch.Tensor | None, torch
 
 
 @torch.compiler.disable
-def _fla_mix(layer: nn.Module, mixed_qkv: torch.Tensor, beta: torch.Tensor, g: torch.Tensor, cu) -> torch.Tensor:
+def _fla_mix(layer: nn.Module, mixed_qkv: torch.Tensor, beta: torch.Tensor, g: torch.Tensor, cu,
+             chunks: torch.Tensor | None = None) -> torch.Tensor:
     """fla's short conv and chunked gated delta rule of one Gated DeltaNet layer -> [B, T, H_v, D_v]. Opaque to
     Dynamo (torch.compiler.disable): fla's launchers (autotuners, host-side shape checks) are not traceable, so a
     compiled decoder layer runs these two kernels eagerly between its graphs (one graph break a layer) and
-    compiles the projections, gates, norms and MLP around them."""
+    compiles the projections, gates, norms and MLP around them.
+
+    ``chunks``: the batch's chunk indices (an aligned packed row, Batch.chunk_indices): fla then reads nothing
+    from the host, so a CUDA graph can hold the layer. Its cu_seqlens is a new int64 tensor each call, so that
+    fla's memo of offsets by tensor identity (fla.utils tensor_cache) never hands a capture the offsets of a
+    warm-up's tensor."""
     from fla.modules.causal_conv1d.ops import causal_conv1d
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     b, t, _ = mixed_qkv.shape
-    cu, cu_cpu = step_cu_seqlens(cu)
+    extra = {}
+    if chunks is not None:
+        cu, cu_cpu, extra = cu.to(torch.int64, copy=True), None, {"chunk_indices": chunks}
+    else:
+        cu, cu_cpu = step_cu_seqlens(cu)
     qkv, _ = causal_conv1d(mixed_qkv, weight=layer.conv1d.weight.squeeze(1), bias=layer.conv1d.bias,
-                           activation=layer.activation, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
+                           activation=layer.activation, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu, **extra)
     q, k, v = torch.split(qkv, [layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
     q = q.reshape(b, t, -1, layer.head_k_dim)
     k = k.reshape(b, t, -1, layer.head_k_dim)
@@ -213,7 +223,7 @@ def _fla_mix(layer: nn.Module, mixed_qkv: torch.Tensor, beta: torch.Tensor, g: t
         q = q.repeat_interleave(layer.num_v_heads // layer.num_k_heads, dim=2)
         k = k.repeat_interleave(layer.num_v_heads // layer.num_k_heads, dim=2)
     out, _ = chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
-                                    cu_seqlens_cpu=cu_cpu)
+                                    cu_seqlens_cpu=cu_cpu, **extra)
     return out
 
 
