@@ -53,6 +53,11 @@ Arms (each a fresh process; real tokens/s = non-pad tokens of the timed steps ov
   d5_brisk_fast_compile_oib  d4 + speed.optimizer_in_backward: each decoder layer's fused AdamW update on a
                   side stream under the rest of the backward (optim.grad_clip by the previous step's norm); like
                   d4, without the preset's fla_gated_norm
+  d6_brisk_fast_graph  d_brisk_fast + speed.cuda_graph and fresh_grads: each bucket's whole step (forward,
+                  backward, fused AdamW) one CUDA graph, captured at the bucket's first batch; the same groups
+                  as every arm, a hybrid's conversations each padded to fla's 64-token chunks in the row (a row
+                  past 8,192 tokens then runs eagerly: the note counts them)
+  d7_brisk_fast_compile_graph  d4 + speed.cuda_graph and fresh_grads: the compiled layers inside the graph
 Every arm, TRL too, trains on the same batches in the same order (groups of whole conversations under a
 padded-token budget; causal_lm.overlong=skip): TRL tokenises the same messages itself and its loader is handed the
 groups.
@@ -78,22 +83,24 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # Run in this order (every model's arm before the next arm), so a short time budget keeps the main comparison.
-ARMS = ("a_loop", "d_brisk_fast", "d2_brisk_fast_batched", "b_trl_liger", "b2_trl_liger_nockpt", "b3_trl_liger_fla",
+ARMS = ("a_loop", "d_brisk_fast", "d6_brisk_fast_graph", "d7_brisk_fast_compile_graph", "d2_brisk_fast_batched", "b_trl_liger", "b2_trl_liger_nockpt", "b3_trl_liger_fla",
         "k_loop_kernels",
         "p_loop_packed",
         "c_brisk_default", "d1_brisk_fast_per_sequence", "d3_brisk_fast_norms", "d4_brisk_fast_compile",
         "d5_brisk_fast_compile_oib")
 BRISK_ARMS = {"c_brisk_default", "d_brisk_fast", "d2_brisk_fast_batched", "d1_brisk_fast_per_sequence",
-              "d3_brisk_fast_norms", "d4_brisk_fast_compile", "d5_brisk_fast_compile_oib"}
+              "d3_brisk_fast_norms", "d4_brisk_fast_compile", "d5_brisk_fast_compile_oib", "d6_brisk_fast_graph",
+              "d7_brisk_fast_compile_graph"}
 TRL_ARMS = {"b_trl_liger", "b2_trl_liger_nockpt", "b3_trl_liger_fla"}
 FLA_ARMS = {"k_loop_kernels", "p_loop_packed", "d_brisk_fast", "d1_brisk_fast_per_sequence", "d3_brisk_fast_norms",
-            "d4_brisk_fast_compile", "d5_brisk_fast_compile_oib"} | TRL_ARMS
+            "d4_brisk_fast_compile", "d5_brisk_fast_compile_oib", "d6_brisk_fast_graph", "d7_brisk_fast_compile_graph"} | TRL_ARMS
 MODELS = {"qwen3_5_2b": "configs/sft_qwen3_5_2b.yaml", "qwen3_1p7b": "configs/sft_qwen3_1p7b.yaml",
           "qwen3_5_9b": "configs/sft_qwen3_5_9b.yaml", "qwen3_8b": "configs/sft_qwen3_8b.yaml",
           "qwen3_5_27b_lora": "configs/sft_qwen3_5_27b_lora.yaml",  # 9b and 27b_lora: LoRA, every layer checkpointed
           "tiny": "configs/sft_demo.yaml"}  # tiny: a smoke test of this script (--device cpu)
 DEVICE = "cuda"
-PROFILED = {"a_loop", "d_brisk_fast", "d3_brisk_fast_norms", "d4_brisk_fast_compile", "d5_brisk_fast_compile_oib"}
+PROFILED = {"a_loop", "d_brisk_fast", "d3_brisk_fast_norms", "d4_brisk_fast_compile", "d5_brisk_fast_compile_oib",
+            "d6_brisk_fast_graph", "d7_brisk_fast_compile_graph"}
 
 
 # ------------------------------------------------------------------------------------------ worker
@@ -404,20 +411,24 @@ def run_arm(args, cfg, sample_groups, prof):
         fast = ["speed.packing=true", "speed.label_head=true", "speed.fused_adamw=true", "speed.pack_buckets=[1024]"]
         if DEVICE == "cuda":  # Triton kernels (the CPU smoke test runs the rest)
             no_fla = os.environ.get("SFT_BENCH_NO_FLA") or arm == "d2_brisk_fast_batched"
-            fast += ([] if arm.startswith(("d4_", "d5_")) else ["speed.liger=true"]) \
+            fast += ([] if arm.startswith(("d4_", "d5_", "d7_")) else ["speed.liger=true"]) \
                 + ([] if no_fla else ["speed.fla_kernels=true"]) \
                 + (["speed.fla_gated_norm=true"] if arm == "d3_brisk_fast_norms" and not no_fla else [])
         if arm not in ("c_brisk_default", "d1_brisk_fast_per_sequence"):  # GDN layers where fla is off (fla wins when on)
             fast += ["speed.linear_attention_batched=true"]
-        if arm.startswith(("d4_", "d5_")):  # each decoder layer, dynamic shapes (the CPU: nothing compiled, said)
+        if arm.startswith(("d4_", "d5_", "d7_")):  # each decoder layer, dynamic shapes (the CPU: nothing compiled)
             fast += ["speed.compile=true", "speed.compile_on_error=raise"]
+        if arm.startswith(("d6_", "d7_")):  # the whole step a CUDA graph a bucket, captured at its first batch (in
+            fast += ["speed.cuda_graph=true", "speed.fresh_grads=true"]  # the warm-up, or counted in the pass)
         if arm == "d5_brisk_fast_compile_oib":  # clipping (optim.grad_clip) by the previous step's norm
             fast += ["speed.optimizer_in_backward=true", "speed.clip_by_previous_norm=true"]
         cfg = load_cfg(args.model, Path(args.data), [] if arm == "c_brisk_default" else fast)
         runner = build_runner(cfg)  # the run's parts as `brisk train` assembles them
         batches = [(runner.collate(g).to(DEVICE), sum(len(s.tokens.input_ids) for s in g)) for g in sample_groups]
         times, tokens = timed(runner.run, batches, args.warmup, prof)
-        note = "; ".join(runner.parts.plan.notes + tuple(runner.parts.accel.notes) + (trains(runner.model),))
+        graphed = (f"cuda_graph: {len(runner.step.graphs)} bucket graphs, {runner.step.eager_fallbacks} steps eager",) \
+            if hasattr(runner.step, "eager_fallbacks") else ()
+        note = "; ".join(runner.parts.plan.notes + tuple(runner.parts.accel.notes) + graphed + (trains(runner.model),))
     else:  # TRL_ARMS
         times, tokens, note = trl_arm(args, cfg, sample_groups, checkpointing=arm != "b2_trl_liger_nockpt")
     return times, tokens, note
