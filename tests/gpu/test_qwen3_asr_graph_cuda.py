@@ -99,17 +99,13 @@ def test_the_preset_is_graphed_compiles_once_and_keeps_the_losses_of_its_eager_t
     assert lb[-1] < lb[0]
 
 
-def test_a_replayed_step_does_not_sync_with_the_host(tmp_path):
-    """The tower's inputs are made without reading anything back (its windows come from the host's counts),
-    then its graph and the step's replay: under torch's sync debug mode "error" a step raises on any
-    synchronising call."""
-    from brisk.bench.harness import sample_stream, sync
+def steps_without_sync(runner, groups: list) -> list[dict]:
+    """The runner's steps on ``groups`` (each of a bucket that has its graphs already) under torch's sync debug
+    mode "error", which raises on any synchronising call: the batches pinned and copied first, as the loader's."""
+    from brisk.bench.harness import sync
     from brisk.speed.flags import run_scope
 
-    runner = _runner(tmp_path, BASE + ["speed.cuda_graph=true", "speed.audio_varlen=true", "speed.encoder_dtype=bf16"])
-    groups = sample_stream(runner.cfg, 3, 400)
-    runner.run(runner.collate(groups[0]))  # a graph for this bucket exists now, whatever was prepared
-    batches = [runner.collate(g).pin_memory().to(runner.device, non_blocking=True) for g in groups[1:]]
+    batches = [runner.collate(g).pin_memory().to(runner.device, non_blocking=True) for g in groups]
     sync(runner.device)
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -118,6 +114,18 @@ def test_a_replayed_step_does_not_sync_with_the_host(tmp_path):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert all(torch.isfinite(m["loss"]).item() for m in out)
+    return out
+
+
+def test_a_replayed_step_does_not_sync_with_the_host(tmp_path):
+    """The tower's inputs are made without reading anything back (its windows come from the host's counts),
+    then its graph and the step's replay."""
+    from brisk.bench.harness import sample_stream
+
+    runner = _runner(tmp_path, BASE + ["speed.cuda_graph=true", "speed.audio_varlen=true", "speed.encoder_dtype=bf16"])
+    groups = sample_stream(runner.cfg, 3, 400)
+    runner.run(runner.collate(groups[0]))  # a graph for this bucket exists now, whatever was prepared
+    steps_without_sync(runner, groups[1:])
     assert runner.step.encoder.graphs  # the tower was graphed (audio_varlen)
 
 
@@ -166,18 +174,10 @@ def test_the_preset_with_the_tower_training_is_graphed_and_keeps_its_eager_twins
 
 
 def test_a_replayed_step_with_the_tower_training_does_not_sync_with_the_host(tmp_path):
-    from brisk.bench.harness import sample_stream, sync
-    from brisk.speed.flags import run_scope
+    from brisk.bench.harness import sample_stream
 
     runner = _runner(tmp_path, TRAIN + ["speed.cuda_graph=true"])
     groups = sample_stream(runner.cfg, 3, 400)
     runner.run(runner.collate(groups[0]))
-    batches = [runner.collate(g).pin_memory().to(runner.device, non_blocking=True) for g in groups[1:]]
-    sync(runner.device)
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with run_scope(runner.cfg):
-            out = [runner.step([b]) for b in batches]
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert all(torch.isfinite(m["loss"]).item() for m in out) and runner.step.trained is not None
+    steps_without_sync(runner, groups[1:])
+    assert runner.step.trained is not None
