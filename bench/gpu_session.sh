@@ -8,6 +8,9 @@
 #   bash bench/gpu_session.sh fastpath # 1 GPU: bench/configs/bench_fastpath.yaml, then a profile of the best arm
 #   bash bench/gpu_session.sh funasr   # 1 GPU: FunASR's own trainer, then brisk's preset cold and warm, same data
 #                                      #   and folder (wheels: .whl/funasr, bench/funasr_arm.py lists them)
+#   bash bench/gpu_session.sh asrstep  # 1 GPU: Qwen3-ASR like for like (every weight training), the frozen tower
+#   bash bench/gpu_session.sh asrdecode # 1 GPU: Qwen3-ASR decoding against transformers' generate, batch 1 and 64
+#   bash bench/gpu_session.sh chatgraph # 1 GPU: the graphed chat step against the fast arm and the seed's loop
 #   bash bench/gpu_session.sh onepass  # 1 GPU: seed 004's measure for Qwen3 1.7B, one pass over 2,000
 #                                      #   conversations: the seed's loop, TRL + Liger, brisk (wheels: .whl, .whl/bench)
 # Everything worth keeping goes to $OUT (at most 8 files come back: logs are packed into one .tgz).
@@ -72,7 +75,24 @@ onepass)  # Qwen3 1.7B only: the Qwen3.5 2B loop's pass (~2.9M tokens at ~4,800 
         --no-profile --out /tmp/onepass 2>&1 | tail -n 12
     cp /tmp/onepass/results.jsonl "$OUT/onepass_results.jsonl"; tar czf "$OUT/onepass_logs.tgz" -C /tmp onepass
     ;;
+asrstep)  # 1 GPU: Qwen3-ASR like for like, every weight training (recipe, graphed, eager twin) and the frozen tower
+    timeout "$(left 570)" python bench/qwen3_asr_bench.py --arms recipe,brisk_fast_all,brisk_fast_all_nograph,brisk_fast \
+        --steps 20 --runs 2 --wheels .whl/tf --work /tmp/q3b --out /tmp/q3b_out --budget-s 520 2>&1 | tail -n 12
+    cp /tmp/q3b_out/results.jsonl "$OUT/qwen3_asr_bench.jsonl"; tar czf "$OUT/qwen3_asr_bench_logs.tgz" -C /tmp q3b_out
+    ;;
+asrdecode)  # 1 GPU: Qwen3-ASR decoding, transformers' generate against brisk's decoders, batch 1 and 64
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_asr .whl/tf/*.whl
+    PYTHONPATH=/tmp/site_asr:$PYTHONPATH timeout "$(left 570)" python bench/qwen3_asr_decode_bench.py --out /tmp/q3d \
+        2>&1 | tail -n 30
+    cp /tmp/q3d/decode.md /tmp/q3d/decode.json "$OUT/"
+    ;;
+chatgraph)  # 1 GPU: the chat step graphed (Qwen3.5 2B and Qwen3 1.7B, 6 steps each) against the fast arm and the loop
+    timeout "$(left 570)" python bench/sft_bench.py --models qwen3_5_2b,qwen3_1p7b --batch-tokens 4096 \
+        --arms a_loop,d_brisk_fast,d6_brisk_fast_graph,d7_brisk_fast_compile_graph --wheels .whl --budget-s 520 \
+        --out /tmp/chatgraph 2>&1 | tail -n 14
+    cp /tmp/chatgraph/results.jsonl "$OUT/chatgraph_results.jsonl"; tar czf "$OUT/chatgraph_logs.tgz" -C /tmp chatgraph
+    ;;
 *)
-    echo "usage: bash bench/gpu_session.sh tests2|scaling2|stack|wholerun|fastpath|funasr|onepass"; exit 2 ;;
+    echo "usage: bash bench/gpu_session.sh tests2|scaling2|stack|wholerun|fastpath|funasr|onepass|asrstep|asrdecode|chatgraph"; exit 2 ;;
 esac
 echo "part ${1} done in $(( $(date +%s) - T0 )) s"

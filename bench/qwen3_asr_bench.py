@@ -229,7 +229,7 @@ def table(rows: list[dict]) -> str:
     base = statistics.median(r["ms_median"] for r in ok.get("recipe", [])) if ok.get("recipe") else None
     for arm, rs in ok.items():
         if not rs:
-            out.append(f"| {arm} | failed: {by[arm][0].get('error', '?')[:80]} | | | | |")
+            out.append(f"| {arm} | FAILED: {by[arm][0].get('error', '?')[:80]} | | | | |")
             continue
         med = statistics.median(r["ms_median"] for r in rs)
         ratio = f"{base / med:.2f}x" if base else "-"
