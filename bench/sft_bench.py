@@ -58,6 +58,8 @@ Arms (each a fresh process; real tokens/s = non-pad tokens of the timed steps ov
                   as every arm, a hybrid's conversations each padded to fla's 64-token chunks in the row (a row
                   past 8,192 tokens then runs eagerly: the note counts them)
   d7_brisk_fast_compile_graph  d4 + speed.cuda_graph and fresh_grads: the compiled layers inside the graph
+  d8_brisk_fast_compile_float8  d4 + speed.float8: the decoder layers' linear layers as float8 GEMMs (torchao,
+                  rowwise scales; the embedding and LM head in bf16); needs compute capability 8.9+ and torchao
 Every arm, TRL too, trains on the same batches in the same order (groups of whole conversations under a
 padded-token budget; causal_lm.overlong=skip): TRL tokenises the same messages itself and its loader is handed the
 groups.
@@ -83,24 +85,25 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # Run in this order (every model's arm before the next arm), so a short time budget keeps the main comparison.
-ARMS = ("a_loop", "d_brisk_fast", "d6_brisk_fast_graph", "d7_brisk_fast_compile_graph", "d2_brisk_fast_batched", "b_trl_liger", "b2_trl_liger_nockpt", "b3_trl_liger_fla",
+ARMS = ("a_loop", "d_brisk_fast", "d6_brisk_fast_graph", "d7_brisk_fast_compile_graph", "d8_brisk_fast_compile_float8", "d2_brisk_fast_batched", "b_trl_liger", "b2_trl_liger_nockpt", "b3_trl_liger_fla",
         "k_loop_kernels",
         "p_loop_packed",
         "c_brisk_default", "d1_brisk_fast_per_sequence", "d3_brisk_fast_norms", "d4_brisk_fast_compile",
         "d5_brisk_fast_compile_oib")
 BRISK_ARMS = {"c_brisk_default", "d_brisk_fast", "d2_brisk_fast_batched", "d1_brisk_fast_per_sequence",
               "d3_brisk_fast_norms", "d4_brisk_fast_compile", "d5_brisk_fast_compile_oib", "d6_brisk_fast_graph",
-              "d7_brisk_fast_compile_graph"}
+              "d7_brisk_fast_compile_graph", "d8_brisk_fast_compile_float8"}
 TRL_ARMS = {"b_trl_liger", "b2_trl_liger_nockpt", "b3_trl_liger_fla"}
 FLA_ARMS = {"k_loop_kernels", "p_loop_packed", "d_brisk_fast", "d1_brisk_fast_per_sequence", "d3_brisk_fast_norms",
-            "d4_brisk_fast_compile", "d5_brisk_fast_compile_oib", "d6_brisk_fast_graph", "d7_brisk_fast_compile_graph"} | TRL_ARMS
+            "d4_brisk_fast_compile", "d5_brisk_fast_compile_oib", "d6_brisk_fast_graph", "d7_brisk_fast_compile_graph",
+            "d8_brisk_fast_compile_float8"} | TRL_ARMS
 MODELS = {"qwen3_5_2b": "configs/sft_qwen3_5_2b.yaml", "qwen3_1p7b": "configs/sft_qwen3_1p7b.yaml",
           "qwen3_5_9b": "configs/sft_qwen3_5_9b.yaml", "qwen3_8b": "configs/sft_qwen3_8b.yaml",
           "qwen3_5_27b_lora": "configs/sft_qwen3_5_27b_lora.yaml",  # 9b and 27b_lora: LoRA, every layer checkpointed
           "tiny": "configs/sft_demo.yaml"}  # tiny: a smoke test of this script (--device cpu)
 DEVICE = "cuda"
 PROFILED = {"a_loop", "d_brisk_fast", "d3_brisk_fast_norms", "d4_brisk_fast_compile", "d5_brisk_fast_compile_oib",
-            "d6_brisk_fast_graph", "d7_brisk_fast_compile_graph"}
+            "d6_brisk_fast_graph", "d7_brisk_fast_compile_graph", "d8_brisk_fast_compile_float8"}
 
 
 # ------------------------------------------------------------------------------------------ worker
@@ -411,13 +414,15 @@ def run_arm(args, cfg, sample_groups, prof):
         fast = ["speed.packing=true", "speed.label_head=true", "speed.fused_adamw=true", "speed.pack_buckets=[1024]"]
         if DEVICE == "cuda":  # Triton kernels (the CPU smoke test runs the rest)
             no_fla = os.environ.get("SFT_BENCH_NO_FLA") or arm == "d2_brisk_fast_batched"
-            fast += ([] if arm.startswith(("d4_", "d5_", "d7_")) else ["speed.liger=true"]) \
+            fast += ([] if arm.startswith(("d4_", "d5_", "d7_", "d8_")) else ["speed.liger=true"]) \
                 + ([] if no_fla else ["speed.fla_kernels=true"]) \
                 + (["speed.fla_gated_norm=true"] if arm == "d3_brisk_fast_norms" and not no_fla else [])
         if arm not in ("c_brisk_default", "d1_brisk_fast_per_sequence"):  # GDN layers where fla is off (fla wins when on)
             fast += ["speed.linear_attention_batched=true"]
-        if arm.startswith(("d4_", "d5_", "d7_")):  # each decoder layer, dynamic shapes (the CPU: nothing compiled)
+        if arm.startswith(("d4_", "d5_", "d7_", "d8_")):  # each decoder layer, dynamic shapes (the CPU: nothing compiled)
             fast += ["speed.compile=true", "speed.compile_on_error=raise"]
+        if arm == "d8_brisk_fast_compile_float8":  # the decoder layers' GEMMs in float8 (torchao, rowwise scales)
+            fast += ["speed.float8=true"]
         if arm.startswith(("d6_", "d7_")):  # the whole step a CUDA graph a bucket, captured at its first batch (in
             fast += ["speed.cuda_graph=true", "speed.fresh_grads=true"]  # the warm-up, or counted in the pass)
         if arm == "d5_brisk_fast_compile_oib":  # clipping (optim.grad_clip) by the previous step's norm
@@ -598,7 +603,8 @@ def driver(args) -> None:
         subprocess.run([sys.executable, "-m", "brisk", "data", "chat", "ultrachat", "--out", str(data),
                         "--n", str(args.conversations), "--n-valid", "8", "--seed", "7"], check=True, cwd=REPO)
     wheels = Path(args.wheels) if args.wheels else None
-    kernels = ["liger_kernel"] if args.no_fla else ["fla_core", "liger_kernel"]
+    kernels = (["liger_kernel"] if args.no_fla else ["fla_core", "liger_kernel"]) \
+        + (["torchao"] if "d8_brisk_fast_compile_float8" in args.arms.split(",") else [])  # a missing wheel: skipped
     fla = install(wheels, work / "site_fla", kernels) if wheels else None
     trl = install(wheels, work / "site_trl", kernels + ["trl", "datasets", "dill", "multiprocess"]) \
         if wheels and TRL_ARMS & set(args.arms.split(",")) else None

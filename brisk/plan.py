@@ -59,6 +59,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("fla_gated_norm", "model", True, "flash-linear-attention's fused gated RMSNorm in Gated DeltaNet layers"),
     Switch("liger", "model", True, "liger-kernel's fused RMSNorm and SwiGLU in the decoder"),
     Switch("liger_loss", "step", True, "liger-kernel's fused linear cross-entropy"),
+    Switch("float8", "model", True, "the decoder layers' linear layers as float8 GEMMs (torchao, rowwise scales)"),
     Switch("optimizer_in_backward", "optimizer", True, "each decoder layer updated by fused AdamW as soon as its "
            "gradients are final, under the rest of the backward"),
 )
@@ -84,7 +85,8 @@ def check_preset(name: str) -> None:
 
 
 # a preset skips them if missing
-PACKAGES = {"fla_kernels": "fla", "fla_gated_norm": "fla", "liger": "liger_kernel", "liger_loss": "liger_kernel"}
+PACKAGES = {"fla_kernels": "fla", "fla_gated_norm": "fla", "liger": "liger_kernel", "liger_loss": "liger_kernel",
+            "float8": "torchao"}
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,12 @@ RULES: tuple[Rule, ...] = (
          "speed.cuda_graph: model.llm has Gated DeltaNet (linear_attention) layers, which a CUDA graph holds only "
          "through flash-linear-attention's kernels (the torch paths read each row's layout back to the host): set "
          "speed.fla_kernels=true, or speed.cuda_graph=false"),
+    Rule("speed.float8, model.llm.lora.enabled", "config", lambda c, d, w: c.speed.float8 and c.model.llm.lora.enabled,
+         "speed.float8 with LoRA adapters is untested (the frozen base GEMMs and the adapters' would both be cast); set "
+         "speed.float8=false"),
+    Rule("speed.float8, train.device", "device", lambda c, d, w: c.speed.float8 and d != "cuda",
+         "speed.float8 needs a CUDA device with float8 GEMMs (this run's is {device}; elsewhere torchao emulates them, "
+         "slowly)"),
     Rule("speed.cuda_graph, speed.liger_loss", "config", lambda c, d, w: c.speed.cuda_graph and c.speed.liger_loss,
          "speed.cuda_graph with speed.liger_loss: liger's fused cross-entropy reads a count back to the host in "
          "every step, which a CUDA graph cannot hold; set speed.liger_loss=false (speed.label_head=true is the "

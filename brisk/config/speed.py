@@ -67,6 +67,8 @@ class SpeedConfig:
                       "liger-kernel; speech and chat)")
     liger_loss: bool = key(False, "causal_lm: liger-kernel's fused linear cross-entropy, no full logits (CUDA; not "
                            "with label_head)")
+    float8: bool = key(False, "causal_lm: the decoder layers' linear layers as float8 GEMMs in training (torchao, "
+                       "rowwise scales; compute capability 8.9+); moves the numbers: probe it against bf16")
     optimizer_in_backward: bool = key(False, "each decoder layer updated by fused AdamW as soon as its gradients are "
                                       "final, on a side stream under the rest of the backward (same optimizer state; "
                                       "needs fused_adamw, one rank; a non-finite layer skips itself and the layers "

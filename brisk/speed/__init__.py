@@ -85,6 +85,10 @@ def accelerate(model, plan: SpeedPlan) -> Accelerated:
         from .llm_kernels import apply_fla_gated_norm
 
         out.notes.append(apply_fla_gated_norm(model))
+    if s.float8:  # after the fused projections (their GEMMs are the ones cast), before compile (which fuses the casts)
+        from .float8 import apply_float8
+
+        out.notes.append(apply_float8(family.decoder_layers(model), plan.device))
     if s.cuda_graph:
         from .graph import apply_chunked_embedding
 

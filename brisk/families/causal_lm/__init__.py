@@ -79,7 +79,7 @@ FAMILY = register(Family(
     summary="a causal LM on chat jsonl (assistant-only loss)",
     switches=frozenset({"compile", "fuse_projections", "packing", "label_head", "sdpa_backends", "fused_adamw", "tf32",
                         "linear_attention_batched", "fla_kernels", "fla_gated_norm", "liger", "liger_loss",
-                        "optimizer_in_backward", "cuda_graph", "fresh_grads"}),
+                        "optimizer_in_backward", "cuda_graph", "fresh_grads", "float8"}),
     # linear_attention_batched: the Gated DeltaNet path where fla is left off; fla_gated_norm joined when it paid
     # on the hybrid's step
     presets={"fast": {"packing": True, "fused_adamw": True, "label_head": True, "fla_kernels": True,
