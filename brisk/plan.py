@@ -115,8 +115,6 @@ RULES: tuple[Rule, ...] = (
          lambda c, d, w: (c.speed.cuda_graph and bool(families.family_of(c).audio_path) and not c.speed.frozen_eval
                           and not _audio_trains_in_graph(c)),
          lambda c: _graph_audio_refusal(c)),
-    # liger's fused linear cross-entropy reads its labelled-token count back to the host (a .item()), which no
-    # graph holds; label_head is the graphed step's loss
     # Gated DeltaNet layers in a graph: fla's kernels, given each aligned row's chunk indices (Collator(align=64));
     # the torch fallbacks read the row's layout back to the host in every layer
     Rule("speed.cuda_graph, speed.fla_kernels", "config",
@@ -131,6 +129,13 @@ RULES: tuple[Rule, ...] = (
     Rule("speed.float8, train.device", "device", lambda c, d, w: c.speed.float8 and d != "cuda",
          "speed.float8 needs a CUDA device with float8 GEMMs (this run's is {device}; elsewhere torchao emulates them, "
          "slowly)"),
+    Rule("speed.pack_buckets, speed.cuda_graph", "config",
+         lambda c, d, w: _chunk_align(c) and any(b % _chunk_align(c) for b in c.speed.pack_buckets),
+         lambda c: (f"speed.pack_buckets: under speed.cuda_graph a Gated DeltaNet model's packed conversations start at "
+                    f"multiples of fla's {_chunk_align(c)}-token chunk, so every bucket must be one too (not "
+                    f"{', '.join(str(b) for b in c.speed.pack_buckets if b % _chunk_align(c))})")),
+    # liger's fused linear cross-entropy reads its labelled-token count back to the host (a .item()), which no
+    # graph holds; label_head is the graphed step's loss
     Rule("speed.cuda_graph, speed.liger_loss", "config", lambda c, d, w: c.speed.cuda_graph and c.speed.liger_loss,
          "speed.cuda_graph with speed.liger_loss: liger's fused cross-entropy reads a count back to the host in "
          "every step, which a CUDA graph cannot hold; set speed.liger_loss=false (speed.label_head=true is the "
@@ -347,24 +352,25 @@ def _audio_trains(cfg) -> bool:
 
 
 def _audio_trains_in_graph(cfg) -> bool:
-    """speed.cuda_graph with the audio path training: the family's step graph holds that path from its static
-    inputs (``Family.trained_audio_graph`` and ``audio_static_inputs`` on)."""
-    fam = families.family_of(cfg)
-    return _audio_trains(cfg) and fam.trained_audio_graph and fam.audio_static_inputs(cfg.speed)
+    """speed.cuda_graph with the audio path training: the family's step graph holds that path too
+    (``Family.trained_audio_graph`` says so for this config)."""
+    return _audio_trains(cfg) and families.family_of(cfg).trained_audio_graph(cfg.speed, cfg.model) is None
 
 
 def _graph_audio_refusal(cfg) -> str:
     fam = families.family_of(cfg)
-    if _audio_trains(cfg) and fam.trained_audio_graph:
-        return ("speed.cuda_graph with the audio path training (model.encoder.freeze or model.adaptor.freeze false) "
-                f"needs speed.audio_varlen=true: model.family={fam.name}'s step graph then holds the audio path, "
-                "from inputs of fixed shapes a bucket; or set speed.cuda_graph=false")
     if _audio_trains(cfg):
-        return (f"speed.cuda_graph needs speed.frozen_eval=true: model.family={fam.name}'s graphed step covers the LLM, "
-                "and the audio path runs before it, frozen (model.encoder.freeze=true, model.adaptor.freeze=true); "
-                "or set speed.cuda_graph=false")
+        return (f"speed.cuda_graph with the audio path training (model.encoder.freeze or model.adaptor.freeze false): "
+                f"model.family={fam.name}'s graphed step {fam.trained_audio_graph(cfg.speed, cfg.model)}; or set "
+                "speed.cuda_graph=false")
     return ("speed.cuda_graph needs speed.frozen_eval=true (the graphed step covers the LLM; the frozen audio path runs "
             "before it, in graphs of its own where the model family allows)")
+
+
+def _chunk_align(cfg) -> int:
+    from .data.collate import chunk_align
+
+    return chunk_align(cfg)
 
 
 def _has_linear_attention(cfg) -> bool:

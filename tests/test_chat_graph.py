@@ -143,6 +143,27 @@ def test_a_hybrid_models_static_rows_align_each_conversation_to_fla_chunks(tmp_p
     assert int((b.labels != -100).sum()) == int((plain.labels != -100).sum())  # the padding carries no label
     wide = pad_static(b, b.input_ids.shape[1] + 1024, 0, 0, b.cu_seqlens.numel())  # several ranks: a longer row
     assert wide.chunk_indices.shape == (wide.input_ids.shape[1] // 64, 2) and wide.chunk_indices[-1, 0] == b.n_utts
+    end = int(b.cu_seqlens[b.n_utts])  # the real sequences (with their aligned padding) keep their positions
+    assert end > b.n_tokens and torch.equal(wide.position_ids[:, :end], b.position_ids[:, :end])
+    assert torch.equal(wide.position_ids[0, end:], torch.arange(wide.input_ids.shape[1] - end))  # the tail's own
+
+
+def test_graph_examples_give_each_bucket_its_static_batch(tmp_path):
+    """The chat family's examples for capturing every bucket before training (speed.graph_capture=ahead): one batch
+    of each bucket's exact length up to the limit, in the static layout, aligned for the hybrid."""
+    for cfg in (_cfg(tmp_path, *GRAPH, "speed.pack_buckets=[512,1024,2048]"), _hybrid(tmp_path)):
+        collate = collator_for(cfg)
+        batches = family_of(cfg).graph_examples(cfg, collate, 392, 2048)
+        assert [b.input_ids.shape[1] for b in batches] == [t for t in cfg.speed.pack_buckets if t <= 2048]
+        for b in batches:
+            t = b.input_ids.shape[1]
+            assert b.layout == "packed" and b.cu_seqlens.numel() == cfg.data.max_utts + 2 and b.labels[0, 0] == -100
+            assert int((b.labels != -100).sum()) > 0
+            assert (b.chunk_indices is not None) == bool(collate.align)
+            if collate.align:
+                assert b.chunk_indices.shape == (t // 64, 2)
+    with pytest.raises(ConfigError, match="every bucket must be one too .not 1000, 2000."):
+        _hybrid(tmp_path, "speed.pack_buckets=[1000,2000,4096]")
 
 
 def test_the_sampler_counts_each_conversations_aligned_span(tmp_path):

@@ -111,3 +111,59 @@ def test_an_eager_fallback_step_computes_its_audio_rows_eagerly(tmp_path, monkey
                     persistent_grads=True, hooks=StepHooks(audio=FrozenAudio(ref_model)))([batch])
     assert graphed.eager_fallbacks == 1 and not graphed.encoder.graphs and not graphed.graphs
     assert torch.equal(got["loss"], ref["loss"]) and int(got["count"]) == int(ref["count"]) > 0
+
+
+def test_the_body_with_the_encoder_training_on_the_static_batch_equals_the_eager_step(tmp_path):
+    """The demo trains its encoder and adaptor: under speed.cuda_graph the step graph holds them, on the speech padded
+    to its bucket and segments (the model's ``static_audio_inputs``/``static_audio_rows``). What a replay runs
+    (GraphedStep._body with the training audio path) against the eager step on the plain packed batch: three
+    AdamW steps, losses, counts and every trained parameter, the encoder's and adaptor's included."""
+
+    from brisk.data.loader import build_split
+
+    cfg, _ = make_plan(tiny_config(tmp_path, **{"speed.packing": True, "speed.cuda_graph": True,
+                                                "fun_asr_nano.frontend.dither": 0.0,
+                                                "fun_asr_nano.encoder.dropout_rate": 0.0}), "cuda", 1)
+    assert not cfg.model.encoder.freeze and not cfg.speed.frozen_eval
+    static_collate = collator_for(cfg)
+    split = build_split(cfg, "train", static_collate, 483)
+    samples = [split.dataset[(i, 0)] for i in split.sampler.batches(0)[0][:3]]
+    static = static_collate(samples)
+    packed = Collator(packed=True, token_buckets=tuple(cfg.speed.pack_buckets))(samples)
+    assert static.speech.shape[0] == cfg.data.max_utts > packed.speech.shape[0]  # padded segments and frames
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    for p in model.ctc.parameters() if getattr(model, "ctc", None) is not None else ():
+        p.requires_grad_(False)  # outside the loss (the family's outside_loss): no gradient either way
+
+    def make():
+        m = copy.deepcopy(model).train()
+        params = [p for p in m.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=1e-3)
+        return m, TrainStep(m, opt, WarmupLR(opt, 1e-3, 2), grad_clip=1.0, hooks=StepHooks())
+
+    eager_model, eager = make()
+    graph_model, step = make()
+    graphed = GraphedStep.__new__(GraphedStep)  # __init__ needs CUDA; the body is under test
+    graphed.step, graphed.trained = step, graph_model
+    theirs = dict(graph_model.named_parameters())
+    for i in range(3):
+        a = eager([packed])
+        key, inputs = graphed._audio_inputs(static)
+        assert key == (tuple(static.speech.shape), static.audio_utt.numel())
+        b = graphed._body(static._map(lambda x: x.clone()), tuple(x.clone() for x in inputs))
+        step.advance(b)
+        torch.testing.assert_close(b["loss"], a["loss"], rtol=0, atol=1e-5)
+        assert int(b["count"]) == int(a["count"]) > 0
+        if i == 0:  # the first step's gradients, every one (the padded segments and frames add nothing)
+            for n, p in eager_model.named_parameters():
+                if p.grad is not None:
+                    torch.testing.assert_close(theirs[n].grad, p.grad, rtol=1e-4, atol=1e-7, msg=n)
+    start = dict(model.named_parameters())
+    trained = [n for n, p in eager_model.named_parameters() if p.requires_grad]
+    assert any(n.startswith("audio_encoder.") for n in trained) and any(n.startswith("audio_adaptor.") for n in trained)
+    for n, p in eager_model.named_parameters():
+        if p.requires_grad:
+            moved = (p - start[n]).abs().max().item()
+            # within 5% of its update, + 5e-6 (0.5% of an lr of 1e-3) for the near-zero gradients AdamW scales up
+            assert moved > 0 and (p - theirs[n]).abs().max().item() <= 0.05 * moved + 5e-6, n

@@ -26,7 +26,9 @@ def test_every_switch_is_a_speed_key_and_defaults_are_off():
 
 @pytest.mark.parametrize("extra, message", [
     ({"speed.cuda_graph": True}, "speed.cuda_graph needs speed.packing"),
-    ({"speed.cuda_graph": True, "speed.packing": True}, "speed.cuda_graph needs speed.frozen_eval"),
+    ({"speed.cuda_graph": True, "speed.packing": True, **FROZEN}, "speed.cuda_graph needs speed.frozen_eval"),
+    ({"speed.cuda_graph": True, "speed.packing": True, "model.encoder.activation_checkpoint": 1},
+     "cannot hold the training encoder's activation checkpointing"),
     ({"speed.cuda_graph": True, "speed.packing": True, "speed.frozen_eval": True, "train.accum_grad": 2, **FROZEN},
      "does not support train.accum_grad"),
     ({"speed.frozen_eval": True}, "needs model.encoder.freeze=true"),

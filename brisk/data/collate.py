@@ -190,7 +190,7 @@ def pad_static(batch: Batch, tokens: int, frames: int, segments: int, cu_len: in
         return batch
     if tokens < t or frames < f or segments < n or cu_len < batch.cu_seqlens.numel():
         raise ValueError(f"pad_static: cannot shrink {static_needs(batch)} to {[tokens, frames, segments, cu_len]}")
-    real = batch.n_tokens
+    real = int(batch.cu_seqlens[batch.n_utts])  # where the padding tail starts (past aligned sequences' padding)
     ids = batch.input_ids.new_zeros(1, tokens)
     ids[:, :t] = batch.input_ids
     labels = batch.labels.new_full((1, tokens), -100)
@@ -203,8 +203,7 @@ def pad_static(batch: Batch, tokens: int, frames: int, segments: int, cu_len: in
     cu[:k] = batch.cu_seqlens[:k]
     out = dataclasses.replace(batch, input_ids=ids, labels=labels, position_ids=pos_ids, cu_seqlens=cu)
     if batch.chunk_indices is not None:  # the longer tail's chunks too (aligned buckets keep every chunk whole)
-        size = t // batch.chunk_indices.shape[0]
-        out = dataclasses.replace(out, chunk_indices=chunk_indices(cu.tolist(), size))
+        out = dataclasses.replace(out, chunk_indices=chunk_indices(cu.tolist(), FLA_CHUNK))
     if audio:
         out = _pad_audio(out, batch, tokens, frames, segments)
     return out.pin_memory() if batch.input_ids.is_pinned() else out

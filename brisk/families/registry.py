@@ -29,6 +29,23 @@ def _no_blocks(model, compile: bool = False) -> list:
     return []
 
 
+def _frozen_only(speed, model) -> str:
+    return ("covers the LLM, and the audio path runs before it, frozen (model.encoder.freeze=true, "
+            "model.adaptor.freeze=true)")
+
+
+def trained_audio_rule(speed, model, needs: str | None = None) -> str | None:
+    """The speech families' rule for the audio path training inside the step graph (``Family.trained_audio_graph``):
+    it can, unless the encoder's blocks recompute under activation checkpointing (a block that draws random numbers
+    saves the RNG state on the host there, which no graph holds) or the family needs a switch (``needs``)."""
+    if needs:
+        return f"holds the training audio path only with {needs}"
+    if model.encoder.activation_checkpoint and not model.encoder.freeze:
+        return ("cannot hold the training encoder's activation checkpointing (its recompute saves the RNG state on "
+                "the host): set model.encoder.activation_checkpoint=0")
+    return None
+
+
 def _never(speed) -> bool:
     return False
 
@@ -68,11 +85,11 @@ class Family:
     # step bucket (its model class's ``static_audio_inputs`` and ``static_audio_rows``) and runs in a graph per
     # bucket from them; the collator leaves the features unpadded either way
     audio_static_inputs: Callable = _never
-    # speed.cuda_graph with the audio path training (model.encoder.freeze or model.adaptor.freeze false): whether
-    # the step graph may hold that path too, with its gradients, computed from the same static inputs
-    # (``static_audio_rows`` inside the captured step) wherever ``audio_static_inputs`` is on; False: the graphed
-    # step needs the audio path frozen
-    trained_audio_graph: bool = False
+    # speed.cuda_graph with the audio path training (model.encoder.freeze or model.adaptor.freeze false):
+    # (speed config, model config) -> None where the step graph holds that path too, with its gradients (the model
+    # class's ``static_audio_inputs`` before each replay, its ``static_audio_rows`` inside the captured body), else
+    # why not, in the family's words (the plan's refusal: "model.family=X's graphed step <why>")
+    trained_audio_graph: Callable = _frozen_only
     # (cfg, collator, vocab, max_tokens) -> one batch per packed bucket up to max_tokens, in the collator's static
     # shapes, for capturing the step graphs before training; None: each bucket's graph is captured when first met
     graph_examples: Callable | None = None

@@ -130,8 +130,8 @@ def apply_compile(model: nn.Module, cfg: SpeedConfig, device_type: str, audio_pa
     frozen = cfg.frozen_eval and model.cfg.encoder.freeze
     # A training encoder compiles where the family's step graph holds it (Family.trained_audio_graph): its
     # blocks then run from the same static inputs a bucket (a fixed longest window), under autograd
-    trained = (cfg.cuda_graph and not model.cfg.encoder.freeze and family.trained_audio_graph
-               and family.audio_static_inputs(cfg))
+    trained = (cfg.cuda_graph and not model.cfg.encoder.freeze
+               and family.trained_audio_graph(cfg, model.cfg) is None)
     if cfg.compile_encoder and blocks and (frozen or trained):
         # A frozen encoder in eval mode has no dropout and no autograd: its blocks compile cleanly, and fusing
         # their elementwise work removes thousands of small kernels a step (the family says which blocks).

@@ -11,6 +11,8 @@ numbers: the probe against bf16 says by how much; it is in no preset.
 
 from __future__ import annotations
 
+import dataclasses
+
 from torch import nn
 
 from ..errors import ConfigError
@@ -35,7 +37,9 @@ def apply_float8(layers: nn.ModuleList, device: str) -> str:
         if (major, minor) < (8, 9):
             raise ConfigError(f"speed.float8: this GPU (compute capability {major}.{minor}) has no float8 GEMMs "
                               "(8.9 or later: Ada, Hopper); set speed.float8=false")
-    config = Float8LinearConfig.from_recipe_name("rowwise")
+    # pad_inner_dim: the weight gradient's GEMM contracts over the tokens, whose count a batch decides; float8
+    # GEMMs take multiples of 16, so that dimension is padded inside the GEMM (padded rows, odd buckets)
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name("rowwise"), pad_inner_dim=True)
     before = sum(isinstance(m, nn.Linear) for m in layers.modules())
     for layer in layers:
         convert_to_float8_training(layer, config=config, module_filter_fn=float8_filter)

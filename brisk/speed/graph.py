@@ -26,7 +26,8 @@ Replaying a graph launches them all at once. What makes the step capturable:
 - everything is captured inside the run's flag scope (``flags.run_scope``: TF32, SDPA backends), so the
   graphs hold the kernels those flags choose.
 
-Graphs are captured up front for every bucket (``prepare``, from the family's ``graph_examples``), warming
+Graphs are captured up front for every bucket up to MAX_GRAPH_TOKENS (``prepare``, from the family's
+``graph_examples``; a bucket no example covers is captured at its first batch, as under ``seen``), warming
 each one with lr = 0 and then restoring the optimizer state, so the run's numbers are those of the eager step.
 With speed.graph_capture=seen nothing is prepared: a bucket's graph is captured at the first batch that reaches
 it, after that batch's step has run (warmed) as the real step; buckets the data never reaches cost nothing.

@@ -141,7 +141,7 @@ def step_function(parts: Parts, step: TrainStep):
     family = family_of(parts.cfg)
     static = family.audio_static_inputs(parts.plan.speed)
     # the audio path training inside the step graph (the plan allowed it: Family.trained_audio_graph); else frozen
-    trained = parts.model if parts.accel.audio is None and family.audio_path and static else None
+    trained = parts.model if parts.accel.audio is None and family.audio_path else None
     graphed = GraphedStep(step, parts.accel.audio, audio_graphs=family.audio_graphs, static_audio=static,
                           trained_audio=trained)
     if parts.ranks.world > 1:

@@ -68,6 +68,12 @@ def eval_main(args, cfg, model, tokenizer, weights, device):
     return chat_eval_main(args, cfg, model, tokenizer, weights, device)
 
 
+def graph_examples(cfg, collator, vocab, max_tokens):
+    from .data import graph_examples
+
+    return graph_examples(cfg, collator, vocab, max_tokens)
+
+
 def folder_overrides(folder):
     from .export import folder_overrides
 
@@ -106,5 +112,6 @@ FAMILY = register(Family(
     eval_main=eval_main,
     folder_types=("*",),  # any transformers causal LM folder (a chat run's export is one)
     folder_overrides=folder_overrides,
+    graph_examples=graph_examples,
     config=CausalLMConfig,
 ))

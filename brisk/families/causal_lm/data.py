@@ -27,3 +27,23 @@ def chat_dataset(cfg: Config, which: str, path: str | None, vocab_size: int, tok
         return None
     dataset = prepared if prepared is not None else chat_prepare(cfg, which, path, tokenizer)
     return dataset, dataset.bad_first, dict(dataset.counts)
+
+
+def graph_examples(cfg, collator, vocab: int, max_tokens: int) -> list:
+    """One batch per packed bucket up to ``max_tokens``, of exactly the bucket's length, in the collator's static
+    shapes (aligned to fla's chunks where the collator aligns), for capturing the step graphs before training (the
+    family's ``graph_examples``): one conversation of random tokens, labelled after a short prompt."""
+    import torch
+
+    from ...data.dataset import Sample
+    from ...data.prompt import Tokens
+
+    prefix = 8
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for t in cfg.speed.pack_buckets:
+        if t > max_tokens:
+            break
+        ids = torch.randint(1, vocab, (t,), generator=g).tolist()
+        out.append(collator([Sample(f"graph_example_{t}", [], Tokens(ids, [-100] * prefix + ids[prefix:]))]))
+    return out

@@ -9,7 +9,7 @@ so each part below imports its module when first called."""
 from __future__ import annotations
 
 from ...errors import ConfigError
-from ..registry import Family, FamilyRule, register, section
+from ..registry import Family, FamilyRule, register, section, trained_audio_rule
 from .config import FunAsrNanoConfig
 
 # The switches that act on the frozen audio path or on the graphed step around it.
@@ -141,7 +141,9 @@ FAMILY = register(Family(
     encoder_blocks=encoder_blocks,
     audio_path=("audio_encoder", "audio_adaptor"),
     outside_loss=lambda model: [m for m in (model.ctc_decoder, model.ctc) if m is not None],
-    audio_graphs=True,  # the SANM encoder and adaptor read nothing on the host: one graph per speech bucket
+    audio_graphs=True,
+    # with the encoder or adaptor training the step graph holds them too, on the speech padded to its buckets
+    trained_audio_graph=lambda speed, model: trained_audio_rule(speed, model),  # the SANM encoder and adaptor read nothing on the host: one graph per speech bucket
     graph_examples=graph_examples,
     config=FunAsrNanoConfig,
 ))

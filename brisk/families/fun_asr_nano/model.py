@@ -63,3 +63,14 @@ class SpeechLLM(SpeechLM):
         """The adaptor frames that fill the batch's audio slots, [A, llm_dim]."""
         adapted = self.encode_audio(batch.speech, batch.speech_lengths)
         return adapted[batch.audio_utt, batch.audio_frame]
+
+    def static_audio_inputs(self, batch: AudioBatch) -> tuple[tuple, tuple[torch.Tensor, ...]]:
+        """``audio_rows``'s inputs for the step graph with the audio path training (speed.cuda_graph): the
+        speech padded to its bucket and the slots' indices, all fixed in shape by the speech and token buckets;
+        their key (speech shape, slots)."""
+        inputs = (batch.speech, batch.speech_lengths, batch.audio_utt, batch.audio_frame)
+        return (tuple(batch.speech.shape), batch.audio_utt.numel()), inputs
+
+    def static_audio_rows(self, speech: torch.Tensor, lengths: torch.Tensor, utt: torch.Tensor,
+                          frame: torch.Tensor) -> torch.Tensor:
+        return self.encode_audio(speech, lengths)[utt, frame]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...keys import key
-from ..registry import Family, FamilyRule, register
+from ..registry import Family, FamilyRule, register, trained_audio_rule
 
 
 @dataclass
@@ -121,7 +121,9 @@ FAMILY = register(Family(
     # holds, so the frozen tower runs eagerly before each replay (no host sync) and its rows are copied in.
     audio_graphs=False,
     audio_static_inputs=lambda speed: speed.audio_varlen,
-    trained_audio_graph=True,
+    trained_audio_graph=lambda speed, model: trained_audio_rule(speed, model, "speed.audio_varlen=true (the tower's "
+                                                                 "inputs then have fixed shapes a bucket)"
+                                                                 if not speed.audio_varlen else None),
     graph_examples=graph_examples,
     rules=(
         FamilyRule("model.family", lambda c: not _has_qwen3_asr(),
