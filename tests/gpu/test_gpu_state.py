@@ -124,6 +124,20 @@ def test_graph_step_equals_eager_step_over_8_steps():
     assert len(set(la)) > 1  # the steps did train
 
 
+def test_the_graphed_step_with_the_encoder_training_equals_the_eager_step_over_8_steps():
+    """The encoder and adaptor training inside the step graph (the speech padded to its buckets; no dropout, so
+    both arms draw nothing random): graphed == eager losses and parameters, the encoder's included."""
+    base = ["speed.packing=true", "speed.fused_adamw=true", "model.encoder.freeze=false", "model.adaptor.freeze=false",
+            "fun_asr_nano.encoder.dropout_rate=0.0", "fun_asr_nano.frontend.dither=0.0"]
+    la, pa = _run_steps(base, 8)
+    lb, pb = _run_steps(base + ["speed.cuda_graph=true"], 8)
+    assert any(k.startswith("audio_encoder.") for k in pa)
+    assert max(abs(x - y) / abs(x) for x, y in zip(la, lb)) < 1e-3, list(zip(la, lb))
+    worst = max(pa, key=lambda k: _rel(pa[k], pb[k]))
+    assert _rel(pa[worst], pb[worst]) < 1e-2, worst
+    assert len(set(la)) > 1
+
+
 def test_fused_projections_train_like_the_plain_ones_on_the_fast_path():
     """speed.fuse_projections under the graphed, compiled step: the fused forwards are the ones compiled (as
     many graphs as without the switch: one decoder-layer graph still serves every layer), and the same losses
