@@ -251,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
+    if unknown and isinstance(getattr(args, "items", None), list) and all("=" in u and not u.startswith("-") for u in unknown):
+        args.items = args.items + unknown  # key=value settings after an option (`brisk profile demo --steps 5 k=v`)
+        unknown = []
     if unknown:
         hint = option_hint(argv, unknown) if args.cmd in ("train", "bench", "profile") else None
         if hint is None:

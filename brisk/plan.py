@@ -130,10 +130,10 @@ RULES: tuple[Rule, ...] = (
          "speed.float8 needs a CUDA device with float8 GEMMs (this run's is {device}; elsewhere torchao emulates them, "
          "slowly)"),
     Rule("speed.pack_buckets, speed.cuda_graph", "config",
-         lambda c, d, w: _chunk_align(c) and any(b % _chunk_align(c) for b in c.speed.pack_buckets),
+         lambda c, d, w: chunk_align(c) and any(b % chunk_align(c) for b in c.speed.pack_buckets),
          lambda c: (f"speed.pack_buckets: under speed.cuda_graph a Gated DeltaNet model's packed conversations start at "
-                    f"multiples of fla's {_chunk_align(c)}-token chunk, so every bucket must be one too (not "
-                    f"{', '.join(str(b) for b in c.speed.pack_buckets if b % _chunk_align(c))})")),
+                    f"multiples of fla's {chunk_align(c)}-token chunk, so every bucket must be one too (not "
+                    f"{', '.join(str(b) for b in c.speed.pack_buckets if b % chunk_align(c))})")),
     # liger's fused linear cross-entropy reads its labelled-token count back to the host (a .item()), which no
     # graph holds; label_head is the graphed step's loss
     Rule("speed.cuda_graph, speed.liger_loss", "config", lambda c, d, w: c.speed.cuda_graph and c.speed.liger_loss,
@@ -367,10 +367,19 @@ def _graph_audio_refusal(cfg) -> str:
             "before it, in graphs of its own where the model family allows)")
 
 
-def _chunk_align(cfg) -> int:
-    from .data.collate import chunk_align
+FLA_CHUNK = 64  # fla's chunk of a Gated DeltaNet layer
 
-    return chunk_align(cfg)
+
+def chunk_align(cfg) -> int:
+    """What each packed sequence is padded to a multiple of (``Collator.align``): fla's chunk under speed.cuda_graph
+    with Gated DeltaNet layers (a graph needs the chunk count fixed a bucket, and fla reads it from the host
+    otherwise), else 0."""
+    if not (cfg.speed.cuda_graph and cfg.speed.packing) or families.family_of(cfg).audio_path:
+        return 0
+    return FLA_CHUNK if _has_linear_attention(cfg) else 0
+
+
+
 
 
 def _has_linear_attention(cfg) -> bool:

@@ -122,7 +122,8 @@ def test_a_hybrid_models_static_rows_align_each_conversation_to_fla_chunks(tmp_p
     """Under the graph a Gated DeltaNet model's packed conversations start at multiples of 64 (label-free padding,
     positions counting on), so its chunk count is the row length / 64 for any batch of a bucket; the batch carries
     fla's chunk indices, made on the host; a full-attention model's rows stay back to back."""
-    from brisk.data.collate import chunk_align, pad_static
+    from brisk.data.collate import pad_static
+    from brisk.plan import chunk_align
 
     cfg = _hybrid(tmp_path)
     collate = collator_for(cfg)

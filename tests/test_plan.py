@@ -205,7 +205,7 @@ def test_chat_switches_and_rules(tmp_path):
     demo = REPO / "configs" / "sft_demo.yaml"
     with pytest.raises(ConfigError, match="model.family=causal_lm: speed.frozen_eval"):
         load_config(demo, [f"train.output_dir={tmp_path}", "speed.frozen_eval=true"])
-    with pytest.raises(ConfigError, match="are for model.family=causal_lm"):
+    with pytest.raises(ConfigError, match=r"does not take speed.liger_loss \(model.family=causal_lm's\)"):
         tiny_config(tmp_path, **{"speed.liger_loss": True})
     with pytest.raises(ConfigError, match="a causal LM has no encoder"):
         load_config(demo, [f"train.output_dir={tmp_path}", "model.encoder.activation_checkpoint=1"])

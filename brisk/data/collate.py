@@ -13,6 +13,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from ..families import family_of
+from ..plan import FLA_CHUNK, chunk_align
 from ..formats.batch import AudioBatch, Batch
 from .dataset import Sample
 
@@ -238,15 +239,3 @@ def collator_for(cfg) -> Collator:
                     pad_utts=cfg.data.max_utts if s.cuda_graph else 0, static=s.cuda_graph,
                     static_speech=family_of(cfg).audio_graphs, align=chunk_align(cfg))
 
-
-FLA_CHUNK = 64  # fla's chunk of a Gated DeltaNet layer
-
-
-def chunk_align(cfg) -> int:
-    """What each packed sequence is padded to a multiple of: fla's chunk under speed.cuda_graph with Gated DeltaNet
-    layers (a graph needs the chunk count fixed a bucket, and fla reads it from the host otherwise), else 0."""
-    if not (cfg.speed.cuda_graph and cfg.speed.packing) or family_of(cfg).audio_path:
-        return 0
-    from ..config.llm import linear_key_head_dims
-
-    return FLA_CHUNK if linear_key_head_dims(cfg.model.llm) else 0

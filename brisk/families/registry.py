@@ -102,7 +102,12 @@ class Family:
     config: type | None = None
 
     def refuse(self, bad: list[str]) -> str:
-        return self.refused.format(family=self.name, bad=", ".join(f"speed.{k}" for k in bad),
+        """The one line refusing switches this family does not take, with the families that do take each one."""
+        def named(k: str) -> str:
+            others = sorted(f.name for f in _REGISTRY.values() if k in f.switches and f is not self)
+            return f"speed.{k}" + (f" (model.family={' or '.join(others)}'s)" if others else "")
+
+        return self.refused.format(family=self.name, bad=", ".join(named(k) for k in bad),
                                    takes=", ".join(sorted(self.switches)))
 
 

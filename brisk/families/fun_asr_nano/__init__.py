@@ -126,9 +126,6 @@ FAMILY = register(Family(
     frozen_audio=FROZEN_AUDIO,
     rules=tuple(FamilyRule(f"train.export, {key}", lambda c, b=broken: c.train.export == "hf" and b(section(c)),
                            f"train.export=hf: {key}: {why}; or export funasr") for key, broken, why in NATIVE_LIMITS),
-    refused=("{bad} are for model.family=causal_lm (the speech-LLM's Qwen3 decoder has no linear "
-             "attention, and speed.label_head is its loss without full logits) or for model.family=qwen3_asr "
-             "(speed.audio_varlen: its audio tower's attention); set them false"),
     build=build,
     dataset=dataset,
     prepare=prepare,
