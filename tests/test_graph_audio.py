@@ -136,16 +136,9 @@ def test_the_body_with_the_encoder_training_on_the_static_batch_equals_the_eager
     for p in model.ctc.parameters() if getattr(model, "ctc", None) is not None else ():
         p.requires_grad_(False)  # outside the loss (the family's outside_loss): no gradient either way
 
-    def make():
-        m = copy.deepcopy(model).train()
-        params = [p for p in m.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=1e-3)
-        return m, TrainStep(m, opt, WarmupLR(opt, 1e-3, 2), grad_clip=1.0, hooks=StepHooks())
+    from .test_qwen3_asr_graph import eager_and_graphed
 
-    eager_model, eager = make()
-    graph_model, step = make()
-    graphed = GraphedStep.__new__(GraphedStep)  # __init__ needs CUDA; the body is under test
-    graphed.step, graphed.trained = step, graph_model
+    eager_model, eager, graph_model, step, graphed = eager_and_graphed(model)
     theirs = dict(graph_model.named_parameters())
     for i in range(3):
         a = eager([packed])

@@ -17,6 +17,7 @@ from brisk.data.collate import Collator, collator_for
 from brisk.families import family_of, get
 from brisk.plan import make_plan
 from brisk.speed.frozen import FrozenAudio
+from brisk.speed.graph import GraphedStep
 from brisk.speed.label_head import LabelHead
 from brisk.train.optim import WarmupLR
 from brisk.train.step import StepHooks, TrainStep
@@ -171,6 +172,23 @@ def test_the_step_body_on_static_inputs_equals_the_eager_step(tmp_path, persiste
                if p.requires_grad)  # the steps did train
 
 
+def eager_and_graphed(model):
+    """Two copies of ``model`` in training mode with their plain AdamW steps: (eager model, eager step, graphed
+    model, its step, a GraphedStep around it with the model's audio path training inside; made without __init__,
+    which needs CUDA: its body and routing are what the CPU tests run)."""
+    def make():
+        m = copy.deepcopy(model).train()
+        params = [p for p in m.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=1e-3)
+        return m, TrainStep(m, opt, WarmupLR(opt, 1e-3, 2), grad_clip=1.0, hooks=StepHooks())
+
+    eager_model, eager = make()
+    graph_model, step = make()
+    graphed = GraphedStep.__new__(GraphedStep)
+    graphed.step, graphed.trained = step, graph_model
+    return eager_model, eager, graph_model, step, graphed
+
+
 def test_the_step_body_with_the_tower_training_on_static_inputs_equals_the_eager_step(tmp_path):
     """What a replay runs with every weight training (GraphedStep._body with the model's audio path inside):
     the tower's rows from the bucket's static inputs (``static_audio_rows``), then the body on the static batch
@@ -180,7 +198,6 @@ def test_the_step_body_with_the_tower_training_on_static_inputs_equals_the_eager
     from types import SimpleNamespace
 
     from brisk.speed.audio_varlen import apply_audio_varlen
-    from brisk.speed.graph import GraphedStep
 
     path, _ = recipe_jsonl(tmp_path, 4)
     cfg = config(tmp_path, "speed.packing=true", "speed.cuda_graph=true", "speed.audio_varlen=true", f"data.train={path}")
@@ -190,16 +207,7 @@ def test_the_step_body_with_the_tower_training_on_static_inputs_equals_the_eager
     model = family_of(cfg).build(cfg, "cpu")
     apply_audio_varlen([model.audio_tower.layers])
 
-    def make():
-        m = copy.deepcopy(model).train()
-        params = [p for p in m.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=1e-3)
-        return m, TrainStep(m, opt, WarmupLR(opt, 1e-3, 2), grad_clip=1.0, hooks=StepHooks())
-
-    eager_model, eager = make()
-    graph_model, step = make()
-    graphed = GraphedStep.__new__(GraphedStep)  # __init__ needs CUDA (graph pools); the body is under test
-    graphed.step, graphed.trained = step, graph_model
+    eager_model, eager, graph_model, step, graphed = eager_and_graphed(model)
     theirs = dict(graph_model.named_parameters())
     for i in range(3):
         a = eager([packed])

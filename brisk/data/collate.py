@@ -158,6 +158,13 @@ class Collator:
                      chunk_indices=chunk_indices(cu, self.align) if self.align else None)
 
 
+def example_rows(buckets, vocab: int, max_tokens: int) -> list[list[int]]:
+    """Random token rows of each bucket's exact length up to ``max_tokens`` (seeded: the same rows every run), for
+    the families' ``graph_examples``."""
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(1, vocab, (t,), generator=g).tolist() for t in buckets if t <= max_tokens]
+
+
 def chunk_indices(cu: list[int], size: int) -> torch.Tensor:
     """fla's chunk indices of a packed row: a row (sequence, chunk within it) for every ``size``-token chunk of each
     sequence between the boundaries ``cu`` (empty sequences have none), [chunks, 2] int64, made on the host."""

@@ -33,17 +33,10 @@ def graph_examples(cfg, collator, vocab: int, max_tokens: int) -> list:
     """One batch per packed bucket up to ``max_tokens``, of exactly the bucket's length, in the collator's static
     shapes (aligned to fla's chunks where the collator aligns), for capturing the step graphs before training (the
     family's ``graph_examples``): one conversation of random tokens, labelled after a short prompt."""
-    import torch
-
+    from ...data.collate import example_rows
     from ...data.dataset import Sample
     from ...data.prompt import Tokens
 
     prefix = 8
-    g = torch.Generator().manual_seed(0)
-    out = []
-    for t in cfg.speed.pack_buckets:
-        if t > max_tokens:
-            break
-        ids = torch.randint(1, vocab, (t,), generator=g).tolist()
-        out.append(collator([Sample(f"graph_example_{t}", [], Tokens(ids, [-100] * prefix + ids[prefix:]))]))
-    return out
+    return [collator([Sample(f"graph_example_{len(ids)}", [], Tokens(ids, [-100] * prefix + ids[prefix:]))])
+            for ids in example_rows(cfg.speed.pack_buckets, vocab, max_tokens)]

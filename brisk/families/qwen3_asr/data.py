@@ -34,6 +34,7 @@ import torch
 
 from ...errors import ConfigError, DataError
 from ...data.audio import AudioError, read_audio
+from ...data.collate import example_rows
 from ...data.dataset import Sample
 from ...data.jsonl import Utterance, decode_line, not_speech_format, read_jsonl
 from ...data.prompt import Tokens
@@ -249,10 +250,8 @@ def graph_examples(cfg, collator, vocab: int, max_tokens: int) -> list:
     n_audio = audio_token_count(frames, tower_window(cfg))
     g = torch.Generator().manual_seed(0)
     out = []
-    for t in cfg.speed.pack_buckets:
-        if t > max_tokens:
-            break
-        ids = torch.randint(1, vocab, (t,), generator=g).tolist()
+    for ids in example_rows(cfg.speed.pack_buckets, vocab, max_tokens):
+        t = len(ids)
         labels = [-100] * (prefix + n_audio) + ids[prefix + n_audio:]
         tokens = Tokens(ids, labels, [(prefix, n_audio)], ["<synthetic>"])
         feats = torch.randn(frames, audio.get("num_mel_bins", 128), generator=g)
