@@ -379,9 +379,6 @@ def chunk_align(cfg) -> int:
     return FLA_CHUNK if _has_linear_attention(cfg) else 0
 
 
-
-
-
 def _has_linear_attention(cfg) -> bool:
     from .config.llm import linear_key_head_dims
 

@@ -138,9 +138,9 @@ FAMILY = register(Family(
     encoder_blocks=encoder_blocks,
     audio_path=("audio_encoder", "audio_adaptor"),
     outside_loss=lambda model: [m for m in (model.ctc_decoder, model.ctc) if m is not None],
-    audio_graphs=True,
+    audio_graphs=True,  # the SANM encoder and adaptor read nothing on the host: one graph per speech bucket
     # with the encoder or adaptor training the step graph holds them too, on the speech padded to its buckets
-    trained_audio_graph=lambda speed, model: trained_audio_rule(speed, model),  # the SANM encoder and adaptor read nothing on the host: one graph per speech bucket
+    trained_audio_graph=trained_audio_rule,
     graph_examples=graph_examples,
     config=FunAsrNanoConfig,
 ))
